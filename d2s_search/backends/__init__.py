@@ -1,0 +1,28 @@
+"""Index backends behind one protocol (:class:`Backend`)."""
+
+from __future__ import annotations
+
+from .base import Backend, Document, Hit, IndexIdentity, SparseVector
+
+__all__ = ["Backend", "Document", "Hit", "IndexIdentity", "SparseVector", "open_backend", "BACKENDS"]
+
+BACKENDS = ("local", "opensearch")
+
+
+def open_backend(kind: str = "local", **options) -> Backend:
+    """Construct (not yet open) a backend by name.
+
+    local:      index=PATH (folder of the embedded index), threads=N
+    opensearch: url=URL, index_name=NAME, user/password/api_key/ca_file/verify
+    """
+    if kind == "local":
+        from .local import LocalBackend
+
+        return LocalBackend(options["index"], threads=options.get("threads", 1))
+    if kind == "opensearch":
+        from .opensearch import OpenSearchBackend
+
+        return OpenSearchBackend(**{k: v for k, v in options.items() if k not in ("index", "threads")})
+    from ..errors import QueryError
+
+    raise QueryError(f"unknown backend {kind!r}: use one of {', '.join(BACKENDS)}")

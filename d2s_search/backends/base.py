@@ -1,0 +1,107 @@
+"""The one protocol every index backend speaks, and the records that cross it.
+
+A backend stores :class:`Document` records keyed by content hash and answers sparse
+(dot product over ``{term: weight}``), two-phase and dense (inner product) searches.
+Fusion of sparse and dense runs lives in :mod:`d2s_search.search`, so a backend only needs
+to support it natively if it can do better (OpenSearch's hybrid query).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+SparseVector = dict[str, float]
+
+
+@dataclass
+class IndexIdentity:
+    """What an index must agree with: the bundle that fills it."""
+
+    fingerprint: str
+    dense_dim: int
+    model: str = ""
+
+
+@dataclass
+class Document:
+    id: str  # SHA-256 of the image file bytes
+    path: str
+    size_bytes: int
+    width: int
+    height: int
+    sparse: SparseVector  # positive weights only
+    dense: np.ndarray  # float32, shape (dense_dim,)
+    url: str | None = None
+    ingested_at: float = 0.0
+
+    def top_terms(self, n: int = 20) -> list[str]:
+        return [t for t, _ in sorted(self.sparse.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
+
+
+@dataclass
+class Hit:
+    id: str
+    score: float
+    path: str
+    url: str | None = None
+    # (term, query_weight * doc_weight), largest first: why this image matched.
+    matched: list[tuple[str, float]] = field(default_factory=list)
+    # Per-run scores for fused results, e.g. {"sparse": 3.1, "dense": 0.42}.
+    parts: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.id,
+            "score": self.score,
+            "path": self.path,
+            "url": self.url,
+            "matched": [{"term": t, "contribution": c} for t, c in self.matched],
+            **({"parts": self.parts} if self.parts else {}),
+        }
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Storage and search of documents. Implementations: ``local``, ``opensearch``."""
+
+    name: str
+
+    def open(self, identity: IndexIdentity, create: bool = True) -> None:
+        """Open (or create) the index; refuse with BundleMismatchError if filled by another bundle."""
+
+    def exists(self) -> bool: ...
+
+    def upsert(self, docs: Sequence[Document]) -> None:
+        """Store documents durably (an interrupted call stores all of a batch or none of it)."""
+
+    def delete(self, ids: Iterable[str]) -> int:
+        """Remove documents; returns how many existed."""
+
+    def ids_present(self, ids: Iterable[str]) -> set[str]: ...
+
+    def get(self, ids: Sequence[str]) -> list[Document]:
+        """Stored documents in the order asked for (missing ids are left out)."""
+
+    def sparse_search(self, query: SparseVector, k: int, explain: int = 5) -> list[Hit]:
+        """Exact top-k by sparse dot product; ``explain`` = matched terms per hit."""
+
+    def two_phase_search(
+        self, first: SparseVector, full: SparseVector, k: int, window: int, explain: int = 5
+    ) -> list[Hit]:
+        """Retrieve ``window`` hits with ``first`` (the query's own words), rescore them with ``full``."""
+
+    def dense_search(
+        self, vector: np.ndarray, k: int, explain_with: SparseVector | None = None, explain: int = 5
+    ) -> list[Hit]:
+        """Exact or approximate top-k by inner product of dense vectors."""
+
+    def stats(self) -> dict: ...
+
+    def drop(self) -> None:
+        """Delete the whole index."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,662 @@
+"""The ``opensearch`` backend: documents in an OpenSearch index, searched server-side.
+
+Layout: ``index_name`` (default ``d2s``) is an alias over a concrete index ``d2s-000001``,
+so ``reindex`` can build ``d2s-000002`` and swap the alias atomically. An index created by
+hand under the plain name works too (it is replaced by an alias on the first reindex).
+
+Scores: a sparse hit's score is OpenSearch's ``rank_feature`` sum, i.e. the dot product with
+every stored weight truncated to 9 significant bits (see ``lucene_feature_value``); matched
+terms are computed here from the stored features, so they use the exact weights. A dense
+hit's score is the inner product recovered from OpenSearch's k-NN score, as in ``local``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from d2s_search.backends import opensearch_queries as q
+from d2s_search.backends.base import Document, Hit, IndexIdentity, SparseVector
+from d2s_search.backends.opensearch_features import decode_features, matched_terms
+from d2s_search.backends.opensearch_http import OpenSearchHTTP, Reply
+from d2s_search.errors import (
+    BackendUnavailableError,
+    BundleMismatchError,
+    DocumentsRejectedError,
+    IndexStoreError,
+    QueryError,
+)
+
+log = logging.getLogger("d2s_search.opensearch")
+
+ENV_URL = "D2S_OPENSEARCH_URL"
+ENV_USER = "D2S_OPENSEARCH_USER"
+ENV_PASSWORD = "D2S_OPENSEARCH_PASSWORD"
+ENV_API_KEY = "D2S_OPENSEARCH_API_KEY"
+ENV_CA_FILE = "D2S_OPENSEARCH_CA_FILE"
+ENV_INDEX = "D2S_OPENSEARCH_INDEX"
+
+# Per-item bulk statuses worth sending again (queue full, node busy).
+RETRY_ITEM_STATUSES = frozenset({429, 500, 502, 503, 504})
+_GENERATION = re.compile(r"^(?P<base>.+)-(?P<gen>\d{6})$")
+
+
+class OpenSearchBackend:
+    """Backend protocol over OpenSearch's REST API (see :mod:`d2s_search.backends.base`)."""
+
+    name = "opensearch"
+
+    def __init__(
+        self,
+        url: str,
+        index_name: str = "d2s",
+        user: str | None = None,
+        password: str | None = None,
+        api_key: str | None = None,
+        ca_file: str | None = None,
+        verify: bool = True,
+        timeout: float = 30.0,
+        retries: int = 5,
+        *,
+        chunk_docs: int = 500,
+        chunk_bytes: int = 8 * 1024 * 1024,
+        refresh: bool = True,
+        backoff: float = 0.5,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
+        if not index_name or index_name != index_name.lower() or index_name.startswith(("_", "-", "+")):
+            raise IndexStoreError(f"invalid OpenSearch index name {index_name!r} (lowercase, no leading _ - +)")
+        extra = {"sleep": sleep} if sleep else {}
+        self.http = OpenSearchHTTP(
+            url, user=user, password=password, api_key=api_key, ca_file=ca_file, verify=verify,
+            timeout=timeout, retries=retries, backoff=backoff, **extra,
+        )
+        self.index_name = index_name
+        self.chunk_docs = max(1, chunk_docs)
+        self.chunk_bytes = max(1024, chunk_bytes)
+        self.refresh = refresh
+        self.identity: IndexIdentity | None = None
+        self._max_clauses: int | None = None
+        self._pipelines: set[str] = set()
+
+    @classmethod
+    def from_env(cls, url: str | None = None, env: Mapping[str, str] | None = None, **options: Any) -> OpenSearchBackend:
+        """Settings: explicit arguments > ``D2S_OPENSEARCH_*`` environment."""
+        env = os.environ if env is None else env
+        url = url or env.get(ENV_URL)
+        if not url:
+            raise BackendUnavailableError(f"no OpenSearch URL: pass --url or set {ENV_URL}")
+        for key, var in (("user", ENV_USER), ("password", ENV_PASSWORD), ("api_key", ENV_API_KEY),
+                         ("ca_file", ENV_CA_FILE), ("index_name", ENV_INDEX)):
+            if options.get(key) is None and env.get(var):
+                options[key] = env[var]
+        options = {k: v for k, v in options.items() if v is not None}
+        return cls(url, **options)
+
+    def __repr__(self) -> str:
+        return f"OpenSearchBackend({self.http!r}, index={self.index_name!r})"
+
+    __str__ = __repr__
+
+    @property
+    def url(self) -> str:
+        return self.http.url
+
+    # -- index lifecycle ------------------------------------------------------------------
+
+    def exists(self) -> bool:
+        reply = self.http.request("HEAD", f"/{self.index_name}")
+        return reply.status == 200
+
+    def open(self, identity: IndexIdentity, create: bool = True, **create_options: Any) -> None:
+        stored = self._stored_identity()
+        if stored is None:
+            if not create:
+                raise IndexStoreError(
+                    f"no index {self.index_name!r} at {self.url}: run `d2s-search index create` or ingest first"
+                )
+            self.create(identity, **create_options)
+            stored = identity
+        elif not stored.fingerprint:
+            # Created from mappings/index.json by hand: claim it if the dimension agrees.
+            self._check_dims(identity, stored)
+            self._put_meta(identity)
+            stored = identity
+        else:
+            self._check_identity(identity, stored)
+        self.identity = stored
+
+    def create(self, identity: IndexIdentity, *, engine: str = "faiss", shards: int = 1, replicas: int = 0) -> str:
+        """Create ``<name>-000001`` behind the alias ``<name>``; returns the concrete name."""
+        concrete = f"{self.index_name}-000001"
+        body = q.index_body(identity, engine=engine, shards=shards, replicas=replicas)
+        body["aliases"] = {self.index_name: {}}
+        reply = self.http.request("PUT", f"/{concrete}", json_body=body)
+        if not reply.ok:
+            kind = reply.error_reason()
+            if "resource_already_exists" in kind:
+                # A retried PUT whose first answer was lost, or a race: accept it if it is ours.
+                self._check_identity(identity, self._stored_identity())
+                return concrete
+            raise IndexStoreError(f"cannot create index {concrete} at {self.url}: {kind}")
+        self.identity = identity
+        return concrete
+
+    def drop(self) -> None:
+        for concrete in self._concrete_indices():
+            reply = self.http.request("DELETE", f"/{concrete}")
+            if not reply.ok and reply.status != 404:
+                raise IndexStoreError(f"cannot delete index {concrete}: {reply.error_reason()}")
+        self.identity = None
+
+    def close(self) -> None:
+        self.http.close()
+
+    def stats(self) -> dict:
+        mapping = self._mapping()
+        concrete = sorted(mapping)
+        meta = mapping[concrete[0]].get("mappings", {}).get("_meta", {}) if concrete else {}
+        out: dict[str, Any] = {
+            "backend": self.name,
+            "url": self.url,
+            "index": self.index_name,
+            "indices": concrete,
+            "fingerprint": meta.get("fingerprint", ""),
+            "dense_dim": meta.get("dense_dim"),
+            "model": meta.get("model", ""),
+            "mapping_version": meta.get("d2s_mapping_version"),
+        }
+        count = self.http.request("GET", f"/{self.index_name}/_count")
+        out["documents"] = int(count.body.get("count", 0)) if count.ok else None
+        st = self.http.request("GET", f"/{self.index_name}/_stats/docs,store")
+        if st.ok:
+            prim = st.body.get("_all", {}).get("primaries", {})
+            out["size_bytes"] = prim.get("store", {}).get("size_in_bytes")
+            out["deleted_documents"] = prim.get("docs", {}).get("deleted")
+        out["max_clause_count"] = self.max_clauses()
+        return out
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def upsert(self, docs: Sequence[Document]) -> None:
+        """Index documents by id through ``_bulk`` chunks; raises DocumentsRejectedError for refused ones.
+
+        Each document is stored whole or not at all; a batch is not atomic, but ids are content
+        hashes, so running the same ingest again fills any gap without duplicates.
+        """
+        failures: dict[str, str] = {}
+        sources: list[tuple[str, dict[str, Any]]] = []
+        dim = self.identity.dense_dim if self.identity else None
+        for doc in docs:
+            try:
+                if dim and np.asarray(doc.dense).size != dim:
+                    raise ValueError(f"dense vector has {np.asarray(doc.dense).size} values, the index wants {dim}")
+                sources.append((doc.id, q.doc_source(doc)))
+            except (ValueError, TypeError) as exc:
+                failures[doc.id] = str(exc)
+        for chunk in self._chunks(q.bulk_index_lines(self.index_name, sources)):
+            failures.update(self._bulk(chunk))
+        if sources and self.refresh:
+            self._refresh()
+        if failures:
+            stored = len(sources) - sum(1 for i, _ in sources if i in failures)
+            first_id, first = next(iter(failures.items()))
+            raise DocumentsRejectedError(
+                f"{len(failures)} document(s) refused by OpenSearch, {stored} stored "
+                f"(first: {first_id[:12]}: {first})",
+                failures,
+            )
+
+    def delete(self, ids: Iterable[str]) -> int:
+        ids = list(dict.fromkeys(ids))
+        deleted = 0
+        for chunk in self._chunks(q.bulk_delete_lines(self.index_name, ids), lines_per_doc=1):
+            failures, results = self._bulk(chunk, lines_per_doc=1, collect=True)
+            if failures:
+                raise IndexStoreError(f"cannot delete {len(failures)} document(s): {next(iter(failures.values()))}")
+            deleted += sum(1 for r in results if r == "deleted")
+        if ids and self.refresh:
+            self._refresh()
+        return deleted
+
+    def _chunks(self, lines: list[str], lines_per_doc: int = 2) -> Iterator[list[str]]:
+        chunk: list[str] = []
+        size = 0
+        for i in range(0, len(lines), lines_per_doc):
+            item = lines[i : i + lines_per_doc]
+            item_size = sum(len(s.encode("utf-8")) + 1 for s in item)
+            if chunk and (len(chunk) // lines_per_doc >= self.chunk_docs or size + item_size > self.chunk_bytes):
+                yield chunk
+                chunk, size = [], 0
+            chunk.extend(item)
+            size += item_size
+        if chunk:
+            yield chunk
+
+    def _bulk(self, lines: list[str], lines_per_doc: int = 2, collect: bool = False):
+        """Send one chunk; resend only the items refused as busy. Returns {id: reason} (+ results)."""
+        pending = lines
+        failures: dict[str, str] = {}
+        results: list[str] = []
+        attempt = 0
+        while pending:
+            reply = self.http.request("POST", "/_bulk", ndjson=q.ndjson(pending))
+            if reply.status == 413 and len(pending) > lines_per_doc:
+                half = (len(pending) // lines_per_doc // 2) * lines_per_doc
+                for part in (pending[:half], pending[half:]):
+                    f, r = self._bulk(part, lines_per_doc, collect=True)
+                    failures.update(f)
+                    results.extend(r)
+                break
+            if not reply.ok:
+                raise IndexStoreError(f"bulk write to {self.index_name!r} failed: {reply.error_reason()}")
+            items = reply.body.get("items", [])
+            if len(items) * lines_per_doc != len(pending):
+                raise IndexStoreError(
+                    f"bulk answer has {len(items)} items for {len(pending) // lines_per_doc} documents"
+                )
+            retry: list[str] = []
+            for n, item in enumerate(items):
+                (result,) = item.values()
+                status = int(result.get("status", 0))
+                doc_id = str(result.get("_id"))
+                if 200 <= status < 300 or (status == 404 and result.get("result") == "not_found"):
+                    results.append(result.get("result", ""))
+                elif status in RETRY_ITEM_STATUSES and attempt < self.http.retries:
+                    retry.extend(pending[n * lines_per_doc : (n + 1) * lines_per_doc])
+                else:
+                    failures[doc_id] = _item_reason(result)
+            if retry:
+                self.http._wait(attempt, None, f"{len(retry) // lines_per_doc} bulk item(s) refused as busy")
+                attempt += 1
+            pending = retry
+        return (failures, results) if collect else failures
+
+    def _refresh(self) -> None:
+        reply = self.http.request("POST", f"/{self.index_name}/_refresh")
+        if not reply.ok:
+            log.warning("refresh of %s failed: %s", self.index_name, reply.error_reason())
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def ids_present(self, ids: Iterable[str]) -> set[str]:
+        ids = list(dict.fromkeys(ids))
+        found: set[str] = set()
+        for start in range(0, len(ids), 1000):
+            reply = self._mget(ids[start : start + 1000], source=False)
+            found.update(d["_id"] for d in reply if d.get("found"))
+        return found
+
+    def get(self, ids: Sequence[str]) -> list[Document]:
+        out: list[Document] = []
+        for start in range(0, len(ids), 500):
+            for d in self._mget(list(ids[start : start + 500]), source=True):
+                if d.get("found"):
+                    out.append(_document(d["_id"], d.get("_source", {})))
+        return out
+
+    def _mget(self, ids: list[str], source: bool) -> list[dict]:
+        if not ids:
+            return []
+        reply = self.http.request(
+            "POST", f"/{self.index_name}/_mget", json_body=q.mget_body(ids),
+            params={"_source": "true" if source else "false"},
+        )
+        self._raise_for(reply, "read documents")
+        return reply.body.get("docs", [])
+
+    # -- searches -------------------------------------------------------------------------
+
+    def sparse_search(
+        self,
+        query: SparseVector,
+        k: int,
+        explain: int = 5,
+        *,
+        offset: int = 0,
+        path_prefix: str | None = None,
+        neural_sparse: bool = False,
+    ) -> list[Hit]:
+        body = q.sparse_search_body(
+            query, k, offset=offset, max_clauses=self.max_clauses(),
+            filters=q.Filters(path_prefix), neural_sparse=neural_sparse,
+        )
+        return self._hits(self._search(body), query, explain)
+
+    def two_phase_search(
+        self,
+        first: SparseVector,
+        full: SparseVector,
+        k: int,
+        window: int,
+        explain: int = 5,
+        *,
+        offset: int = 0,
+        path_prefix: str | None = None,
+    ) -> list[Hit]:
+        body = q.two_phase_body(
+            first, full, k, window, offset=offset, max_clauses=self.max_clauses(),
+            filters=q.Filters(path_prefix),
+        )
+        return self._hits(self._search(body), full, explain)
+
+    def dense_search(
+        self,
+        vector: np.ndarray,
+        k: int,
+        explain_with: SparseVector | None = None,
+        explain: int = 5,
+        *,
+        offset: int = 0,
+        path_prefix: str | None = None,
+    ) -> list[Hit]:
+        body = q.knn_search_body(vector, k, offset=offset, filters=q.Filters(path_prefix))
+        hits = self._hits(self._search(body), explain_with or {}, explain if explain_with else 0)
+        for hit in hits:
+            hit.score = knn_score_to_inner_product(hit.score)
+        return hits
+
+    def hybrid_search(
+        self,
+        sparse: SparseVector,
+        vector: np.ndarray,
+        k: int,
+        *,
+        method: str = "min_max",
+        weights: tuple[float, float] = (0.5, 0.5),
+        rank_constant: int = 60,
+        window: int | None = None,
+        explain: int = 5,
+        offset: int = 0,
+        path_prefix: str | None = None,
+        neural_sparse: bool = False,
+    ) -> list[Hit]:
+        """Sparse + dense fused by OpenSearch (``hybrid`` query through a search pipeline).
+
+        ``Hit.score`` is the fused score; ``Hit.parts`` holds the exact sparse dot product and
+        dense inner product, computed from the stored vectors.
+        """
+        pipeline = self.ensure_pipeline(method, weights, rank_constant)
+        body = q.hybrid_search_body(
+            sparse, vector, k, offset=offset, window=window, max_clauses=self.max_clauses(),
+            filters=q.Filters(path_prefix), neural_sparse=neural_sparse,
+        )
+        body["_source"] = [*q.HIT_SOURCE, q.DENSE_FIELD]
+        raw = self._search(body, params={"search_pipeline": pipeline})
+        hits = self._hits(raw, sparse, explain)
+        vec = np.asarray(vector, dtype=np.float32).reshape(-1)
+        for hit, h in zip(hits, raw, strict=True):
+            src = h.get("_source", {})
+            doc_sparse = decode_features(src.get(q.SPARSE_FIELD))
+            hit.parts = {
+                "sparse": float(sum(w * doc_sparse.get(t, 0.0) for t, w in sparse.items())),
+                "dense": float(np.dot(np.asarray(src.get(q.DENSE_FIELD, []), dtype=np.float32), vec))
+                if src.get(q.DENSE_FIELD) else 0.0,
+            }
+        return hits
+
+    def ensure_pipeline(self, method: str = "min_max", weights: tuple[float, float] = (0.5, 0.5),
+                        rank_constant: int = 60) -> str:
+        """Create (idempotently) the search pipeline for a fusion setting; returns its name."""
+        name = q.pipeline_name(method, weights, rank_constant)
+        if name not in self._pipelines:
+            reply = self.http.request(
+                "PUT", f"/_search/pipeline/{name}", json_body=q.pipeline_body(method, weights, rank_constant)
+            )
+            if not reply.ok:
+                raise IndexStoreError(
+                    f"cannot create search pipeline {name} (needs the neural-search plugin): {reply.error_reason()}"
+                )
+            self._pipelines.add(name)
+        return name
+
+    def max_clauses(self) -> int:
+        """``indices.query.bool.max_clause_count`` of the cluster (1024 when it cannot be read)."""
+        if self._max_clauses is None:
+            self._max_clauses = q.DEFAULT_MAX_CLAUSES
+            reply = self.http.request(
+                "GET", "/_cluster/settings", params={"include_defaults": "true", "flat_settings": "true"}
+            )
+            if reply.ok and isinstance(reply.body, dict):
+                for scope in ("transient", "persistent", "defaults"):
+                    value = reply.body.get(scope, {}).get("indices.query.bool.max_clause_count")
+                    if value is not None:
+                        self._max_clauses = max(1, int(value))
+                        break
+        return self._max_clauses
+
+    def _search(self, body: dict, params: Mapping[str, str] | None = None) -> list[dict]:
+        reply = self.http.request("POST", f"/{self.index_name}/_search", json_body=body, params=params)
+        self._raise_for(reply, "search")
+        return reply.body.get("hits", {}).get("hits", [])
+
+    def _hits(self, raw: list[dict], query: Mapping[str, float], explain: int) -> list[Hit]:
+        hits = []
+        for h in raw:
+            src = h.get("_source", {})
+            hits.append(
+                Hit(
+                    id=h["_id"],
+                    score=float(h.get("_score") or 0.0),
+                    path=src.get("path", ""),
+                    url=src.get("url"),
+                    matched=matched_terms(query, decode_features(src.get(q.SPARSE_FIELD)), explain),
+                )
+            )
+        return hits
+
+    # -- reindex --------------------------------------------------------------------------
+
+    def reindex(
+        self,
+        identity: IndexIdentity | None = None,
+        reencode: Callable[[Document], Document | None] | None = None,
+        *,
+        engine: str = "faiss",
+        shards: int = 1,
+        replicas: int = 0,
+        keep_old: bool = False,
+        page: int = 200,
+    ) -> dict:
+        """Copy every document into a fresh index (new mapping and/or bundle) and swap the alias.
+
+        Without ``reencode`` the copy runs server-side (``_reindex``; same bundle, new mapping).
+        With it, each stored document is passed through ``reencode`` (e.g. re-encode its image
+        with a new bundle) and written by this client. The alias moves only when the new index
+        holds as many documents as the old one; otherwise the new index is deleted and nothing
+        changes. Stop ingest while reindexing: writes in between go to the old index.
+        """
+        old = self._stored_identity()
+        if old is None:
+            raise IndexStoreError(f"no index {self.index_name!r} at {self.url} to reindex")
+        new_identity = identity or old
+        if reencode is None and new_identity.fingerprint != old.fingerprint:
+            raise BundleMismatchError(
+                "a new bundle needs its documents re-encoded: reindex with the bundle's encoder"
+            )
+        concrete = self._concrete_indices()
+        if len(concrete) != 1:
+            raise IndexStoreError(f"{self.index_name!r} points at {len(concrete)} indices; expected one")
+        (old_index,) = concrete
+        is_alias = old_index != self.index_name
+        target = _next_generation(self.index_name, old_index)
+        body = q.index_body(new_identity, engine=engine, shards=shards, replicas=replicas)
+        reply = self.http.request("PUT", f"/{target}", json_body=body)
+        if not reply.ok:
+            raise IndexStoreError(f"cannot create index {target}: {reply.error_reason()}")
+        before = self._count(old_index)
+        lost: dict[str, str] = {}
+        try:
+            if reencode is None:
+                reply = self.http.request(
+                    "POST", "/_reindex", json_body=q.reindex_body(old_index, target),
+                    params={"refresh": "true", "wait_for_completion": "true"}, timeout=3600.0,
+                )
+                self._raise_for(reply, "reindex")
+                if reply.body.get("failures"):
+                    raise IndexStoreError(f"reindex failed: {str(reply.body['failures'][0])[:300]}")
+            else:
+                lost = self._copy_reencoded(old_index, target, new_identity, reencode, page)
+            after = self._count(target)
+            if lost or after < before:
+                raise IndexStoreError(
+                    f"reindex stopped: {after} of {before} documents copied"
+                    + (f", {len(lost)} could not be re-encoded" if lost else "")
+                    + f"; {self.index_name!r} still points at {old_index}"
+                )
+        except BaseException:
+            self.http.request("DELETE", f"/{target}")
+            raise
+        swap = q.alias_swap_body(self.index_name, target, old_index, is_alias)
+        reply = self.http.request("POST", "/_aliases", json_body=swap)
+        self._raise_for(reply, "swap the alias")
+        if is_alias and not keep_old:
+            self.http.request("DELETE", f"/{old_index}")
+        self.identity = new_identity
+        return {"from": old_index, "to": target, "documents": after, "kept_old": bool(is_alias and keep_old)}
+
+    def _copy_reencoded(self, source: str, target: str, identity: IndexIdentity,
+                        reencode: Callable[[Document], Document | None], page: int) -> dict[str, str]:
+        writer = OpenSearchBackend.__new__(OpenSearchBackend)
+        writer.__dict__.update(self.__dict__)
+        writer.index_name, writer.identity, writer.refresh = target, identity, False
+        lost: dict[str, str] = {}
+        for batch in self._scan(source, page):
+            out = []
+            for doc in batch:
+                new = reencode(doc)
+                if new is None:
+                    lost[doc.id] = doc.path
+                else:
+                    out.append(new)
+            writer.upsert(out)
+        self.http.request("POST", f"/{target}/_refresh")
+        return lost
+
+    def _scan(self, index: str, page: int) -> Iterator[list[Document]]:
+        reply = self.http.request(
+            "POST", f"/{index}/_search", params={"scroll": "5m"},
+            json_body={"size": page, "sort": ["_doc"], "query": {"match_all": {}}},
+        )
+        self._raise_for(reply, "scan")
+        scroll_id = reply.body.get("_scroll_id")
+        try:
+            while True:
+                hits = reply.body.get("hits", {}).get("hits", [])
+                if not hits:
+                    return
+                yield [_document(h["_id"], h.get("_source", {})) for h in hits]
+                reply = self.http.request(
+                    "POST", "/_search/scroll", json_body={"scroll": "5m", "scroll_id": scroll_id}
+                )
+                self._raise_for(reply, "scan")
+                scroll_id = reply.body.get("_scroll_id", scroll_id)
+        finally:
+            if scroll_id:
+                self.http.request("DELETE", "/_search/scroll", json_body={"scroll_id": [scroll_id]})
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _mapping(self) -> dict:
+        reply = self.http.request("GET", f"/{self.index_name}/_mapping")
+        if reply.status == 404:
+            return {}
+        self._raise_for(reply, "read the mapping")
+        return reply.body if isinstance(reply.body, dict) else {}
+
+    def _concrete_indices(self) -> list[str]:
+        return sorted(self._mapping())
+
+    def _stored_identity(self) -> IndexIdentity | None:
+        mapping = self._mapping()
+        if not mapping:
+            return None
+        metas = [m.get("mappings", {}).get("_meta") for m in mapping.values()]
+        ident = q.meta_identity(metas[0])
+        if ident is None:
+            raise IndexStoreError(
+                f"index {self.index_name!r} at {self.url} was not made by d2s-search (no _meta.fingerprint)"
+            )
+        return ident
+
+    def _check_identity(self, wanted: IndexIdentity, stored: IndexIdentity | None) -> None:
+        if stored is None:
+            raise IndexStoreError(f"index {self.index_name!r} vanished at {self.url}")
+        if stored.fingerprint and stored.fingerprint != wanted.fingerprint:
+            raise BundleMismatchError(
+                f"index {self.index_name!r} was filled with bundle {stored.fingerprint[:12]}"
+                f"{' (' + stored.model + ')' if stored.model else ''}, not {wanted.fingerprint[:12]}: "
+                "use that bundle, another --index, or `d2s-search index reindex`"
+            )
+        self._check_dims(wanted, stored)
+
+    def _check_dims(self, wanted: IndexIdentity, stored: IndexIdentity) -> None:
+        if stored.dense_dim and wanted.dense_dim and stored.dense_dim != wanted.dense_dim:
+            raise BundleMismatchError(
+                f"index {self.index_name!r} holds {stored.dense_dim}-d dense vectors, the bundle makes "
+                f"{wanted.dense_dim}-d ones"
+            )
+
+    def _put_meta(self, identity: IndexIdentity) -> None:
+        meta = q.index_body(identity)["mappings"]["_meta"]
+        reply = self.http.request("PUT", f"/{self.index_name}/_mapping", json_body={"_meta": meta})
+        self._raise_for(reply, "record the bundle in _meta")
+
+    def _count(self, index: str) -> int:
+        reply = self.http.request("GET", f"/{index}/_count")
+        self._raise_for(reply, "count documents")
+        return int(reply.body.get("count", 0))
+
+    def _raise_for(self, reply: Reply, what: str) -> None:
+        if reply.ok:
+            return
+        reason = reply.error_reason()
+        if reply.status == 404 and "index_not_found" in reason:
+            raise IndexStoreError(
+                f"no index {self.index_name!r} at {self.url}: run `d2s-search index create` or ingest first"
+            )
+        if "too_many_clauses" in reason or "too_many_nested_clauses" in reason:
+            raise QueryError(f"the query has too many terms for this cluster: {reason}")
+        raise IndexStoreError(f"OpenSearch could not {what}: {reason}")
+
+
+def knn_score_to_inner_product(score: float) -> float:
+    """Invert OpenSearch's inner-product k-NN score (``1 + ip`` if ip >= 0, else ``1 / (1 - ip)``)."""
+    return score - 1.0 if score >= 1.0 else 1.0 - 1.0 / score if score > 0 else float("-inf")
+
+
+def _document(doc_id: str, src: Mapping[str, Any]) -> Document:
+    ingested = src.get("ingested_at")
+    return Document(
+        id=doc_id,
+        path=src.get("path", ""),
+        size_bytes=int(src.get("size_bytes", 0) or 0),
+        width=int(src.get("width", 0) or 0),
+        height=int(src.get("height", 0) or 0),
+        sparse=decode_features(src.get(q.SPARSE_FIELD)),
+        dense=np.asarray(src.get(q.DENSE_FIELD, []), dtype=np.float32),
+        url=src.get("url"),
+        ingested_at=float(ingested) / 1000.0 if ingested is not None else 0.0,
+    )
+
+
+def _item_reason(result: Mapping[str, Any]) -> str:
+    err = result.get("error")
+    if isinstance(err, dict):
+        cause = err.get("caused_by") if isinstance(err.get("caused_by"), dict) else None
+        text = f"{err.get('type', 'error')}: {err.get('reason', '')}"
+        if cause:
+            text += f" ({cause.get('reason', '')})"
+        return text[:300]
+    return f"status {result.get('status')}: {err or 'unknown error'}"[:300]
+
+
+def _next_generation(alias: str, current: str) -> str:
+    m = _GENERATION.match(current)
+    gen = int(m.group("gen")) + 1 if m and m.group("base") == alias else 1
+    return f"{alias}-{gen:06d}"

@@ -1,0 +1,409 @@
+"""Pure builders of every request body the OpenSearch backend sends.
+
+No I/O here, so each body can be checked against the OpenSearch API specification in tests.
+``mappings/index.json`` and ``mappings/pipelines/*.json`` are these builders' output with the
+default arguments (a test keeps them equal), so a user can apply them with curl.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from d2s_search.backends.base import Document, IndexIdentity, SparseVector
+from d2s_search.backends.opensearch_features import (
+    NEURAL_SPARSE_MAX_WEIGHT,
+    prune,
+    sendable_weights,
+)
+from d2s_search.errors import QueryError
+
+MAPPING_VERSION = 1
+SPARSE_FIELD = "sparse"
+DENSE_FIELD = "dense"
+DEFAULT_MAX_CLAUSES = 1024  # indices.query.bool.max_clause_count default
+MAX_RESULT_WINDOW = 10_000  # index.max_result_window default
+PIPELINE_MINMAX = "d2s-hybrid-minmax"
+PIPELINE_RRF = "d2s-hybrid-rrf"
+# Fields a search hit needs to become a Hit (matched terms come from the stored features).
+HIT_SOURCE = ["path", "url", SPARSE_FIELD]
+
+
+# -- index -------------------------------------------------------------------------------
+
+
+def index_body(
+    identity: IndexIdentity | None = None,
+    *,
+    engine: str = "faiss",
+    shards: int = 1,
+    replicas: int = 0,
+    m: int = 16,
+    ef_construction: int = 128,
+) -> dict[str, Any]:
+    """The ``PUT /<index>`` body: settings plus the mapping, ``_meta`` carrying the bundle."""
+    if engine not in ("faiss", "lucene"):
+        raise QueryError(f"unknown k-NN engine {engine!r} (use faiss or lucene)")
+    dim = identity.dense_dim if identity else 256
+    return {
+        "settings": {
+            "index": {"number_of_shards": shards, "number_of_replicas": replicas, "knn": True}
+        },
+        "mappings": {
+            "dynamic": "strict",
+            "_meta": {
+                "d2s_mapping_version": MAPPING_VERSION,
+                "fingerprint": identity.fingerprint if identity else "",
+                "dense_dim": dim,
+                "model": identity.model if identity else "",
+                "sparse_keys": "vocabulary terms with '%' written as '%25' and '.' as '%2E'",
+            },
+            "properties": {
+                SPARSE_FIELD: {"type": "rank_features"},
+                DENSE_FIELD: {
+                    "type": "knn_vector",
+                    "dimension": dim,
+                    "method": {
+                        "name": "hnsw",
+                        "space_type": "innerproduct",
+                        "engine": engine,
+                        "parameters": {"m": m, "ef_construction": ef_construction},
+                    },
+                },
+                "terms": {"type": "keyword"},
+                "path": {"type": "keyword"},
+                "url": {"type": "keyword"},
+                "width": {"type": "integer"},
+                "height": {"type": "integer"},
+                "size_bytes": {"type": "long"},
+                "ingested_at": {"type": "date", "format": "epoch_millis"},
+            },
+        },
+    }
+
+
+def meta_identity(meta: Mapping[str, Any] | None) -> IndexIdentity | None:
+    """``_meta`` of a mapping -> the identity it records (None if not a d2s index)."""
+    if not meta or "fingerprint" not in meta:
+        return None
+    return IndexIdentity(
+        fingerprint=str(meta.get("fingerprint", "")),
+        dense_dim=int(meta.get("dense_dim", 0) or 0),
+        model=str(meta.get("model", "")),
+    )
+
+
+# -- documents ---------------------------------------------------------------------------
+
+
+def doc_source(doc: Document, top_terms: int = 20) -> dict[str, Any]:
+    """The ``_source`` stored for a document (escaped, float32, positive sparse weights)."""
+    dense = np.asarray(doc.dense, dtype=np.float32).reshape(-1)
+    if not np.all(np.isfinite(dense)):
+        raise ValueError("dense vector has NaN or infinite values")
+    src: dict[str, Any] = {
+        "path": doc.path,
+        "size_bytes": int(doc.size_bytes),
+        "width": int(doc.width),
+        "height": int(doc.height),
+        SPARSE_FIELD: sendable_weights(doc.sparse),
+        DENSE_FIELD: [float(x) for x in dense],
+        "terms": doc.top_terms(top_terms),
+    }
+    if doc.url:
+        src["url"] = doc.url
+    if doc.ingested_at:
+        src["ingested_at"] = int(round(doc.ingested_at * 1000))
+    return src
+
+
+def bulk_index_lines(index: str, docs: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:
+    """NDJSON lines (action, source) for ``_bulk``; ``index`` overwrites, so retries are safe."""
+    lines: list[str] = []
+    for doc_id, source in docs:
+        lines.append(_dumps({"index": {"_index": index, "_id": doc_id}}))
+        lines.append(_dumps(source))
+    return lines
+
+
+def bulk_delete_lines(index: str, ids: Iterable[str]) -> list[str]:
+    return [_dumps({"delete": {"_index": index, "_id": i}}) for i in ids]
+
+
+def ndjson(lines: Sequence[str]) -> str:
+    return "\n".join(lines) + "\n"
+
+
+def mget_body(ids: Sequence[str]) -> dict[str, Any]:
+    return {"ids": list(ids)}
+
+
+# -- queries -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Restrictions applied to every query plan."""
+
+    path_prefix: str | None = None
+
+    def clauses(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if self.path_prefix:
+            out.append({"prefix": {"path": {"value": self.path_prefix}}})
+        return out
+
+
+NO_FILTERS = Filters()
+
+
+def query_weights(query: SparseVector, max_clauses: int) -> dict[str, float]:
+    """Escaped, float32, positive query weights, pruned to the largest ``max_clauses``."""
+    return prune(sendable_weights(query), max_clauses)
+
+
+def rank_feature_clauses(weights: Mapping[str, float]) -> list[dict[str, Any]]:
+    """One ``rank_feature`` clause per term: score = boost * stored value, i.e. the dot product."""
+    return [
+        {"rank_feature": {"field": f"{SPARSE_FIELD}.{key}", "linear": {}, "boost": w}}
+        for key, w in weights.items()
+    ]
+
+
+def sparse_query(
+    query: SparseVector,
+    *,
+    max_clauses: int = DEFAULT_MAX_CLAUSES,
+    filters: Filters = NO_FILTERS,
+    neural_sparse: bool = False,
+) -> dict[str, Any]:
+    """``bool.should`` of ``rank_feature`` (or one ``neural_sparse`` with ``query_tokens``)."""
+    filter_clauses = filters.clauses()
+    # Lucene counts every leaf clause against max_clause_count, filters included.
+    weights = query_weights(query, max(1, max_clauses - len(filter_clauses)))
+    if not weights:
+        raise QueryError("the query has no terms with a positive weight")
+    if neural_sparse:
+        too_big = [w for w in weights.values() if w > NEURAL_SPARSE_MAX_WEIGHT]
+        if too_big:
+            raise QueryError(
+                f"neural_sparse accepts token weights up to {NEURAL_SPARSE_MAX_WEIGHT:g}, "
+                f"got {max(too_big):g}; use the rank_feature plan"
+            )
+        scoring: dict[str, Any] = {"neural_sparse": {SPARSE_FIELD: {"query_tokens": weights}}}
+        if not filter_clauses:
+            return scoring
+        return {"bool": {"must": [scoring], "filter": filter_clauses}}
+    body: dict[str, Any] = {"should": rank_feature_clauses(weights)}
+    if filter_clauses:
+        # With a filter, should-clauses become optional: demand one so only matches count.
+        body["filter"] = filter_clauses
+        body["minimum_should_match"] = 1
+    return {"bool": body}
+
+
+def _page(k: int, offset: int) -> tuple[int, int]:
+    if k <= 0:
+        raise QueryError("k must be positive")
+    if offset < 0:
+        raise QueryError("the page offset cannot be negative")
+    if offset + k > MAX_RESULT_WINDOW:
+        raise QueryError(
+            f"cannot page past {MAX_RESULT_WINDOW} hits (offset {offset} + k {k}); narrow the query"
+        )
+    return k, offset
+
+
+def search_body(
+    query: dict[str, Any], k: int, offset: int = 0, source: Sequence[str] = HIT_SOURCE
+) -> dict[str, Any]:
+    k, offset = _page(k, offset)
+    return {
+        "query": query,
+        "size": k,
+        "from": offset,
+        "_source": list(source),
+        "track_total_hits": False,
+    }
+
+
+def sparse_search_body(
+    query: SparseVector,
+    k: int,
+    *,
+    offset: int = 0,
+    max_clauses: int = DEFAULT_MAX_CLAUSES,
+    filters: Filters = NO_FILTERS,
+    neural_sparse: bool = False,
+) -> dict[str, Any]:
+    q = sparse_query(query, max_clauses=max_clauses, filters=filters, neural_sparse=neural_sparse)
+    return search_body(q, k, offset)
+
+
+def two_phase_body(
+    first: SparseVector,
+    full: SparseVector,
+    k: int,
+    window: int,
+    *,
+    offset: int = 0,
+    max_clauses: int = DEFAULT_MAX_CLAUSES,
+    filters: Filters = NO_FILTERS,
+) -> dict[str, Any]:
+    """Retrieve with ``first``, rescore the top ``window`` with ``full``.
+
+    ``query_weight: 0`` makes a rescored hit's score exactly the full query's score; the window
+    covers the whole page, or hits past it would keep their first-phase scores.
+    """
+    body = sparse_search_body(first, k, offset=offset, max_clauses=max_clauses, filters=filters)
+    rescore_q = sparse_query(full, max_clauses=max_clauses)
+    body["rescore"] = {
+        "window_size": max(int(window), offset + k),
+        "query": {
+            "rescore_query": rescore_q,
+            "query_weight": 0.0,
+            "rescore_query_weight": 1.0,
+            "score_mode": "total",
+        },
+    }
+    return body
+
+
+def knn_query(vector: np.ndarray, k: int, filters: Filters = NO_FILTERS) -> dict[str, Any]:
+    vec = np.asarray(vector, dtype=np.float32).reshape(-1)
+    if not np.all(np.isfinite(vec)):
+        raise QueryError("the dense query vector has NaN or infinite values")
+    inner: dict[str, Any] = {"vector": [float(x) for x in vec], "k": int(k)}
+    clauses = filters.clauses()
+    if clauses:
+        inner["filter"] = clauses[0] if len(clauses) == 1 else {"bool": {"filter": clauses}}
+    return {"knn": {DENSE_FIELD: inner}}
+
+
+def knn_search_body(
+    vector: np.ndarray,
+    k: int,
+    *,
+    offset: int = 0,
+    filters: Filters = NO_FILTERS,
+    source: Sequence[str] = HIT_SOURCE,
+) -> dict[str, Any]:
+    _page(k, offset)
+    return search_body(knn_query(vector, offset + k, filters), k, offset, source)
+
+
+def hybrid_search_body(
+    sparse: SparseVector,
+    vector: np.ndarray,
+    k: int,
+    *,
+    offset: int = 0,
+    window: int | None = None,
+    max_clauses: int = DEFAULT_MAX_CLAUSES,
+    filters: Filters = NO_FILTERS,
+    neural_sparse: bool = False,
+) -> dict[str, Any]:
+    """The ``hybrid`` query (sparse, dense); fusion happens in the search pipeline."""
+    _page(k, offset)
+    depth = max(int(window or 0), offset + k)
+    queries = [
+        sparse_query(sparse, max_clauses=max_clauses, filters=filters, neural_sparse=neural_sparse),
+        knn_query(vector, depth, filters),
+    ]
+    hybrid: dict[str, Any] = {"queries": queries}
+    if offset:
+        hybrid["pagination_depth"] = depth  # required by OpenSearch 3.x when paging
+    body = search_body({"hybrid": hybrid}, k, offset)
+    return body
+
+
+# -- search pipelines --------------------------------------------------------------------
+
+
+def minmax_pipeline_body(weights: tuple[float, float] = (0.5, 0.5)) -> dict[str, Any]:
+    ws, wd = _fusion_weights(weights)
+    return {
+        "description": "d2s-search hybrid: min-max normalised sparse and dense scores, "
+        "weighted arithmetic mean (weights: sparse, dense)",
+        "phase_results_processors": [
+            {
+                "normalization-processor": {
+                    "normalization": {"technique": "min_max"},
+                    "combination": {
+                        "technique": "arithmetic_mean",
+                        "parameters": {"weights": [ws, wd]},
+                    },
+                }
+            }
+        ],
+    }
+
+
+def rrf_pipeline_body(rank_constant: int = 60) -> dict[str, Any]:
+    if rank_constant < 1:
+        raise QueryError("the RRF rank constant must be at least 1")
+    return {
+        "description": "d2s-search hybrid: reciprocal rank fusion of the sparse and dense runs",
+        "phase_results_processors": [
+            {"score-ranker-processor": {"combination": {"technique": "rrf", "rank_constant": rank_constant}}}
+        ],
+    }
+
+
+def pipeline_name(method: str, weights: tuple[float, float] = (0.5, 0.5), rank_constant: int = 60) -> str:
+    """A stable name per fusion setting, so a pipeline is created once and reused."""
+    if method == "rrf":
+        return PIPELINE_RRF if rank_constant == 60 else f"{PIPELINE_RRF}-k{rank_constant}"
+    if method != "min_max":
+        raise QueryError(f"unknown fusion {method!r} (use min_max or rrf)")
+    ws, wd = _fusion_weights(weights)
+    if (ws, wd) == (0.5, 0.5):
+        return PIPELINE_MINMAX
+    return f"{PIPELINE_MINMAX}-{ws:.4f}-{wd:.4f}"
+
+
+def pipeline_body(method: str, weights: tuple[float, float] = (0.5, 0.5), rank_constant: int = 60) -> dict[str, Any]:
+    if method == "rrf":
+        return rrf_pipeline_body(rank_constant)
+    pipeline_name(method, weights)  # validates the method
+    return minmax_pipeline_body(weights)
+
+
+def _fusion_weights(weights: tuple[float, float]) -> tuple[float, float]:
+    ws, wd = (float(w) for w in weights)
+    if not (math.isfinite(ws) and math.isfinite(wd)) or ws < 0 or wd < 0 or ws + wd <= 0:
+        raise QueryError("fusion weights must be non-negative and not both zero")
+    # The normalization processor wants weights summing to 1.
+    total = ws + wd
+    return round(ws / total, 4), round(1.0 - round(ws / total, 4), 4)
+
+
+# -- reindex and aliases -----------------------------------------------------------------
+
+
+def reindex_body(source_index: str, dest_index: str) -> dict[str, Any]:
+    return {"source": {"index": source_index}, "dest": {"index": dest_index, "op_type": "index"}}
+
+
+def alias_swap_body(alias: str, new_index: str, old_index: str | None, old_is_alias: bool) -> dict[str, Any]:
+    """Point ``alias`` at ``new_index`` atomically; a same-named plain index is removed in the same step."""
+    actions: list[dict[str, Any]] = [{"add": {"index": new_index, "alias": alias}}]
+    if old_index and old_is_alias:
+        actions.append({"remove": {"index": old_index, "alias": alias}})
+    elif old_index:
+        actions.append({"remove_index": {"index": old_index}})
+    return {"actions": actions}
+
+
+def clone(body: dict[str, Any]) -> dict[str, Any]:
+    return copy.deepcopy(body)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))

@@ -1,0 +1,142 @@
+"""The model bundle on disk: written by ``export-onnx``, read by everything at runtime.
+
+    <bundle>/image.onnx      pixel_values -> dense, sparse
+    <bundle>/text.onnx       input_ids, attention_mask -> dense, sparse
+    <bundle>/tokenizer.json  a `tokenizers` tokenizer
+    <bundle>/vocab.txt       one display term per sparse output dimension
+    <bundle>/manifest.json   source model, dims, preprocessing, head, file hashes, fingerprint
+
+The fingerprint covers everything that changes the vectors (files, preprocessing, dims);
+an index remembers it and refuses a bundle with another one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from .backends.base import IndexIdentity
+from .errors import BundleError
+
+BUNDLE_FORMAT = "d2s-bundle/1"
+BUNDLE_FILES = ("image.onnx", "text.onnx", "tokenizer.json", "vocab.txt")
+# Manifest keys that define the vectors; everything else (parity, timestamps) is report.
+FINGERPRINT_KEYS = ("format", "model", "dense_dim", "vocab_size", "text", "image", "head", "precision", "files")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def compute_fingerprint(manifest: dict) -> str:
+    core = {key: manifest.get(key) for key in FINGERPRINT_KEYS}
+    canonical = json.dumps(core, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+@dataclass
+class Bundle:
+    path: Path
+    manifest: dict = field(repr=False)
+
+    @classmethod
+    def load(cls, path: str | Path, verify_hashes: bool = False) -> Bundle:
+        """Open and validate a bundle. ``verify_hashes`` re-hashes every file (catches
+        tampering with same-size files); without it sizes are checked, which is instant."""
+        path = Path(path).expanduser()
+        manifest_path = path / "manifest.json"
+        if not path.is_dir():
+            raise BundleError(f"no model bundle at {path}: run `d2s-search export-onnx` first or pass --bundle DIR")
+        if not manifest_path.is_file():
+            raise BundleError(f"{path} is not a model bundle (no manifest.json)")
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise BundleError(f"{manifest_path} is unreadable: {exc}") from None
+        if manifest.get("format") != BUNDLE_FORMAT:
+            raise BundleError(f"{path}: unsupported bundle format {manifest.get('format')!r} (expected {BUNDLE_FORMAT})")
+        bundle = cls(path=path, manifest=manifest)
+        bundle.validate(verify_hashes)
+        return bundle
+
+    def validate(self, verify_hashes: bool) -> None:
+        files = self.manifest.get("files", {})
+        for name in BUNDLE_FILES:
+            entry = files.get(name)
+            file = self.path / name
+            if entry is None:
+                raise BundleError(f"{self.path}: manifest lists no {name}")
+            if not file.is_file():
+                raise BundleError(f"{self.path}: {name} is missing")
+            if file.stat().st_size != entry["bytes"]:
+                raise BundleError(f"{self.path}: {name} has changed since export (size differs); re-export the bundle")
+            if verify_hashes and sha256_file(file) != entry["sha256"]:
+                raise BundleError(f"{self.path}: {name} has changed since export (hash differs); re-export the bundle")
+        if compute_fingerprint(self.manifest) != self.manifest.get("fingerprint"):
+            raise BundleError(f"{self.path}: manifest.json was edited (fingerprint does not match); re-export the bundle")
+
+    # -- properties the runtime needs ---------------------------------------------------
+
+    @property
+    def fingerprint(self) -> str:
+        return self.manifest["fingerprint"]
+
+    @property
+    def dense_dim(self) -> int:
+        return int(self.manifest["dense_dim"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.manifest["vocab_size"])
+
+    @property
+    def image_settings(self) -> dict:
+        return self.manifest["image"]
+
+    @property
+    def max_text_length(self) -> int:
+        return int(self.manifest["text"]["max_length"])
+
+    @property
+    def model_name(self) -> str:
+        return self.manifest["model"]["name"]
+
+    @cached_property
+    def terms(self) -> list[str]:
+        terms = (self.path / "vocab.txt").read_text(encoding="utf-8").split("\n")
+        if terms and terms[-1] == "":
+            terms.pop()
+        if len(terms) != self.vocab_size:
+            raise BundleError(f"{self.path}: vocab.txt has {len(terms)} terms, manifest says {self.vocab_size}")
+        return terms
+
+    @cached_property
+    def allowed_mask(self) -> np.ndarray:
+        """True for dimensions that may be output terms (not special, not unused)."""
+        mask = np.ones(self.vocab_size, dtype=bool)
+        mask[np.asarray(self.manifest["text"]["excluded_ids"], dtype=np.int64)] = False
+        return mask
+
+    def identity(self) -> IndexIdentity:
+        return IndexIdentity(fingerprint=self.fingerprint, dense_dim=self.dense_dim, model=self.model_name)
+
+    def summary(self) -> dict:
+        m = self.manifest
+        return {
+            "path": str(self.path),
+            "model": m["model"]["name"],
+            "fingerprint": self.fingerprint,
+            "dense_dim": self.dense_dim,
+            "vocab_size": self.vocab_size,
+            "precision": m.get("precision"),
+            "head_trained": m["head"].get("trained"),
+        }

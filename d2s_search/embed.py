@@ -1,0 +1,278 @@
+"""Precompute dense embeddings of an image-caption dataset, stored with ids, resumable.
+
+Inputs: a Karpathy-style JSON (``images[].filename``/``filepath``, ``split``,
+``sentences[].raw``, optional ``imgid``/``sentid``) or a CSV with ``image,caption`` rows.
+Output, in the authors' layout that ``d2s-search train`` reads:
+``img_embs.parquet`` / ``text_embs.parquet`` (``id, emb``; or ``.npy`` + ``_ids.json``)
+and ``dataset_meta.json`` (Karpathy-style, with the ids used).
+
+Encoders are plain callables so anything plugs in:
+``text_fn(list[str]) -> (B, d)`` and ``image_fn(list[Path]) -> (B, d)``. For a model bundle
+:func:`bundle_encoders` wraps :class:`d2s_search.encoder.Encoder` (ONNX, no torch).
+
+Resuming: vectors are written in chunks under ``<out>/.parts/<side>/`` next to an
+``embed_state.json`` naming the encoder; a re-run with the same encoder skips finished
+chunks, and the final files are assembled once every chunk exists.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from d2s_search.errors import D2SError, ImageRejected, NoInputError
+from d2s_search.train.data import write_embeddings
+
+TextFn = Callable[[Sequence[str]], np.ndarray]
+ImageFn = Callable[[Sequence[Path]], np.ndarray]
+
+
+class EmbedError(D2SError):
+    """The dataset file cannot be read or the output cannot be resumed."""
+
+
+@dataclass
+class Item:
+    image_id: str
+    image_path: Path | None
+    split: str
+    sentences: list[tuple[str, str]] = field(default_factory=list)  # (sentid, raw)
+
+
+# ----------------------------------------------------------------------------- readers
+
+
+def read_karpathy(path: str | Path, image_root: str | Path | None = None) -> list[Item]:
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise EmbedError(f"cannot read Karpathy JSON {p}: {exc}") from exc
+    root = Path(image_root) if image_root else p.parent
+    items, next_sent = [], 0
+    for n, img in enumerate(data.get("images", [])):
+        fname = img.get("filename")
+        fpath = root / img.get("filepath", "") / fname if fname else None
+        sents = []
+        for s in img.get("sentences", []):
+            sid = s.get("sentid", next_sent)
+            next_sent = max(next_sent, int(sid) + 1) if str(sid).isdigit() else next_sent + 1
+            sents.append((str(sid), s.get("raw", "")))
+        items.append(Item(str(img.get("imgid", n)), fpath, img.get("split", "train"), sents))
+    if not items:
+        raise NoInputError(f"{p} lists no images")
+    return items
+
+
+def read_caption_csv(
+    path: str | Path,
+    image_root: str | Path | None = None,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    seed: int = 0,
+) -> list[Item]:
+    """``image,caption`` rows; images get ids in order of appearance and a seeded split."""
+    p = Path(path)
+    root = Path(image_root) if image_root else p.parent
+    by_image: dict[str, Item] = {}
+    try:
+        with open(p, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            if not reader.fieldnames or not {"image", "caption"} <= set(reader.fieldnames):
+                raise EmbedError(f"{p} needs the columns image,caption")
+            sent = 0
+            for row in reader:
+                name = row["image"]
+                if name not in by_image:
+                    by_image[name] = Item(str(len(by_image)), root / name, "train")
+                by_image[name].sentences.append((str(sent), row["caption"]))
+                sent += 1
+    except OSError as exc:
+        raise EmbedError(f"cannot read {p}: {exc}") from exc
+    items = list(by_image.values())
+    if not items:
+        raise NoInputError(f"{p} has no rows")
+    order = np.random.default_rng(seed).permutation(len(items))
+    n_val, n_test = round(val_fraction * len(items)), round(test_fraction * len(items))
+    for rank, k in enumerate(order):
+        items[k].split = "val" if rank < n_val else "test" if rank < n_val + n_test else "train"
+    return items
+
+
+def read_dataset(path: str | Path, image_root=None, **kwargs) -> list[Item]:
+    p = Path(path)
+    if p.suffix.lower() == ".json":
+        return read_karpathy(p, image_root)
+    if p.suffix.lower() in (".csv", ".txt"):
+        return read_caption_csv(p, image_root, **kwargs)
+    raise EmbedError(f"unknown dataset file type {p.suffix!r}: give a Karpathy .json or a .csv")
+
+
+def dataset_meta(items: Sequence[Item]) -> dict:
+    return {
+        "images": [
+            {
+                "imgid": it.image_id,
+                "filename": it.image_path.name if it.image_path else None,
+                "filepath": str(it.image_path.parent) if it.image_path else None,
+                "split": it.split,
+                "sentences": [{"sentid": s, "raw": r} for s, r in it.sentences],
+            }
+            for it in items
+        ]
+    }
+
+
+# ----------------------------------------------------------------------------- chunked writer
+
+
+def embed_side(
+    out: Path,
+    side: str,
+    ids: Sequence[str],
+    inputs: Sequence,
+    encode: Callable[[Sequence], np.ndarray],
+    batch_size: int = 64,
+    chunk_size: int = 2048,
+    fmt: str = "parquet",
+    progress=None,
+) -> dict:
+    """Encode ``inputs`` chunk by chunk (resumable) and write ``<side>_embs``.
+
+    An input the encoder rejects (:class:`ImageRejected` from a per-item call) is left out
+    and reported; the encoder may also return NaN rows to reject items in a batch.
+    """
+    parts = out / ".parts" / side
+    parts.mkdir(parents=True, exist_ok=True)
+    n_chunks = (len(ids) + chunk_size - 1) // chunk_size
+    rejected: list[dict] = []
+    reused = 0
+    task = progress.add_task(f"embedding {side}", total=len(ids)) if progress else None
+    for c in range(n_chunks):
+        lo, hi = c * chunk_size, min((c + 1) * chunk_size, len(ids))
+        f = parts / f"{c:06d}.npz"
+        if f.is_file():
+            with np.load(f, allow_pickle=False) as z:
+                if list(z["ids"]) == [str(i) for i in ids[lo:hi] if str(i) not in set(z["rejected"])] or len(z["ids"]) + len(z["rejected"]) == hi - lo:
+                    rejected += [{"id": str(r), "reason": "rejected earlier"} for r in z["rejected"]]
+                    reused += 1
+                    if progress:
+                        progress.update(task, advance=hi - lo)
+                    continue
+        keep_ids, vecs, rej = [], [], []
+        for b in range(lo, hi, batch_size):
+            bi, bx = list(ids[b : min(b + batch_size, hi)]), list(inputs[b : min(b + batch_size, hi)])
+            try:
+                v = np.asarray(encode(bx), dtype=np.float32)
+            except ImageRejected:
+                v = np.full((len(bx), 0), np.nan, dtype=np.float32)
+                rows = []
+                for x in bx:  # find the bad one(s)
+                    try:
+                        rows.append(np.asarray(encode([x]), dtype=np.float32)[0])
+                    except ImageRejected as exc:
+                        rows.append(None)
+                        rej.append((x, str(exc)))
+                dim = next((len(r) for r in rows if r is not None), 0)
+                v = np.stack([r if r is not None else np.full(dim, np.nan, np.float32) for r in rows]) if rows else v
+            for i, row in zip(bi, v, strict=True):
+                if np.all(np.isfinite(row)) and row.size:
+                    keep_ids.append(str(i))
+                    vecs.append(row)
+                else:
+                    rejected.append({"id": str(i), "reason": next((r for x, r in rej if x == bx[bi.index(i)]), "not encodable")})
+            if progress:
+                progress.update(task, advance=len(bi))
+        done_rej = [str(r["id"]) for r in rejected if str(r["id"]) in {str(i) for i in ids[lo:hi]}]
+        arr = np.stack(vecs) if vecs else np.zeros((0, 0), np.float32)
+        tmp = parts / f"{c:06d}.tmp.npz"
+        np.savez(tmp, ids=np.asarray(keep_ids, dtype=str), embs=arr, rejected=np.asarray(done_rej, dtype=str))
+        tmp.replace(f)
+    all_ids, all_vecs = [], []
+    for c in range(n_chunks):
+        with np.load(parts / f"{c:06d}.npz", allow_pickle=False) as z:
+            if len(z["ids"]):
+                all_ids += [str(x) for x in z["ids"]]
+                all_vecs.append(z["embs"])
+    if not all_vecs:
+        raise EmbedError(f"no {side} could be encoded")
+    embs = np.vstack(all_vecs)
+    write_embeddings(out, side, all_ids, embs, fmt)
+    return {"side": side, "count": len(all_ids), "dim": int(embs.shape[1]), "rejected": rejected,
+            "reused_chunks": reused, "chunks": n_chunks}
+
+
+def embed_dataset(
+    items: Sequence[Item],
+    out: str | Path,
+    text_fn: TextFn,
+    image_fn: ImageFn | None,
+    encoder_name: str,
+    batch_size: int = 64,
+    fmt: str = "parquet",
+    progress=None,
+    keep_parts: bool = False,
+) -> dict:
+    """Embed captions (and images if ``image_fn``) of ``items`` into ``out``."""
+    o = Path(out)
+    o.mkdir(parents=True, exist_ok=True)
+    state_file = o / "embed_state.json"
+    state = {"encoder": encoder_name, "items": len(items)}
+    if state_file.is_file():
+        old = json.loads(state_file.read_text())
+        if old != state:
+            raise EmbedError(
+                f"{o} holds a run with other settings ({old}); use another --out or delete it"
+            )
+    state_file.write_text(json.dumps(state))
+    sent_ids = [s for it in items for s, _ in it.sentences]
+    sent_txt = [r for it in items for _, r in it.sentences]
+    summary = {"out": str(o), "images": len(items), "captions": len(sent_ids)}
+    summary["text"] = embed_side(o, "text", sent_ids, sent_txt, text_fn, batch_size, fmt=fmt, progress=progress)
+    if image_fn is not None:
+        with_path = [it for it in items if it.image_path is not None]
+        summary["img"] = embed_side(
+            o, "img", [it.image_id for it in with_path], [it.image_path for it in with_path],
+            image_fn, batch_size, fmt=fmt, progress=progress,
+        )
+    (o / "dataset_meta.json").write_text(json.dumps(dataset_meta(items)))
+    if not keep_parts:
+        shutil.rmtree(o / ".parts", ignore_errors=True)
+        state_file.unlink(missing_ok=True)
+    return summary
+
+
+# ----------------------------------------------------------------------------- encoders
+
+
+def bundle_encoders(bundle_path: str | Path, device: str = "auto") -> tuple[TextFn, ImageFn, str]:
+    """Dense text and image encoders of a model bundle (ONNX Runtime, no torch)."""
+    from d2s_search.bundle import Bundle
+    from d2s_search.encoder import Encoder
+    from d2s_search.images import load_image
+
+    bundle = Bundle.load(bundle_path)
+    enc = Encoder(bundle, device=device)
+
+    def text_fn(texts: Sequence[str]) -> np.ndarray:
+        return enc.encode_texts(list(texts)).dense
+
+    def image_fn(paths: Sequence[Path]) -> np.ndarray:
+        images = []
+        for p in paths:
+            try:
+                images.append(load_image(Path(p)).image)
+            except ImageRejected:
+                raise
+            except (OSError, ValueError) as exc:
+                raise ImageRejected(f"{p}: {exc}") from exc
+        dense, _ = enc.encode_images(images)
+        return dense
+
+    return text_fn, image_fn, f"bundle:{bundle.fingerprint}"

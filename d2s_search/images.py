@@ -1,0 +1,187 @@
+"""Finding and decoding images safely; content-hash document ids.
+
+Everything that can go wrong with one file raises :class:`ImageRejected` with a short
+reason, so the caller can report it and go on with the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+
+from .errors import ImageRejected
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".jpe", ".png", ".webp", ".gif", ".bmp", ".dib", ".tif", ".tiff"})
+DEFAULT_MAX_PIXELS = 120_000_000  # ~ a 108 MP phone photo; larger is refused as a likely bomb
+DEFAULT_MAX_BYTES = 512 * 1024 * 1024
+
+# Never decode partial files into half-grey pictures: a truncated file is an error.
+ImageFile.LOAD_TRUNCATED_IMAGES = False
+
+
+@dataclass
+class Candidate:
+    """A file found by discovery (not yet read)."""
+
+    path: Path
+
+
+@dataclass
+class LoadedImage:
+    path: Path
+    id: str  # sha256 of the file bytes
+    size_bytes: int
+    image: Image.Image  # RGB, EXIF orientation applied
+    width: int  # after orientation, before any resizing
+    height: int
+
+
+def discover(paths: Iterable[str | Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Image files under ``paths`` (files given directly are taken whatever their suffix).
+
+    Folders are walked recursively, following symlinks but never entering the same
+    directory twice (symlink loops end). Returns (files in a stable order, problems).
+    """
+    found: list[Path] = []
+    problems: list[tuple[Path, str]] = []
+    seen_dirs: set[tuple[int, int]] = set()
+    seen_files: set[Path] = set()
+
+    def add(file: Path) -> None:
+        key = file.absolute()
+        if key not in seen_files:
+            seen_files.add(key)
+            found.append(file)
+
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            for file in _walk(path, seen_dirs, problems):
+                add(file)
+        elif path.is_file() or path.is_symlink():
+            add(path)
+        else:
+            problems.append((path, "no such file or folder"))
+    return found, problems
+
+
+def _walk(root: Path, seen_dirs: set[tuple[int, int]], problems: list[tuple[Path, str]]) -> Iterator[Path]:
+    try:
+        st = root.stat()
+    except OSError as exc:
+        problems.append((root, f"cannot open folder: {exc.strerror or exc}"))
+        return
+    key = (st.st_dev, st.st_ino)
+    if key in seen_dirs:
+        return  # a symlink loop or a folder reached twice
+    seen_dirs.add(key)
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError as exc:
+        problems.append((root, f"cannot list folder: {exc.strerror or exc}"))
+        return
+    for entry in entries:
+        path = Path(entry.path)
+        try:
+            is_dir = entry.is_dir(follow_symlinks=True)
+        except OSError:
+            is_dir = False
+        if is_dir:
+            yield from _walk(path, seen_dirs, problems)
+        elif path.suffix.lower() in IMAGE_SUFFIXES:
+            yield path
+
+
+def read_bytes(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise ImageRejected(f"file is {size / 2**20:.0f} MiB, over the {max_bytes / 2**20:.0f} MiB limit")
+        data = path.read_bytes()
+    except ImageRejected:
+        raise
+    except FileNotFoundError:
+        raise ImageRejected("file not found (broken link or removed)") from None
+    except PermissionError:
+        raise ImageRejected("permission denied") from None
+    except IsADirectoryError:
+        raise ImageRejected("is a folder") from None
+    except OSError as exc:
+        raise ImageRejected(f"cannot read: {exc.strerror or exc}") from None
+    if not data:
+        raise ImageRejected("empty file (0 bytes)")
+    return data
+
+
+def content_id(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def decode(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, draft_size: int | None = None) -> tuple[Image.Image, int, int]:
+    """Bytes -> (RGB image, width, height). Applies EXIF orientation; flattens alpha on white;
+    takes the first frame of animations; refuses images over ``max_pixels`` before decoding.
+
+    ``draft_size`` lets JPEG decode at a reduced scale (much faster for big photos) when
+    the model only needs a small input anyway.
+    """
+    import io
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            width, height = image.size
+            if width * height > max_pixels:
+                raise ImageRejected(
+                    f"{width}x{height} is over the {max_pixels / 1e6:.0f} MP limit (possible decompression bomb)"
+                )
+            if getattr(image, "n_frames", 1) > 1:
+                image.seek(0)
+            if draft_size and image.format == "JPEG":
+                image.draft("RGB", (draft_size, draft_size))
+            orientation = image.getexif().get(0x0112, 1)
+            image.load()
+            image = ImageOps.exif_transpose(image)
+            if orientation in (5, 6, 7, 8):  # rotated by 90 degrees: report the upright size
+                width, height = height, width
+            return _to_rgb(image), width, height
+    except ImageRejected:
+        raise
+    except UnidentifiedImageError:
+        raise ImageRejected("not an image PIL can read") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ImageRejected(f"refused as a decompression bomb: {exc}") from None
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+        raise ImageRejected(f"corrupt or truncated image: {reason}") from None
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    if image.mode == "RGB":
+        return image
+    if image.mode == "P":
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "RGBa"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+        # 16-bit greyscale: scale to 8 bits rather than clip.
+        import numpy as np
+
+        arr = np.asarray(image, dtype=np.float64)
+        peak = arr.max() or 1.0
+        image = Image.fromarray((arr * (255.0 / peak)).astype("uint8"), mode="L")
+    return image.convert("RGB")
+
+
+def load_image(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS, draft_size: int | None = None) -> LoadedImage:
+    data = read_bytes(path)
+    image, width, height = decode(data, max_pixels=max_pixels, draft_size=draft_size)
+    return LoadedImage(path=path, id=content_id(data), size_bytes=len(data), image=image, width=width, height=height)

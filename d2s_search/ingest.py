@@ -1,0 +1,190 @@
+"""Ingest: discover -> read and hash -> skip what is stored -> decode -> encode -> write.
+
+Decoding of batch i overlaps with encoding of batch i-1 (PIL and ONNX Runtime both release
+the GIL). Each batch is written in one transaction, so an interrupted run keeps every batch
+it finished and a re-run does only the rest. Files that cannot be used are collected with
+their reason; the others go on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .backends.base import Backend, Document
+from .encoder import Encoder
+from .errors import ImageRejected, NoInputError
+from .images import DEFAULT_MAX_PIXELS, content_id, decode, discover, read_bytes
+
+
+@dataclass
+class IngestReport:
+    found: int = 0
+    stored: int = 0
+    already_stored: int = 0
+    duplicates: int = 0  # same bytes as another file in this run
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def images_per_second(self) -> float:
+        return self.stored / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "found": self.found,
+            "stored": self.stored,
+            "already_stored": self.already_stored,
+            "duplicates": self.duplicates,
+            "rejected": [{"path": p, "reason": r} for p, r in self.rejected],
+            "seconds": round(self.seconds, 3),
+            "images_per_second": round(self.images_per_second, 2),
+        }
+
+
+@dataclass
+class _Hashed:
+    path: Path
+    data: bytes
+    id: str
+
+
+@dataclass
+class _Decoded:
+    item: _Hashed
+    pixels: np.ndarray
+    width: int
+    height: int
+
+
+ProgressCallback = Callable[[int, int], None]  # (files done, images stored so far)
+
+
+def ingest(
+    paths: Sequence[str | Path],
+    encoder: Encoder,
+    backend: Backend,
+    batch_size: int = 32,
+    workers: int = 2,
+    top_k: int | None = None,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    on_start: Callable[[int], None] | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> IngestReport:
+    start = time.perf_counter()
+    report = IngestReport()
+    files, problems = discover(paths)
+    report.rejected.extend((str(p), reason) for p, reason in problems)
+    report.found = len(files)
+    if not files:
+        where = ", ".join(str(p) for p in paths)
+        if problems:
+            return report
+        raise NoInputError(f"no images found under {where} (looked for .jpg .png .webp .gif .bmp .tif)")
+    if on_start:
+        on_start(len(files))
+    settings = encoder.bundle.image_settings
+    # Decode JPEGs at a reduced scale when the model's input is much smaller (2x margin).
+    draft = int(settings["size"]) * 2
+    seen: set[str] = set()
+    done = 0
+
+    def reject(path: Path, reason: str) -> None:
+        report.rejected.append((str(path), reason))
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+
+        def decode_one(item: _Hashed) -> _Decoded:
+            image, width, height = decode(item.data, max_pixels=max_pixels, draft_size=draft)
+            return _Decoded(item, encoder.preprocess(image), width, height)
+
+        def store(batch: list[tuple[_Hashed, Future]]) -> None:
+            nonlocal done
+            ready: list[_Decoded] = []
+            for item, future in batch:
+                try:
+                    ready.append(future.result())
+                except ImageRejected as exc:
+                    reject(item.path, str(exc))
+                except MemoryError:
+                    reject(item.path, "out of memory while decoding")
+            if ready:
+                dense, sparse = encoder.encode_pixels(np.stack([d.pixels for d in ready]))
+                now = time.time()
+                docs = [
+                    Document(
+                        id=d.item.id,
+                        path=str(d.item.path.absolute()),
+                        size_bytes=len(d.item.data),
+                        width=d.width,
+                        height=d.height,
+                        sparse=encoder.to_terms(sparse[row], top_k=top_k),
+                        dense=dense[row],
+                        ingested_at=now,
+                    )
+                    for row, d in enumerate(ready)
+                ]
+                backend.upsert(docs)
+                report.stored += len(docs)
+            done += len(batch)
+            if on_progress:
+                on_progress(done, report.stored)
+
+        previous: list[tuple[_Hashed, Future]] | None = None
+        for n_files, hashed in _hashed_batches(files, batch_size, pool, reject):
+            new_items = _select_new(hashed, backend, seen, report)
+            done += n_files - len(new_items)  # skipped and rejected files count as done
+            current = [(item, pool.submit(decode_one, item)) for item in new_items]
+            if previous:
+                store(previous)  # encodes batch i-1 while batch i decodes
+            elif on_progress:
+                on_progress(done, report.stored)
+            previous = current
+        if previous:
+            store(previous)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _read_and_hash(path: Path) -> _Hashed:
+    data = read_bytes(path)
+    return _Hashed(path=path, data=data, id=content_id(data))
+
+
+def _hashed_batches(
+    files: list[Path], batch_size: int, pool: ThreadPoolExecutor, reject
+) -> Iterator[tuple[int, list[_Hashed]]]:
+    """(files in the batch, those read and hashed), reading one batch ahead."""
+    batches = [files[i : i + batch_size] for i in range(0, len(files), batch_size)]
+    ahead: list[list[tuple[Path, Future]]] = []
+    for index in range(len(batches)):
+        while len(ahead) < 2 and index + len(ahead) < len(batches):
+            ahead.append([(p, pool.submit(_read_and_hash, p)) for p in batches[index + len(ahead)]])
+        batch = ahead.pop(0)
+        items = []
+        for path, future in batch:
+            try:
+                items.append(future.result())
+            except ImageRejected as exc:
+                reject(path, str(exc))
+        yield len(batch), items
+
+
+def _select_new(items: list[_Hashed], backend: Backend, seen: set[str], report: IngestReport) -> list[_Hashed]:
+    """Drop files already stored or repeated in this run (same bytes = same document)."""
+    present = backend.ids_present([i.id for i in items]) if items else set()
+    new = []
+    for item in items:
+        if item.id in present:
+            report.already_stored += 1
+        elif item.id in seen:
+            report.duplicates += 1
+        else:
+            seen.add(item.id)
+            new.append(item)
+    return new

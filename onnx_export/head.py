@@ -1,0 +1,141 @@
+"""The Dense2Sparse projection head, shared by export and training.
+
+    z1 = W1 z            (d -> w)
+    z2 = LayerNorm(z1)
+    s  = W2 z2           (w -> |V|), W2 initialised from a vocabulary projection
+    s  = log(1 + relu(s)) * allowed
+
+``allowed`` is a fixed 0/1 buffer over the vocabulary that zeroes special and ``[unused*]``
+tokens inside the graph, so no exported model can ever emit them as terms.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HEAD_FORMAT = "d2s-head/1"
+
+
+@dataclass
+class HeadConfig:
+    dense_dim: int
+    vocab_size: int
+    hidden_dim: int = 768
+    output_bias: bool = False
+    # DistilBERT's MLM vocab_layer_norm uses 1e-12; kept so converted heads are exact.
+    layer_norm_eps: float = 1e-5
+    excluded_ids: list[int] = field(default_factory=list)
+    # Free-form provenance: "untrained (vocabulary init)", training run settings, ...
+    trained: bool = False
+    notes: dict = field(default_factory=dict)
+
+
+class SparseHead(nn.Module):
+    def __init__(self, config: HeadConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.proj = nn.Linear(config.dense_dim, config.hidden_dim)
+        self.norm = nn.LayerNorm(config.hidden_dim, eps=config.layer_norm_eps)
+        self.vocab = nn.Linear(config.hidden_dim, config.vocab_size, bias=config.output_bias)
+        allowed = torch.ones(config.vocab_size)
+        if config.excluded_ids:
+            allowed[torch.tensor(sorted(set(config.excluded_ids)), dtype=torch.long)] = 0.0
+        self.register_buffer("allowed", allowed, persistent=False)
+
+    @classmethod
+    def from_vocab_projection(
+        cls,
+        dense_dim: int,
+        vocab_weight: torch.Tensor,
+        vocab_bias: torch.Tensor | None = None,
+        excluded_ids: list[int] | None = None,
+        seed: int = 0,
+    ) -> SparseHead:
+        """A head whose W2 is a copy of a vocabulary projection (e.g. word embeddings).
+
+        The hidden width follows the projection's width; W1 gets a seeded default init.
+        """
+        vocab_size, hidden = vocab_weight.shape
+        config = HeadConfig(
+            dense_dim=dense_dim,
+            vocab_size=vocab_size,
+            hidden_dim=hidden,
+            output_bias=vocab_bias is not None,
+            excluded_ids=list(excluded_ids or []),
+            trained=False,
+            notes={"init": "vocabulary projection"},
+        )
+        gen_state = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+        head = cls(config)
+        torch.random.set_rng_state(gen_state)
+        with torch.no_grad():
+            head.vocab.weight.copy_(vocab_weight)
+            if vocab_bias is not None:
+                head.vocab.bias.copy_(vocab_bias)
+        return head
+
+    def logits(self, z: torch.Tensor) -> torch.Tensor:
+        """Pre-activation vocabulary scores (used by training for masking before the log)."""
+        return self.vocab(self.norm(self.proj(z)))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.log1p(torch.relu(self.logits(z))) * self.allowed
+
+
+def save_head(head: SparseHead, path: str | Path) -> Path:
+    """Save a head as one ``.pt`` file holding its config and weights."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "format": HEAD_FORMAT,
+        "config": asdict(head.config),
+        "state_dict": {k: v.detach().cpu() for k, v in head.state_dict().items()},
+    }
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(payload, tmp)
+    tmp.replace(path)
+    return path
+
+
+def load_head(path: str | Path) -> SparseHead:
+    """Load a head saved by :func:`save_head`."""
+    path = Path(path)
+    if not path.is_file():
+        from d2s_search.errors import ModelError
+
+        raise ModelError(f"head checkpoint not found: {path}")
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(payload, dict) or payload.get("format") != HEAD_FORMAT:
+        from d2s_search.errors import ModelError
+
+        raise ModelError(
+            f"{path} is not a d2s head checkpoint (expected format {HEAD_FORMAT!r}); "
+            "authors' DistilBERT-layout heads are converted with `d2s-search train convert-head`"
+        )
+    head = SparseHead(HeadConfig(**payload["config"]))
+    head.load_state_dict(payload["state_dict"])
+    return head
+
+
+def head_summary(head: SparseHead) -> dict:
+    """The head settings recorded in a bundle manifest."""
+    c = head.config
+    return json.loads(
+        json.dumps(
+            {
+                "dense_dim": c.dense_dim,
+                "hidden_dim": c.hidden_dim,
+                "vocab_size": c.vocab_size,
+                "output_bias": c.output_bias,
+                "excluded_terms": len(set(c.excluded_ids)),
+                "trained": c.trained,
+                "notes": c.notes,
+            }
+        )
+    )

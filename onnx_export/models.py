@@ -1,0 +1,346 @@
+"""A factory of frozen dense image-text encoders, by name.
+
+Names map to plain JSON files in ``onnx_export/configs/`` (open_clip style). Each builder
+returns a :class:`DenseDualEncoder`: two towers producing L2-normalised dense vectors, the
+tokenizer, the vocabulary projection used to initialise the sparse head, and the image
+preprocessing the runtime must reproduce.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+from torch import nn
+
+from d2s_search.errors import HubUnreachableError, ModelError
+
+from .tokenizers_offline import bert_base_uncased_tokenizer
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+DEFAULT_MODEL = "blip-itm-base-coco"
+
+
+@dataclass
+class DenseDualEncoder:
+    name: str
+    kind: str  # blip | clip | lavis
+    image_tower: nn.Module  # pixel_values (B,3,H,W) -> (B,d), L2-normalised
+    text_tower: nn.Module  # input_ids, attention_mask (B,L) -> (B,d), L2-normalised
+    tokenizer: Tokenizer
+    vocab_weight: torch.Tensor  # (|V|, w): initial W2 of the sparse head
+    dense_dim: int
+    image: dict  # size, resize, crop, resample, mean, std
+    max_text_length: int
+    source: dict = field(default_factory=dict)  # provenance recorded in the manifest
+
+
+def available_models() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+
+
+def load_config(name: str) -> dict:
+    path = CONFIG_DIR / f"{name}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    local = Path(name)
+    if (local / "config.json").is_file():
+        return _config_from_checkpoint_dir(local)
+    if "/" in name and not local.exists():
+        return _config_from_hub_id(name)
+    raise ModelError(
+        f"unknown model {name!r}: use one of {', '.join(available_models())}, "
+        "a Hugging Face id like Salesforce/blip-itm-base-coco, or a local checkpoint directory"
+    )
+
+
+def _config_from_hub_id(hub_id: str) -> dict:
+    lowered = hub_id.lower()
+    base = "clip-vit-b32" if "clip" in lowered else "blip-itm-base-coco" if "blip" in lowered else None
+    if base is None:
+        raise ModelError(f"cannot tell whether {hub_id!r} is a BLIP or CLIP model; pass a local directory")
+    config = load_config(base)
+    config["hub_id"] = hub_id
+    config["description"] = f"{hub_id} (hub)"
+    return config
+
+
+def _config_from_checkpoint_dir(path: Path) -> dict:
+    model_type = json.loads((path / "config.json").read_text()).get("model_type", "")
+    if model_type not in ("blip", "clip"):
+        raise ModelError(f"{path}: model_type {model_type!r} is not supported (blip, clip)")
+    config = load_config("blip-itm-base-coco" if model_type == "blip" else "clip-vit-b32")
+    config["hub_id"] = str(path)
+    config["description"] = f"local checkpoint {path}"
+    pre = path / "preprocessor_config.json"
+    if pre.is_file():
+        config["image"] = _image_settings_from_processor(json.loads(pre.read_text()), config["image"])
+    return config
+
+
+def _image_settings_from_processor(proc: dict, default: dict) -> dict:
+    """Read size/mean/std from a transformers ``preprocessor_config.json``."""
+    settings = dict(default)
+    size = proc.get("size", {})
+    if isinstance(size, dict):
+        settings["size"] = int(size.get("shortest_edge") or size.get("height") or settings["size"])
+    elif isinstance(size, int):
+        settings["size"] = size
+    settings["mean"] = proc.get("image_mean", settings["mean"])
+    settings["std"] = proc.get("image_std", settings["std"])
+    return settings
+
+
+def build_dense_encoder(name: str) -> DenseDualEncoder:
+    config = load_config(name)
+    kind = config["kind"]
+    if kind == "blip":
+        return _build_blip(name, config)
+    if kind == "clip":
+        return _build_clip(name, config)
+    if kind == "lavis":
+        return _build_lavis(name, config)
+    raise ModelError(f"model config {name!r} has unknown kind {kind!r}")
+
+
+# --- hub access --------------------------------------------------------------------------
+
+
+def ensure_hub_reachable(hub_id: str, timeout: float = 3.0) -> None:
+    """Fail fast, in one line, when a hub model is not cached and the hub cannot be reached.
+
+    transformers would otherwise retry for half a minute and end in a long message.
+    """
+    if Path(hub_id).exists() or os.environ.get("HF_HUB_OFFLINE") == "1":
+        return
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(hub_id, "config.json"), str):
+            return  # cached: loading works offline
+    except Exception:
+        pass
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    parsed = urlparse(endpoint)
+    host, port = parsed.hostname or "huggingface.co", parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return
+    except OSError as exc:
+        raise HubUnreachableError(
+            f"cannot download {hub_id} from the Hugging Face hub ({host}: {exc.__class__.__name__}); "
+            "for an offline trial run `d2s-search export-onnx --model tiny-blip`"
+        ) from None
+
+
+def _from_pretrained(cls, hub_id: str):
+    ensure_hub_reachable(hub_id)
+    try:
+        return cls.from_pretrained(hub_id)
+    except OSError as exc:
+        raise ModelError(f"cannot load {hub_id}: {str(exc).splitlines()[0]}") from None
+
+
+# --- BLIP (transformers) -----------------------------------------------------------------
+
+
+class _BlipImageTower(nn.Module):
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.vision_model = model.vision_model
+        self.vision_proj = model.vision_proj
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        cls = self.vision_model(pixel_values=pixel_values)[0][:, 0, :]
+        return F.normalize(self.vision_proj(cls), dim=-1)
+
+
+class _BlipTextTower(nn.Module):
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.text_encoder = model.text_encoder
+        self.text_proj = model.text_proj
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        cls = self.text_encoder(input_ids=input_ids, attention_mask=attention_mask)[0][:, 0, :]
+        return F.normalize(self.text_proj(cls), dim=-1)
+
+
+def _build_blip(name: str, config: dict) -> DenseDualEncoder:
+    from transformers import BlipConfig, BlipForImageTextRetrieval
+
+    if config.get("random_init"):
+        tokenizer, vocab_source = bert_base_uncased_tokenizer()
+        torch.manual_seed(config.get("seed", 0))
+        vocab = tokenizer.get_vocab()
+        text_config = dict(
+            config["text_config"],
+            vocab_size=tokenizer.get_vocab_size(),
+            bos_token_id=vocab["[CLS]"],
+            pad_token_id=vocab["[PAD]"],
+            sep_token_id=vocab["[SEP]"],
+        )
+        model = BlipForImageTextRetrieval(
+            BlipConfig(
+                text_config=text_config,
+                vision_config=config["vision_config"],
+                projection_dim=config["projection_dim"],
+                image_text_hidden_size=config["image_text_hidden_size"],
+            )
+        )
+        source = {"model": name, "weights": f"random (seed {config.get('seed', 0)})", "vocabulary": vocab_source}
+    else:
+        hub_id = config["hub_id"]
+        model = _from_pretrained(BlipForImageTextRetrieval, hub_id)
+        tokenizer = _hub_tokenizer(hub_id)
+        source = {"model": name, "weights": hub_id, "vocabulary": f"{hub_id} tokenizer"}
+    model.eval()
+    return DenseDualEncoder(
+        name=name,
+        kind="blip",
+        image_tower=_BlipImageTower(model).eval(),
+        text_tower=_BlipTextTower(model).eval(),
+        tokenizer=tokenizer,
+        vocab_weight=model.text_encoder.embeddings.word_embeddings.weight.detach().clone(),
+        dense_dim=model.text_proj.out_features,
+        image=config["image"],
+        max_text_length=config["max_text_length"],
+        source=source,
+    )
+
+
+def _hub_tokenizer(hub_id: str) -> Tokenizer:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(hub_id)
+    if not getattr(tok, "is_fast", False):
+        raise ModelError(f"{hub_id} has no fast tokenizer; cannot write tokenizer.json")
+    return Tokenizer.from_str(tok.backend_tokenizer.to_str())
+
+
+# --- CLIP (transformers) -----------------------------------------------------------------
+
+
+class _ClipImageTower(nn.Module):
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.vision_model = model.vision_model
+        self.visual_projection = model.visual_projection
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        pooled = self.vision_model(pixel_values=pixel_values).pooler_output
+        return F.normalize(self.visual_projection(pooled), dim=-1)
+
+
+class _ClipTextTower(nn.Module):
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.text_model = model.text_model
+        self.text_projection = model.text_projection
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        pooled = self.text_model(input_ids=input_ids, attention_mask=attention_mask).pooler_output
+        return F.normalize(self.text_projection(pooled), dim=-1)
+
+
+def _build_clip(name: str, config: dict) -> DenseDualEncoder:
+    from transformers import CLIPConfig, CLIPModel
+
+    if config.get("random_init"):
+        tokenizer, vocab_source = bert_base_uncased_tokenizer()
+        vocab = tokenizer.get_vocab()
+        torch.manual_seed(config.get("seed", 0))
+        # With a WordPiece vocabulary the pooled token is [SEP] (CLIP pools at its end token).
+        text_config = dict(
+            config["text_config"],
+            vocab_size=tokenizer.get_vocab_size(),
+            eos_token_id=vocab["[SEP]"],
+            bos_token_id=vocab["[CLS]"],
+            pad_token_id=vocab["[PAD]"],
+        )
+        model = CLIPModel(
+            CLIPConfig(text_config=text_config, vision_config=config["vision_config"], projection_dim=config["projection_dim"])
+        )
+        source = {"model": name, "weights": f"random (seed {config.get('seed', 0)})", "vocabulary": vocab_source}
+    else:
+        hub_id = config["hub_id"]
+        model = _from_pretrained(CLIPModel, hub_id)
+        tokenizer = _hub_tokenizer(hub_id)
+        source = {"model": name, "weights": hub_id, "vocabulary": f"{hub_id} tokenizer"}
+    model.eval()
+    return DenseDualEncoder(
+        name=name,
+        kind="clip",
+        image_tower=_ClipImageTower(model).eval(),
+        text_tower=_ClipTextTower(model).eval(),
+        tokenizer=tokenizer,
+        vocab_weight=model.text_model.embeddings.token_embedding.weight.detach().clone(),
+        dense_dim=model.text_projection.out_features,
+        image=config["image"],
+        max_text_length=config["max_text_length"],
+        source=source,
+    )
+
+
+# --- LAVIS BLIP / ALBEF retrieval (optional environment) ---------------------------------
+
+
+class _LavisImageTower(nn.Module):
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.visual_encoder = model.visual_encoder
+        self.vision_proj = model.vision_proj
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        feats = self.visual_encoder.forward_features(pixel_values)
+        return F.normalize(self.vision_proj(feats[:, 0, :]), dim=-1)
+
+
+class _LavisTextTower(nn.Module):
+    """LAVIS' ``compute_sim_matrix`` path: ``text_encoder.forward_text`` then ``text_proj``."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.text_encoder = model.text_encoder
+        self.text_proj = model.text_proj
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        out = self.text_encoder(input_ids, attention_mask=attention_mask, return_dict=True, mode="text")
+        return F.normalize(self.text_proj(out.last_hidden_state[:, 0, :]), dim=-1)
+
+
+def _build_lavis(name: str, config: dict) -> DenseDualEncoder:
+    try:
+        from lavis.models import load_model
+    except ImportError:
+        raise ModelError(
+            f"{name} needs LAVIS: install salesforce-lavis in its own environment (it needs transformers<4.56)"
+        ) from None
+    model = load_model(config["lavis_name"], config["lavis_type"], is_eval=True, device="cpu")
+    lavis_tok = model.tokenizer  # bert-base-uncased + [DEC]/[ENC]
+    from transformers import BertTokenizerFast
+
+    fast = BertTokenizerFast.from_pretrained("bert-base-uncased")
+    fast.add_special_tokens({"bos_token": "[DEC]"})
+    fast.add_special_tokens({"additional_special_tokens": ["[ENC]"]})
+    if len(fast) != len(lavis_tok):
+        raise ModelError(f"{name}: tokenizer size {len(lavis_tok)} differs from bert-base-uncased+[DEC]+[ENC]")
+    return DenseDualEncoder(
+        name=name,
+        kind="lavis",
+        image_tower=_LavisImageTower(model).eval(),
+        text_tower=_LavisTextTower(model).eval(),
+        tokenizer=Tokenizer.from_str(fast.backend_tokenizer.to_str()),
+        vocab_weight=model.text_encoder.embeddings.word_embeddings.weight.detach().clone(),
+        dense_dim=model.text_proj.out_features,
+        image=config["image"],
+        max_text_length=config["max_text_length"],
+        source={"model": name, "weights": f"LAVIS {config['lavis_name']}/{config['lavis_type']}"},
+    )
