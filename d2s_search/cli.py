@@ -154,7 +154,13 @@ def export_onnx(model, head, out, precision, tolerance, list_models, as_json) ->
 @json_option
 def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, workers, top_k, max_pixels, as_json) -> int:
     """Encode the images under PATHS and store them in the index."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     from .encoder import Encoder
     from .images import DEFAULT_MAX_PIXELS

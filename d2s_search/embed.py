@@ -86,13 +86,11 @@ def read_caption_csv(
             reader = csv.DictReader(f)
             if not reader.fieldnames or not {"image", "caption"} <= set(reader.fieldnames):
                 raise EmbedError(f"{p} needs the columns image,caption")
-            sent = 0
-            for row in reader:
+            for sent, row in enumerate(reader):
                 name = row["image"]
                 if name not in by_image:
                     by_image[name] = Item(str(len(by_image)), root / name, "train")
                 by_image[name].sentences.append((str(sent), row["caption"]))
-                sent += 1
     except OSError as exc:
         raise EmbedError(f"cannot read {p}: {exc}") from exc
     items = list(by_image.values())
@@ -132,6 +130,23 @@ def dataset_meta(items: Sequence[Item]) -> dict:
 # ----------------------------------------------------------------------------- chunked writer
 
 
+def _encode_batch(encode, xs: list) -> tuple[list[np.ndarray | None], list[str]]:
+    """Vectors of a batch; on a rejection, retry one by one to find the bad input(s)."""
+    try:
+        v = np.asarray(encode(xs), dtype=np.float32)
+        return list(v), [""] * len(xs)
+    except ImageRejected:
+        rows, reasons = [], []
+        for x in xs:
+            try:
+                rows.append(np.asarray(encode([x]), dtype=np.float32)[0])
+                reasons.append("")
+            except ImageRejected as exc:
+                rows.append(None)
+                reasons.append(str(exc) or "rejected")
+        return rows, reasons
+
+
 def embed_side(
     out: Path,
     side: str,
@@ -145,11 +160,11 @@ def embed_side(
 ) -> dict:
     """Encode ``inputs`` chunk by chunk (resumable) and write ``<side>_embs``.
 
-    An input the encoder rejects (:class:`ImageRejected` from a per-item call) is left out
-    and reported; the encoder may also return NaN rows to reject items in a batch.
+    Inputs the encoder rejects (:class:`ImageRejected`) are left out and reported.
     """
     parts = out / ".parts" / side
     parts.mkdir(parents=True, exist_ok=True)
+    ids = [str(i) for i in ids]
     n_chunks = (len(ids) + chunk_size - 1) // chunk_size
     rejected: list[dict] = []
     reused = 0
@@ -159,40 +174,33 @@ def embed_side(
         f = parts / f"{c:06d}.npz"
         if f.is_file():
             with np.load(f, allow_pickle=False) as z:
-                if list(z["ids"]) == [str(i) for i in ids[lo:hi] if str(i) not in set(z["rejected"])] or len(z["ids"]) + len(z["rejected"]) == hi - lo:
-                    rejected += [{"id": str(r), "reason": "rejected earlier"} for r in z["rejected"]]
-                    reused += 1
-                    if progress:
-                        progress.update(task, advance=hi - lo)
-                    continue
-        keep_ids, vecs, rej = [], [], []
+                done = [str(x) for x in z["ids"]] + [str(x) for x in z["rejected"]]
+                reasons = [str(x) for x in z["reasons"]]
+                rej_ids = [str(x) for x in z["rejected"]]
+            if sorted(done) == sorted(ids[lo:hi]):
+                rejected += [{"id": i, "reason": r} for i, r in zip(rej_ids, reasons, strict=True)]
+                reused += 1
+                if progress:
+                    progress.update(task, advance=hi - lo)
+                continue
+        keep, vecs, rej, why = [], [], [], []
         for b in range(lo, hi, batch_size):
-            bi, bx = list(ids[b : min(b + batch_size, hi)]), list(inputs[b : min(b + batch_size, hi)])
-            try:
-                v = np.asarray(encode(bx), dtype=np.float32)
-            except ImageRejected:
-                v = np.full((len(bx), 0), np.nan, dtype=np.float32)
-                rows = []
-                for x in bx:  # find the bad one(s)
-                    try:
-                        rows.append(np.asarray(encode([x]), dtype=np.float32)[0])
-                    except ImageRejected as exc:
-                        rows.append(None)
-                        rej.append((x, str(exc)))
-                dim = next((len(r) for r in rows if r is not None), 0)
-                v = np.stack([r if r is not None else np.full(dim, np.nan, np.float32) for r in rows]) if rows else v
-            for i, row in zip(bi, v, strict=True):
-                if np.all(np.isfinite(row)) and row.size:
-                    keep_ids.append(str(i))
+            bi, bx = ids[b : min(b + batch_size, hi)], list(inputs[b : min(b + batch_size, hi)])
+            rows, reasons = _encode_batch(encode, bx)
+            for i, row, reason in zip(bi, rows, reasons, strict=True):
+                if row is not None and row.size and np.all(np.isfinite(row)):
+                    keep.append(i)
                     vecs.append(row)
                 else:
-                    rejected.append({"id": str(i), "reason": next((r for x, r in rej if x == bx[bi.index(i)]), "not encodable")})
+                    rej.append(i)
+                    why.append(reason or "not encodable (non-finite vector)")
             if progress:
                 progress.update(task, advance=len(bi))
-        done_rej = [str(r["id"]) for r in rejected if str(r["id"]) in {str(i) for i in ids[lo:hi]}]
+        rejected += [{"id": i, "reason": r} for i, r in zip(rej, why, strict=True)]
         arr = np.stack(vecs) if vecs else np.zeros((0, 0), np.float32)
         tmp = parts / f"{c:06d}.tmp.npz"
-        np.savez(tmp, ids=np.asarray(keep_ids, dtype=str), embs=arr, rejected=np.asarray(done_rej, dtype=str))
+        np.savez(tmp, ids=np.asarray(keep, dtype=str), embs=arr,
+                 rejected=np.asarray(rej, dtype=str), reasons=np.asarray(why, dtype=str))
         tmp.replace(f)
     all_ids, all_vecs = [], []
     for c in range(n_chunks):
@@ -201,7 +209,7 @@ def embed_side(
                 all_ids += [str(x) for x in z["ids"]]
                 all_vecs.append(z["embs"])
     if not all_vecs:
-        raise EmbedError(f"no {side} could be encoded")
+        raise EmbedError(f"no {side} input could be encoded")
     embs = np.vstack(all_vecs)
     write_embeddings(out, side, all_ids, embs, fmt)
     return {"side": side, "count": len(all_ids), "dim": int(embs.shape[1]), "rejected": rejected,

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from .errors import D2SError
 

@@ -10,6 +10,7 @@ import json
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,15 +80,16 @@ def build_head(encoder: DenseDualEncoder, head_path: str | Path | None) -> Spars
     return head.eval()
 
 
-def sample_inputs(encoder: DenseDualEncoder, batch: int = 3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Deterministic inputs for tracing and parity: noise images and real-looking captions
-    of different lengths (so padding is exercised)."""
+TRACE_TEXTS = ["a dog sitting in the back seat of a car", "two children play on the beach", "snow"]
+PARITY_TEXTS = ["people walking down a busy city street at night", "a red bike", "grass", "surf", "x"]
+
+
+def sample_inputs(encoder: DenseDualEncoder, texts: list[str], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Deterministic inputs: noise images and captions of different lengths (padding is
+    exercised). Parity uses another batch size and sequence length than tracing."""
     gen = torch.Generator().manual_seed(seed)
     size = int(encoder.image["size"])
-    pixels = torch.randn(batch, 3, size, size, generator=gen)
-    texts = ["a dog sitting in the back seat of a car", "two children play on the beach", "snow"][:batch]
-    while len(texts) < batch:
-        texts.append("a photo")
+    pixels = torch.randn(len(texts), 3, size, size, generator=gen)
     ids, mask = tokenize(encoder.tokenizer, texts, encoder.max_text_length)
     return pixels, torch.from_numpy(ids), torch.from_numpy(mask)
 
@@ -111,9 +113,12 @@ def export_bundle(
     if precision not in PRECISIONS:
         raise ModelError(f"precision must be one of {', '.join(PRECISIONS)}")
     out_dir = Path(out_dir).expanduser().resolve()
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+    if out_dir.exists() and any(out_dir.iterdir()):
+        # Only ever replace a previous bundle, never some other folder's contents.
         if not (out_dir / "manifest.json").is_file():
-            raise ModelError(f"{out_dir} exists and is not a bundle; choose another --out")
+            raise ModelError(f"{out_dir} exists and is not a model bundle; choose another --out")
+        if not overwrite:
+            raise ModelError(f"{out_dir} already holds a bundle; pass overwrite=True to replace it")
     start = time.perf_counter()
     step = progress or (lambda msg: None)
     step(f"building {model}")
@@ -121,7 +126,7 @@ def export_bundle(
     head = build_head(encoder, head_path)
     image_graph = ImageGraph(encoder.image_tower, head).eval()
     text_graph = TextGraph(encoder.text_tower, head).eval()
-    pixels, ids, mask = sample_inputs(encoder)
+    pixels, ids, mask = sample_inputs(encoder, TRACE_TEXTS)
 
     tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir.parent if out_dir.parent.exists() else None))
     try:
@@ -140,7 +145,7 @@ def export_bundle(
             for name in ("image.onnx", "text.onnx"):
                 convert_precision(tmp / name, precision)
         step("checking parity against torch")
-        parity = check_parity(image_graph, text_graph, tmp, pixels, ids, mask)
+        parity = check_parity(image_graph, text_graph, tmp, *sample_inputs(encoder, PARITY_TEXTS, seed=1))
         worst = max(v for graph in parity.values() for v in graph.values())
         if precision == "fp32" and worst > tolerance:
             raise ParityError(f"ONNX output differs from torch by {worst:.2e} (> {tolerance:.0e}); not writing the bundle")
@@ -163,7 +168,12 @@ def export_bundle(
 def _export(module: nn.Module, args: tuple, path: Path, input_names: list[str], dynamic_axes: dict) -> None:
     axes = dict(dynamic_axes)
     axes.update({"dense": {0: "batch"}, "sparse": {0: "batch"}})
-    with torch.no_grad():
+    # The tracer warns about shape checks in transformers that are constant for our inputs
+    # (parity is checked on another batch size and sequence length right after).
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter; see docs
         torch.onnx.export(
             module,
             args,

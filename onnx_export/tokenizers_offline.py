@@ -11,12 +11,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-_BASE_WORDS = (
-    "a an the of in on at with and or to is are was dog dogs cat cats car cars man woman men women "
-    "child children boy girl people person street water beach grass snow ball red blue green black "
-    "white yellow brown running playing sitting standing jumping riding walking bike bicycle "
-    "horse field road park tree building table food shirt hat mountain sky sea river city"
-).split()
+_BASE_WORDS = ["a", "an", "the", "of", "in", "on", "at", "with", "and", "or", "to", "is", "are", "was", "dog", "dogs", "cat", "cats", "car", "cars", "man", "woman", "men", "women", "child", "children", "boy", "girl", "people", "person", "street", "water", "beach", "grass", "snow", "ball", "red", "blue", "green", "black", "white", "yellow", "brown", "running", "playing", "sitting", "standing", "jumping", "riding", "walking", "bike", "bicycle", "horse", "field", "road", "park", "tree", "building", "table", "food", "shirt", "hat", "mountain", "sky", "sea", "river", "city"]
 
 
 def bert_base_uncased_dir() -> Path | None:

@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import httpx
 import numpy as np
 
 from d2s_search.backends import opensearch_queries as q
@@ -68,13 +69,14 @@ class OpenSearchBackend:
         refresh: bool = True,
         backoff: float = 0.5,
         sleep: Callable[[float], None] | None = None,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         if not index_name or index_name != index_name.lower() or index_name.startswith(("_", "-", "+")):
             raise IndexStoreError(f"invalid OpenSearch index name {index_name!r} (lowercase, no leading _ - +)")
-        extra = {"sleep": sleep} if sleep else {}
+        extra: dict[str, Any] = {"sleep": sleep} if sleep else {}
         self.http = OpenSearchHTTP(
             url, user=user, password=password, api_key=api_key, ca_file=ca_file, verify=verify,
-            timeout=timeout, retries=retries, backoff=backoff, **extra,
+            timeout=timeout, retries=retries, backoff=backoff, transport=transport, **extra,
         )
         self.index_name = index_name
         self.chunk_docs = max(1, chunk_docs)
@@ -113,15 +115,21 @@ class OpenSearchBackend:
         reply = self.http.request("HEAD", f"/{self.index_name}")
         return reply.status == 200
 
-    def open(self, identity: IndexIdentity, create: bool = True, **create_options: Any) -> None:
+    def open(self, identity: IndexIdentity | None, create: bool = True, **create_options: Any) -> None:
+        """Open the index; with ``identity`` check (or, when new, create and record) the bundle.
+
+        ``identity=None`` opens an existing index as it is (stats, delete).
+        """
         stored = self._stored_identity()
         if stored is None:
-            if not create:
+            if not create or identity is None:
                 raise IndexStoreError(
                     f"no index {self.index_name!r} at {self.url}: run `d2s-search index create` or ingest first"
                 )
             self.create(identity, **create_options)
             stored = identity
+        elif identity is None:
+            pass
         elif not stored.fingerprint:
             # Created from mappings/index.json by hand: claim it if the dimension agrees.
             self._check_dims(identity, stored)
@@ -163,12 +171,11 @@ class OpenSearchBackend:
         meta = mapping[concrete[0]].get("mappings", {}).get("_meta", {}) if concrete else {}
         out: dict[str, Any] = {
             "backend": self.name,
-            "url": self.url,
-            "index": self.index_name,
+            "location": f"{self.url}/{self.index_name}",
             "indices": concrete,
-            "fingerprint": meta.get("fingerprint", ""),
+            "bundle_fingerprint": meta.get("fingerprint", ""),
+            "bundle_model": meta.get("model", ""),
             "dense_dim": meta.get("dense_dim"),
-            "model": meta.get("model", ""),
             "mapping_version": meta.get("d2s_mapping_version"),
         }
         count = self.http.request("GET", f"/{self.index_name}/_count")
@@ -176,7 +183,7 @@ class OpenSearchBackend:
         st = self.http.request("GET", f"/{self.index_name}/_stats/docs,store")
         if st.ok:
             prim = st.body.get("_all", {}).get("primaries", {})
-            out["size_bytes"] = prim.get("store", {}).get("size_in_bytes")
+            out["disk_bytes"] = prim.get("store", {}).get("size_in_bytes")
             out["deleted_documents"] = prim.get("docs", {}).get("deleted")
         out["max_clause_count"] = self.max_clauses()
         return out
@@ -365,7 +372,7 @@ class OpenSearchBackend:
         self,
         sparse: SparseVector,
         vector: np.ndarray,
-        k: int,
+        k: int | Any,
         *,
         method: str = "min_max",
         weights: tuple[float, float] = (0.5, 0.5),
@@ -378,9 +385,19 @@ class OpenSearchBackend:
     ) -> list[Hit]:
         """Sparse + dense fused by OpenSearch (``hybrid`` query through a search pipeline).
 
-        ``Hit.score`` is the fused score; ``Hit.parts`` holds the exact sparse dot product and
-        dense inner product, computed from the stored vectors.
+        ``k`` may be a :class:`d2s_search.search.SearchOptions` (how ``search.hybrid`` calls
+        native fusion): its k, fusion, alpha (dense weight), rrf_k, window and explain apply.
+        ``weights`` are (sparse, dense). ``Hit.score`` is the fused score; ``Hit.parts`` holds
+        the exact sparse dot product and dense inner product, computed from the stored vectors.
         """
+        if not isinstance(k, int):
+            opts = k
+            k = int(opts.k)
+            method = "rrf" if opts.fusion == "rrf" else "min_max"
+            weights = (1.0 - float(opts.alpha), float(opts.alpha))
+            rank_constant = int(opts.rrf_k)
+            window = int(opts.candidates)
+            explain = int(opts.explain)
         pipeline = self.ensure_pipeline(method, weights, rank_constant)
         body = q.hybrid_search_body(
             sparse, vector, k, offset=offset, window=window, max_clauses=self.max_clauses(),
@@ -442,7 +459,8 @@ class OpenSearchBackend:
             hits.append(
                 Hit(
                     id=h["_id"],
-                    score=float(h.get("_score") or 0.0),
+                    # _score is a float32 printed in shortest form: recover the exact value.
+                    score=float(np.float32(h.get("_score") or 0.0)),
                     path=src.get("path", ""),
                     url=src.get("url"),
                     matched=matched_terms(query, decode_features(src.get(q.SPARSE_FIELD)), explain),

@@ -11,6 +11,7 @@ without user info and show secrets as ``***``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -194,10 +195,8 @@ class OpenSearchHTTP:
     def _wait(self, attempt: int, retry_after: str | None, why: str) -> None:
         delay = min(self.max_backoff, self.backoff * (2**attempt)) * (0.5 + random.random() / 2)
         if retry_after:
-            try:
+            with contextlib.suppress(ValueError):  # an HTTP date: keep our own delay
                 delay = min(self.max_backoff, max(delay, float(retry_after)))
-            except ValueError:
-                pass
         self.retried += 1
         log.info("retrying in %.2fs after %s", delay, why)
         self._sleep(delay)

@@ -19,7 +19,7 @@ import scipy.sparse as sp
 import torch
 
 from d2s_search.errors import HubUnreachableError, ModelError
-from onnx_export.head import HeadConfig, SparseHead
+from onnx_export.head import SparseHead
 
 
 def minilm_word_embeddings() -> torch.Tensor:

@@ -114,44 +114,54 @@ class OpenSearchSpec:
     # -- strict mode ------------------------------------------------------------------------
 
     def _close_objects(self) -> None:
-        mixins: set[tuple[str, str]] = set()
+        """Add ``unevaluatedProperties: false`` where an object schema is *used*, not defined.
+
+        Named schemas are often mixins (pulled into others through ``allOf``), so closing their
+        definitions would reject the other half's keys. Instead every ``$ref`` outside an
+        ``allOf`` list, and every inline object schema outside one, is closed; annotations flow
+        through ``$ref`` and ``allOf``, so the mixins' properties still count as known.
+        """
         for uri, doc in self.docs.items():
-            for node in _walk(doc):
-                for item in node.get("allOf", []) if isinstance(node.get("allOf"), list) else []:
-                    if isinstance(item, dict) and "$ref" in item:
-                        mixins.add(_ref_target(uri, item["$ref"]))
-        for uri, doc in self.docs.items():
-            schemas = (doc.get("components") or {}).get("schemas") or {}
-            for name, schema in schemas.items():
-                if (uri, f"/components/schemas/{name}") in mixins:
-                    continue
-                _close(schema, in_all_of=False)
-            # Inline schemas of request bodies are closed too.
-            for body in ((doc.get("components") or {}).get("requestBodies") or {}).values():
+            components = doc.get("components") or {}
+            for schema in (components.get("schemas") or {}).values():
+                self._close(uri, schema, in_all_of=False, definition=True)
+            for body in (components.get("requestBodies") or {}).values():
                 for media in (body.get("content") or {}).values():
-                    if isinstance(media.get("schema"), dict):
-                        _close(media["schema"], in_all_of=False)
+                    self._close(uri, media.get("schema"), in_all_of=False, definition=False)
 
+    def _target(self, uri: str, ref: str) -> Any:
+        target_uri, pointer = _ref_target(uri, ref)
+        doc = self.docs.get(target_uri)
+        return None if doc is None else _resolve_pointer(doc, pointer)
 
-def _close(schema: Any, in_all_of: bool) -> None:
-    if not isinstance(schema, dict):
-        return
-    is_object = "properties" in schema or "allOf" in schema
-    if is_object and not in_all_of and not any(k in schema for k in _OPEN_KEYS) and "$ref" not in schema:
-        if schema.get("type", "object") == "object":
+    def _closable(self, uri: str, schema: Any, depth: int = 0) -> bool:
+        if not isinstance(schema, dict) or depth > 20 or any(k in schema for k in _OPEN_KEYS):
+            return False
+        if schema.get("type", "object") != "object":
+            return False
+        if "$ref" in schema:
+            target_uri = _ref_target(uri, schema["$ref"])[0]
+            return self._closable(target_uri, self._target(uri, schema["$ref"]), depth + 1)
+        return "properties" in schema or "allOf" in schema
+
+    def _close(self, uri: str, schema: Any, in_all_of: bool, definition: bool) -> None:
+        if not isinstance(schema, dict):
+            return
+        if not in_all_of and not definition and self._closable(uri, schema):
             schema["unevaluatedProperties"] = False
-    for key, value in schema.items():
-        if key == "allOf" and isinstance(value, list):
-            for item in value:
-                _close(item, in_all_of=True)
-        elif key in ("anyOf", "oneOf", "prefixItems") and isinstance(value, list):
-            for item in value:
-                _close(item, in_all_of=False)
-        elif key == "properties" and isinstance(value, dict):
-            for item in value.values():
-                _close(item, in_all_of=False)
-        elif key in ("items", "additionalProperties", "not") and isinstance(value, dict):
-            _close(value, in_all_of=False)
+        for key, value in list(schema.items()):
+            if key == "allOf" and isinstance(value, list):
+                for item in value:
+                    self._close(uri, item, in_all_of=True, definition=False)
+            elif key in ("anyOf", "oneOf", "prefixItems") and isinstance(value, list):
+                for item in value:
+                    self._close(uri, item, in_all_of=False, definition=False)
+            elif key == "properties" and isinstance(value, dict):
+                for item in value.values():
+                    self._close(uri, item, in_all_of=False, definition=False)
+            elif key in ("items", "additionalProperties", "not") and isinstance(value, dict):
+                self._close(uri, value, in_all_of=False, definition=False)
+
 
 
 def _walk(node: Any):

@@ -1,0 +1,319 @@
+"""Click commands for training and evaluation: ``train`` (+ ``convert-head``,
+``export-head``), ``evaluate`` and ``embed``. Registered on the main group in ``cli.py``::
+
+    from .cli_train import embed, evaluate_cmd, train
+    cli.add_command(train)
+    cli.add_command(evaluate_cmd)
+    cli.add_command(embed)
+
+Commands return exit codes (0 ok, 1 failed, 3 partial) and raise :class:`D2SError`
+subclasses for one-line errors; heavy imports (torch) happen inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import click
+
+from .errors import EXIT_OK, EXIT_PARTIAL
+
+
+def _emit_json(payload: dict) -> None:
+    click.echo(json.dumps(payload, indent=2, ensure_ascii=False, default=_json_default))
+
+
+def _json_default(x):
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    return str(x)
+
+
+def _clean(x):
+    """NaN -> None so --json output is valid JSON."""
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_clean(v) for v in x]
+    return x
+
+
+def _console(stderr: bool = True):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+def _tokenizer_option(f):
+    return click.option(
+        "--tokenizer", type=click.Path(exists=True),
+        help="tokenizer.json or a bundle directory (default: bert-base-uncased from the offline MiniLM package).",
+    )(f)
+
+
+# ----------------------------------------------------------------------------- train
+
+
+@click.group(invoke_without_command=True)
+@click.option("--data", type=click.Path(file_okay=False), help="Precomputed embeddings (img_embs/text_embs + dataset_meta.json, or image_embeddings.npy + text_embeddings.npy + metadata.csv).")
+@click.option("--out", type=click.Path(file_okay=False), default="./d2s-heads/run", show_default=True, help="Run directory: head.pt (best), last.pt, history.json.")
+@click.option("--expansion", type=click.Choice(["0", "1", "c", "c+w"]), default="c+w", show_default=True, help="PEC mode: 0 never expand captions, 1 always, c caption level, c+w caption + word level.")
+@click.option("--eta", type=float, default=1e-3, show_default=True, help="L1 weight (sparsity; 1e-5 .. 1e-2).")
+@click.option("--lambda", "lam", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="Mix of distillation (1-lambda) and L1 (lambda); 0.5 = the authors' loss / 2.")
+@click.option("--tau", type=float, default=1e-3, show_default=True, help="Teacher temperature on dense scores.")
+@click.option("--epochs", type=click.IntRange(1), default=200, show_default=True)
+@click.option("--batch-size", type=click.IntRange(2), default=512, show_default=True)
+@click.option("--lr-proj", type=float, default=1e-3, show_default=True, help="Learning rate of W1.")
+@click.option("--lr-vocab", type=float, default=5e-5, show_default=True, help="Learning rate of LayerNorm and W2.")
+@click.option("--warmup", type=click.FloatRange(0, 1), default=0.2, show_default=True, help="Share of steps for lr warm-up and the L1 ramp.")
+@click.option("--schedule", type=click.Choice(["paper", "authors", "reverse"]), default="paper", show_default=True, help="PEC ramp shape.")
+@click.option("--vocab-init", default="minilm", show_default=True, help="W2 init: minilm | distilbert | random | matrix file.")
+@click.option("--val-images", type=click.IntRange(0), default=1000, show_default=True, help="Validate on the first N val images (0 = all).")
+@click.option("--objective", type=click.Choice(["sparse", "joint"]), default="sparse", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--amp/--no-amp", default=True, show_default=True, help="Mixed precision (used only on CUDA).")
+@click.option("--resume", is_flag=True, help="Continue from <out>/last.pt.")
+@click.option("--export-onnx-head", is_flag=True, help="Also write <out>/head.onnx (dense -> sparse) for torch-free evaluation.")
+@_tokenizer_option
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.pass_context
+def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj, lr_vocab, warmup, schedule,
+          vocab_init, val_images, objective, seed, device, amp, resume, export_onnx_head, tokenizer, as_json) -> int:
+    """Train a D2S sparse head on precomputed dense embeddings (DESIGN.md §2).
+
+    \b
+    d2s-search train --data ./embs --expansion c+w --eta 1e-3 --out ./d2s-heads/coco
+    d2s-search train convert-head ./lsr42-checkpoint --out head.pt
+    """
+    if ctx.invoked_subcommand is not None:
+        return EXIT_OK
+    if not data:
+        raise click.UsageError("--data is required (or use a subcommand: convert-head, export-head)")
+    if objective == "joint":
+        from .errors import D2SError
+
+        raise D2SError(
+            "--objective joint is not implemented yet: it needs the pre-projection features "
+            "(see docs/training.md); use --objective sparse"
+        )
+    from d2s_search.train.data import load_dataset
+    from d2s_search.train.modeling import build_head
+    from d2s_search.train.trainer import TrainConfig, TrainingError
+    from d2s_search.train.trainer import train as run_train
+    from d2s_search.train.vocab import excluded_token_ids, load_tokenizer, tokenize_captions
+
+    splits = load_dataset(data)
+    if "train" not in splits:
+        raise TrainingError(f"{data} has no training split")
+    tok = load_tokenizer(tokenizer)
+    train_tokens = tokenize_captions(splits["train"].captions, tok)
+    val = splits.get("val")
+    val_tokens = tokenize_captions(val.captions, tok) if val is not None else None
+    head = build_head(splits["train"].dim, vocab_init, excluded_token_ids(tok), tok.get_vocab_size(), seed=seed)
+    if head.config.vocab_size != tok.get_vocab_size():
+        raise TrainingError(f"--vocab-init has {head.config.vocab_size} rows, the tokenizer {tok.get_vocab_size()} terms")
+    cfg = TrainConfig(
+        expansion=expansion, eta=eta, lam=lam, tau=tau, epochs=epochs, batch_size=batch_size,
+        lr_proj=lr_proj, lr_vocab=lr_vocab, warmup=warmup, schedule=schedule, seed=seed,
+        amp="auto" if amp else "off", device=device, val_images=val_images,
+    )
+    summary = run_train(head, splits["train"], train_tokens, cfg, out, val, val_tokens,
+                        resume=resume, progress=not as_json)
+    if export_onnx_head:
+        from d2s_search.train.convert import export_head_onnx
+
+        summary["head_onnx"] = str(export_head_onnx(head, Path(out) / "head.onnx"))
+    if as_json:
+        _emit_json(_clean(summary))
+    else:
+        v = summary["best_val"]
+        best = f" (val R@1 {v['R@1']:.4f}, FLOPs {v['FLOPs']:.1f})" if v else ""
+        click.echo(f"best head: {summary['head']} from epoch {summary['best_epoch']}{best}")
+    return EXIT_OK
+
+
+@train.command("convert-head")
+@click.argument("source", type=click.Path(exists=True))
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="Head file to write (.pt, load_head format).")
+@click.option("--onnx", "onnx_out", type=click.Path(dir_okay=False), help="Also write the head as an ONNX graph.")
+@_tokenizer_option
+@click.option("--json", "as_json", is_flag=True)
+def convert_head(source, out, onnx_out, tokenizer, as_json) -> int:
+    """Convert an authors' D2S checkpoint (DistilBERT MLM layout, e.g. a downloaded
+    lsr42/d2s_* directory or their model.pt) for `export-onnx --head`."""
+    from d2s_search.train.convert import convert_authors_head, export_head_onnx
+    from d2s_search.train.vocab import excluded_token_ids, load_tokenizer
+    from onnx_export.head import head_summary, save_head
+
+    head = convert_authors_head(source, excluded_token_ids(load_tokenizer(tokenizer)))
+    path = save_head(head, out)
+    result = {"head": str(path), **head_summary(head)}
+    if onnx_out:
+        result["onnx"] = str(export_head_onnx(head, onnx_out))
+    if as_json:
+        _emit_json(result)
+    else:
+        click.echo(f"wrote {path} ({head.config.dense_dim}-d -> {head.config.vocab_size} terms)")
+    return EXIT_OK
+
+
+@train.command("export-head")
+@click.argument("head_path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="ONNX file (input dense, output sparse).")
+@click.option("--json", "as_json", is_flag=True)
+def export_head(head_path, out, as_json) -> int:
+    """Write a trained head as a standalone ONNX graph (torch-free evaluation)."""
+    from d2s_search.train.convert import export_head_onnx
+    from onnx_export.head import load_head
+
+    path = export_head_onnx(load_head(head_path), out)
+    if as_json:
+        _emit_json({"onnx": str(path)})
+    else:
+        click.echo(f"wrote {path}")
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------- evaluate
+
+
+@click.command("evaluate")
+@click.option("--data", type=click.Path(file_okay=False), required=True, help="Precomputed embeddings directory.")
+@click.option("--split", default="test", show_default=True, help="Split to evaluate (train, val, test).")
+@click.option("--head", "head_path", type=click.Path(exists=True, dir_okay=False), help="Sparse head: .pt (needs torch) or .onnx. Without it only the dense run is measured.")
+@click.option("--runs", default="dense,sparse,hybrid", show_default=True, help="Comma-separated: dense, sparse, hybrid.")
+@click.option("--query-mask", type=click.Choice(["auto", "own_tokens", "none"]), default="auto", show_default=True, help="Restrict query terms to the query's own tokens (auto: as the head was trained; exp=0 heads need it).")
+@click.option("--fusion", type=click.Choice(["minmax", "rrf"]), default="minmax", show_default=True)
+@click.option("--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="Dense weight in min-max fusion.")
+@click.option("--semantic-k", type=click.IntRange(1), default=20, show_default=True, help="k of Exact@k and Semantic@k.")
+@click.option("--max-images", type=click.IntRange(0), default=0, help="Evaluate on the first N images only (0 = all).")
+@click.option("--check", is_flag=True, help="Recompute R@k/MRR@10 with ir_measures and report both.")
+@_tokenizer_option
+@click.option("--json", "as_json", is_flag=True)
+def evaluate_cmd(data, split, head_path, runs, query_mask, fusion, alpha, semantic_k, max_images, check, tokenizer, as_json) -> int:
+    """Text->image R@1/5/10, MRR@10, FLOPs, Exact@k, Semantic@k, terms per vector and
+    faithfulness to the dense run, on precomputed embeddings."""
+    from d2s_search import metrics as M
+    from d2s_search.evaluate import (
+        EvalData,
+        EvalOptions,
+        evaluate,
+        ir_measures_check,
+        sparse_from_head,
+        static_embeddings,
+    )
+    from d2s_search.train.data import DatasetError, load_dataset
+    from d2s_search.train.vocab import load_tokenizer, tokenize_captions
+
+    splits = load_dataset(data)
+    if split not in splits:
+        raise DatasetError(f"{data} has no {split!r} split (has: {', '.join(splits)})")
+    s = splits[split]
+    if max_images and len(s.image_ids) > max_images:
+        s = s.head(max_images)
+    ev = EvalData.from_split(s, f"{Path(data).name}/{split}")
+    wanted = tuple(r.strip() for r in runs.split(",") if r.strip())
+    bad = [r for r in wanted if r not in ("dense", "sparse", "hybrid")]
+    if bad:
+        raise click.UsageError(f"unknown run(s): {', '.join(bad)}")
+    sv, q_tokens = None, None
+    if head_path:
+        tok = load_tokenizer(tokenizer)
+        ct = tokenize_captions(s.captions, tok)
+        q_tokens = [ct.row(i) for i in range(len(ct))]
+        sv = sparse_from_head(head_path, ev, q_tokens, None if query_mask == "auto" else query_mask)
+    opts = EvalOptions(runs=wanted, hybrid_weight=alpha, fusion=fusion, semantic_k=semantic_k)
+    result = evaluate(ev, sv, q_tokens, static_embeddings() if sv is not None else None, opts)
+    if check:
+        from d2s_search.evaluate import score_function
+
+        result["ir_measures"] = {}
+        for kind in result["runs"]:
+            if kind == "hybrid" and fusion == "rrf":
+                continue
+            idx, val = M.rank_topk(score_function(kind, ev, sv, alpha), 10, len(ev.query_ids), ev.doc_ids)
+            result["ir_measures"][kind] = ir_measures_check(ev, idx, val)
+    if as_json:
+        _emit_json(_clean(result))
+    else:
+        _print_eval(result, semantic_k)
+    return EXIT_OK
+
+
+def _print_eval(result: dict, k: int) -> None:
+    from rich.table import Table
+
+    cols = ["R@1", "R@5", "R@10", "MRR@10", "FLOPs", f"Exact@{k}", f"Semantic@{k}", "terms_per_query",
+            "terms_per_image", "top10_overlap_dense", "corr_dense_MRR@10"]
+    table = Table(title=f"{result['dataset']}: {result['queries']} queries, {result['documents']} images")
+    table.add_column("run")
+    for c in cols:
+        table.add_column(c.replace("_", " "), justify="right")
+    for name, r in result["runs"].items():
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            cells.append("-" if v is None or (isinstance(v, float) and math.isnan(v)) else
+                         f"{v:.1f}" if c in ("FLOPs", "terms_per_query", "terms_per_image") else f"{v:.4f}")
+        table.add_row(name, *cells)
+    _console(stderr=False).print(table)
+
+
+# ----------------------------------------------------------------------------- embed
+
+
+@click.command("embed")
+@click.argument("dataset", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="Output directory (authors' layout).")
+@click.option("--bundle", type=click.Path(file_okay=False), help="Model bundle: image (and by default text) encoder.")
+@click.option("--text-encoder", type=click.Choice(["bundle", "minilm"]), default="bundle", show_default=True)
+@click.option("--images/--no-images", default=True, show_default=True, help="Embed the images too (needs --bundle).")
+@click.option("--image-root", type=click.Path(file_okay=False), help="Folder the dataset's image paths are relative to.")
+@click.option("--batch-size", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["parquet", "npy"]), default="parquet", show_default=True)
+@click.option("--val-fraction", type=click.FloatRange(0, 1), default=0.1, show_default=True, help="CSV only: share of images in val.")
+@click.option("--test-fraction", type=click.FloatRange(0, 1), default=0.1, show_default=True, help="CSV only: share of images in test.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def embed(dataset, out, bundle, text_encoder, images, image_root, batch_size, fmt, val_fraction, test_fraction, seed, device, as_json) -> int:
+    """Precompute dense embeddings of a Karpathy JSON or image,caption CSV (resumable)."""
+    from d2s_search.embed import bundle_encoders, embed_dataset, read_dataset
+
+    items = read_dataset(dataset, image_root, **({"val_fraction": val_fraction, "test_fraction": test_fraction, "seed": seed}
+                                                 if not str(dataset).lower().endswith(".json") else {}))
+    text_fn = image_fn = None
+    name = ""
+    if bundle:
+        text_fn, image_fn, name = bundle_encoders(bundle, device)
+    if images and image_fn is None:
+        raise click.UsageError("embedding images needs --bundle (or pass --no-images)")
+    if text_encoder == "minilm":
+        from d2s_search.train.minilm import MiniLMEncoder
+
+        enc = MiniLMEncoder(device="cuda" if device == "cuda" else "cpu")
+        text_fn, name = enc, f"{name}+{enc.name}" if images else enc.name
+    if text_fn is None:
+        raise click.UsageError("no text encoder: pass --bundle or --text-encoder minilm")
+    from rich.progress import Progress
+
+    progress = None if as_json else Progress(console=_console())
+    if progress:
+        progress.start()
+    try:
+        summary = embed_dataset(items, out, text_fn, image_fn if images else None, name, batch_size, fmt, progress)
+    finally:
+        if progress:
+            progress.stop()
+    n_rej = sum(len(summary[s]["rejected"]) for s in ("text", "img") if s in summary)
+    if as_json:
+        _emit_json(summary)
+    else:
+        parts = [f"{summary[s]['count']} {s} vectors" for s in ("img", "text") if s in summary]
+        click.echo(f"wrote {', '.join(parts)} to {out}" + (f"; {n_rej} inputs rejected" if n_rej else ""))
+    return EXIT_PARTIAL if n_rej else EXIT_OK

@@ -1,0 +1,83 @@
+"""Shared test helpers: image generators, CLI runner, brute-force references."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+FLICKR8K = SHARED_DATA / "flickr8k-800"
+
+
+def pattern_image(seed: int, size: tuple[int, int] = (96, 72), mode: str = "RGB") -> Image.Image:
+    """A deterministic, visibly distinct picture (blocks of colour plus noise)."""
+    rng = np.random.default_rng(seed)
+    w, h = size
+    base = rng.integers(0, 256, size=(4, 4, 3), dtype=np.uint8)
+    arr = np.kron(base, np.ones((h // 4 + 1, w // 4 + 1, 1), dtype=np.uint8))[:h, :w]
+    noise = rng.integers(-20, 20, size=arr.shape)
+    arr = np.clip(arr.astype(int) + noise, 0, 255).astype(np.uint8)
+    image = Image.fromarray(arr, "RGB")
+    return image if mode == "RGB" else image.convert(mode)
+
+
+def write_image(path: Path, seed: int, fmt: str | None = None, **save_kwargs) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pattern_image(seed).save(path, format=fmt, **save_kwargs)
+    return path
+
+
+def jpeg_bytes(seed: int, size=(96, 72)) -> bytes:
+    buf = io.BytesIO()
+    pattern_image(seed, size).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    """Run the CLI in-process; returns (exit code, stdout, stderr)."""
+    from d2s_search.cli import main
+
+    capsys.readouterr()
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_cli_json(args: list[str], capsys) -> tuple[int, dict]:
+    code, out, err = run_cli([*args, "--json"], capsys)
+    assert out.strip(), f"no JSON output (exit {code}): {err}"
+    return code, json.loads(out)
+
+
+def brute_force_sparse(docs, query: dict[str, float]) -> list[tuple[str, float]]:
+    """(id, score) of every document with a positive dot product, best first, ties by order."""
+    scored = []
+    for order, doc in enumerate(docs):
+        score = sum(np.float64(w) * doc.sparse.get(t, 0.0) for t, w in query.items())
+        if score > 0:
+            scored.append((-score, order, doc.id, score))
+    scored.sort()
+    return [(doc_id, score) for _, _, doc_id, score in scored]
+
+
+def brute_force_dense(docs, vector: np.ndarray) -> list[tuple[str, float]]:
+    matrix = np.stack([d.dense for d in docs]).astype(np.float64)
+    scores = matrix @ np.asarray(vector, dtype=np.float64)
+    order = np.lexsort((np.arange(len(docs)), -scores))
+    return [(docs[i].id, float(scores[i])) for i in order]
+
+
+def clean_env(tmp_path: Path) -> dict:
+    """Environment for subprocesses: isolated config dir, no inherited D2S settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("D2S_")}
+    env["D2S_CONFIG_DIR"] = str(tmp_path / "config")
+    return env

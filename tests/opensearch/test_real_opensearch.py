@@ -1,0 +1,117 @@
+"""Everything against a real OpenSearch cluster, kNN and hybrid included: ``pytest -m opensearch``.
+
+Set D2S_OPENSEARCH_URL (and D2S_OPENSEARCH_USER / _PASSWORD / _API_KEY / _CA_FILE as needed);
+each test works in its own throw-away index. Skipped, with that reason, when no URL is set.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import numpy as np
+import pytest
+from d2s_os_reference import exact_dot, random_query, ranking, synthetic_docs, ulps, vocabulary
+
+from d2s_search.backends.base import IndexIdentity
+from d2s_search.backends.opensearch import OpenSearchBackend
+from d2s_search.errors import IndexStoreError
+
+pytestmark = [
+    pytest.mark.opensearch,
+    pytest.mark.skipif(
+        not os.environ.get("D2S_OPENSEARCH_URL"),
+        reason="D2S_OPENSEARCH_URL is not set: no real OpenSearch cluster to test against",
+    ),
+]
+
+DIM = 16
+N = 200
+
+
+@pytest.fixture
+def real():
+    name = f"d2s-pytest-{uuid.uuid4().hex[:8]}"
+    b = OpenSearchBackend.from_env(index_name=name)
+    ident = IndexIdentity(fingerprint=uuid.uuid4().hex, dense_dim=DIM, model="synthetic")
+    b.open(ident)
+    docs = synthetic_docs(N, dim=DIM, seed=5)
+    b.upsert(docs)
+    try:
+        yield b, docs
+    finally:
+        b.drop()
+        b.close()
+
+
+def test_sparse_matches_lucene_reference(real):
+    b, docs = real
+    rng = np.random.default_rng(1)
+    for _ in range(10):
+        query = random_query(vocabulary(), rng)
+        hits = b.sparse_search(query, 10)
+        expected = ranking(query, docs)[:10]
+        assert [h.id for h in hits] == [i for i, _ in expected]
+        assert all(ulps(h.score, s) <= 1 for h, (_, s) in zip(hits, expected, strict=True))
+
+
+def test_two_phase_and_filters(real):
+    b, docs = real
+    full = random_query(vocabulary(), np.random.default_rng(2), n_terms=20)
+    first = dict(list(full.items())[:4])
+    by_id = {d.id: d for d in docs}
+    cand = [i for i, _ in ranking(first, docs)[:30]]
+    want = sorted(cand, key=lambda i: -exact_dot(full, by_id[i].sparse))[:10]
+    hits = b.two_phase_search(first, full, 10, 30)
+    assert {h.id for h in hits[:5]} <= set(want)
+    assert all(h.path.startswith("photos/cats/") for h in b.sparse_search(full, 10, path_prefix="photos/cats/"))
+
+
+def test_neural_sparse_agrees_with_rank_feature(real):
+    b, docs = real
+    query = random_query(vocabulary(), np.random.default_rng(3))
+    try:
+        neural = b.sparse_search(query, 10, neural_sparse=True)
+    except IndexStoreError as exc:
+        pytest.skip(f"neural_sparse not available on this cluster (neural-search plugin): {exc}")
+    plain = b.sparse_search(query, 10)
+    assert [h.id for h in neural] == [h.id for h in plain]
+    assert all(ulps(a.score, c.score) <= 2 for a, c in zip(neural, plain, strict=True))
+
+
+def test_knn_inner_product(real):
+    b, docs = real
+    target = docs[17]
+    hits = b.dense_search(target.dense, 5, explain_with={"w000": 1.0})
+    assert hits[0].id == target.id
+    assert hits[0].score == pytest.approx(float(np.dot(target.dense, target.dense)), abs=1e-4)
+    by_id = {d.id: d for d in docs}
+    for h in hits:
+        assert h.score == pytest.approx(float(np.dot(by_id[h.id].dense, target.dense)), abs=1e-4)
+    exact = sorted(docs, key=lambda d: -float(np.dot(d.dense, target.dense)))[:5]
+    assert len({h.id for h in hits} & {d.id for d in exact}) >= 4  # HNSW is approximate
+
+
+@pytest.mark.parametrize("method", ["min_max", "rrf"])
+def test_hybrid(real, method):
+    b, docs = real
+    target = docs[42]
+    query = dict(sorted(target.sparse.items(), key=lambda kv: -kv[1])[:8])
+    try:
+        hits = b.hybrid_search(query, target.dense, 10, method=method, weights=(0.3, 0.7))
+    except IndexStoreError as exc:
+        pytest.skip(f"hybrid search not available on this cluster (neural-search plugin): {exc}")
+    assert hits and hits[0].id == target.id  # best in both runs
+    assert hits[0].parts["dense"] == pytest.approx(1.0, abs=1e-4)
+    assert hits[0].parts["sparse"] == pytest.approx(exact_dot(query, target.sparse), rel=1e-5)
+    page2 = b.hybrid_search(query, target.dense, 5, method=method, weights=(0.3, 0.7), offset=5)
+    assert [h.id for h in page2] == [h.id for h in hits[5:10]]
+
+
+def test_reindex_and_stats(real):
+    b, docs = real
+    out = b.reindex(engine="lucene")
+    assert out["documents"] == N
+    st = b.stats()
+    assert st["documents"] == N and st["indices"] == [out["to"]]
+    assert b.dense_search(docs[3].dense, 1)[0].id == docs[3].id

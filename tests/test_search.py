@@ -1,0 +1,233 @@
+"""Query plans on the local backend against brute-force numpy references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from d2s_search.backends.base import Document, Hit
+from d2s_search.backends.local import LocalBackend
+from d2s_search.bundle import Bundle
+from d2s_search.encoder import Encoder
+from d2s_search.ingest import ingest
+from d2s_search.search import SearchOptions, encode_text_query, fuse_minmax, fuse_rrf, run_query
+from tests.helpers import brute_force_dense, brute_force_sparse, run_cli, run_cli_json, write_image
+
+QUERIES = ["a dog in a car", "two children playing on the beach", "a man riding a bike", "snow", "red"]
+
+
+@pytest.fixture(scope="module")
+def searchable(tmp_path_factory, tiny_blip_bundle, image_folder):
+    """An index of generated photos (top-64 pruned terms, so postings differ per doc)."""
+    bundle = Bundle.load(tiny_blip_bundle)
+    encoder = Encoder(bundle, device="cpu")
+    backend = LocalBackend(tmp_path_factory.mktemp("search") / "idx")
+    backend.open(bundle.identity())
+    extra = tmp_path_factory.mktemp("extra")
+    for i in range(80):
+        write_image(extra / f"x{i:03d}.jpg", seed=500 + i)
+    report = ingest([image_folder, extra], encoder, backend, batch_size=16, top_k=64)
+    assert report.stored == 120
+    ids = sorted(backend.ids_present(_all_ids(backend)))
+    docs = backend.get(ids)
+    seq_order = {d: i for i, d in enumerate(_ids_in_seq_order(backend))}
+    docs.sort(key=lambda d: seq_order[d.id])
+    return encoder, backend, docs
+
+
+def _all_ids(backend: LocalBackend) -> list[str]:
+    return [r[0] for r in backend._connect(False).execute("SELECT id FROM docs")]
+
+
+def _ids_in_seq_order(backend: LocalBackend) -> list[str]:
+    return [r[0] for r in backend._connect(False).execute("SELECT id FROM docs ORDER BY seq")]
+
+
+def assert_same_ranking(hits: list[Hit], reference: list[tuple[str, float]], k: int) -> None:
+    want = reference[:k]
+    assert [h.id for h in hits] == [doc_id for doc_id, _ in want]
+    np.testing.assert_allclose([h.score for h in hits], [s for _, s in want], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("text", QUERIES)
+@pytest.mark.parametrize("k", [1, 10, 1000])
+def test_sparse_equals_brute_force(searchable, text, k):
+    encoder, backend, docs = searchable
+    q = encode_text_query(encoder, text)
+    hits = run_query(backend, q, SearchOptions(mode="sparse", k=k)).hits
+    reference = brute_force_sparse(docs, q.full)
+    assert len(reference) > 50  # the query really overlaps most documents
+    assert_same_ranking(hits, reference, k)
+
+
+@pytest.mark.parametrize("text", QUERIES)
+@pytest.mark.parametrize("k", [1, 10, 1000])
+def test_dense_equals_brute_force(searchable, text, k):
+    encoder, backend, docs = searchable
+    q = encode_text_query(encoder, text)
+    hits = run_query(backend, q, SearchOptions(mode="dense", k=k)).hits
+    assert_same_ranking(hits, brute_force_dense(docs, q.dense), min(k, len(docs)))
+
+
+def reference_two_phase(docs, q, k, window):
+    first = brute_force_sparse(docs, q.own)[:window]
+    full = {doc_id: s for doc_id, s in brute_force_sparse(docs, q.full)}
+    rescored = [(-full.get(doc_id, 0.0), rank, doc_id) for rank, (doc_id, _) in enumerate(first)]
+    rescored.sort()
+    return [(doc_id, -neg) for neg, _, doc_id in rescored][:k]
+
+
+@pytest.mark.parametrize("text", QUERIES)
+def test_two_phase_rescores_the_own_word_window(searchable, text):
+    encoder, backend, docs = searchable
+    q = encode_text_query(encoder, text)
+    assert q.own and set(q.own) <= set(q.full) and len(q.own) < len(q.full)
+    hits = run_query(backend, q, SearchOptions(mode="two-phase", k=10, window=20)).hits
+    assert_same_ranking(hits, reference_two_phase(docs, q, 10, 20), 10)
+    again = run_query(backend, q, SearchOptions(mode="two-phase", k=10, window=20)).hits
+    assert [h.id for h in again] == [h.id for h in hits]
+    # With a window covering every document the plan is the full sparse ranking of the
+    # documents that contain at least one of the query's own words.
+    everything = run_query(backend, q, SearchOptions(mode="two-phase", k=1000, window=1000)).hits
+    reachable = {doc_id for doc_id, _ in brute_force_sparse(docs, q.own)}
+    want = [(d, s) for d, s in brute_force_sparse(docs, q.full) if d in reachable]
+    assert_same_ranking(everything, want, 1000)
+
+
+def reference_minmax(runs: dict[str, list[tuple[str, float]]], weights: dict[str, float], k: int):
+    totals: dict[str, float] = {}
+    for name, run in runs.items():
+        scores = [s for _, s in run]
+        low, high = min(scores), max(scores)
+        for doc_id, s in run:
+            totals[doc_id] = totals.get(doc_id, 0.0) + weights[name] * ((s - low) / (high - low))
+    return sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 1.0])
+def test_hybrid_minmax_equals_reference(searchable, alpha):
+    encoder, backend, docs = searchable
+    q = encode_text_query(encoder, "a dog in a car")
+    hits = run_query(backend, q, SearchOptions(mode="hybrid", k=10, window=30, alpha=alpha)).hits
+    runs = {"sparse": brute_force_sparse(docs, q.full)[:30], "dense": brute_force_dense(docs, q.dense)[:30]}
+    want = reference_minmax(runs, {"sparse": 1 - alpha, "dense": alpha}, 10)
+    assert [h.id for h in hits] == [d for d, _ in want]
+    np.testing.assert_allclose([h.score for h in hits], [s for _, s in want], rtol=1e-5, atol=1e-6)
+    if alpha == 1.0:  # all weight on dense: the dense ranking
+        assert [h.id for h in hits] == [d for d, _ in runs["dense"][:10]]
+    assert all(h.matched for h in hits)  # every fused hit still says why it matched
+
+
+def test_hybrid_rrf_equals_reference(searchable):
+    encoder, backend, docs = searchable
+    q = encode_text_query(encoder, "two children playing on the beach")
+    hits = run_query(backend, q, SearchOptions(mode="hybrid", fusion="rrf", k=10, window=25)).hits
+    runs = [brute_force_sparse(docs, q.full)[:25], brute_force_dense(docs, q.dense)[:25]]
+    totals: dict[str, float] = {}
+    for run in runs:
+        for rank, (doc_id, _) in enumerate(run, start=1):
+            totals[doc_id] = totals.get(doc_id, 0.0) + 1 / (60 + rank)
+    want = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
+    assert [h.id for h in hits] == [d for d, _ in want]
+    np.testing.assert_allclose([h.score for h in hits], [s for _, s in want], rtol=1e-9)
+
+
+def test_fusion_by_hand():
+    sparse = [Hit("a", 10.0, "a"), Hit("b", 6.0, "b"), Hit("c", 2.0, "c")]
+    dense = [Hit("c", 0.9, "c"), Hit("a", 0.5, "a"), Hit("d", 0.1, "d")]
+    fused = fuse_minmax({"sparse": sparse, "dense": dense}, {"sparse": 0.5, "dense": 0.5}, 4)
+    # a: .5*1 + .5*.5 = .75; c: .5*0 + .5*1 = .5; b: .5*.5 = .25; d: 0
+    assert [(h.id, round(h.score, 6)) for h in fused] == [("a", 0.75), ("c", 0.5), ("b", 0.25), ("d", 0.0)]
+    assert fused[0].parts == {"sparse": 10.0, "dense": 0.5}
+    rrf = fuse_rrf({"sparse": sparse, "dense": dense}, 2, rank_constant=60)
+    assert [h.id for h in rrf] == ["a", "c"]
+    assert rrf[0].score == pytest.approx(1 / 61 + 1 / 62)
+
+
+def test_matched_terms_explain_the_score(searchable):
+    encoder, backend, docs = searchable
+    q = encode_text_query(encoder, "a man riding a bike")
+    (hit,) = backend.sparse_search(q.full, 1, explain=10_000)
+    doc = next(d for d in docs if d.id == hit.id)
+    assert sum(c for _, c in hit.matched) == pytest.approx(hit.score, rel=1e-4)
+    for term, contribution in hit.matched:
+        assert contribution == pytest.approx(q.full[term] * doc.sparse[term], rel=1e-5)
+    top = backend.sparse_search(q.full, 1, explain=3)[0].matched
+    assert top == hit.matched[:3]
+
+
+def test_cache_extends_on_add_and_rebuilds_on_delete(tmp_path, tiny_blip_bundle):
+    bundle = Bundle.load(tiny_blip_bundle)
+    identity = bundle.identity()
+    backend = LocalBackend(tmp_path / "idx")
+    backend.open(identity)
+    rng = np.random.default_rng(0)
+
+    def doc(i: int, terms: dict[str, float]) -> Document:
+        dense = rng.normal(size=16).astype(np.float32)
+        return Document(id=f"{i:064x}", path=f"/p/{i}", size_bytes=1, width=1, height=1, sparse=terms, dense=dense)
+
+    backend.upsert([doc(1, {"dog": 1.0, "car": 0.5}), doc(2, {"dog": 0.2})])
+    assert [h.id[-1] for h in backend.sparse_search({"dog": 1.0}, 10)] == ["1", "2"]
+    backend.upsert([doc(3, {"dog": 2.0, "zebra": 1.0})])  # a new term after the cache was built
+    hits = backend.sparse_search({"dog": 1.0, "zebra": 1.0}, 10)
+    assert [(h.id[-1], round(h.score, 5)) for h in hits] == [("3", 3.0), ("1", 1.0), ("2", 0.2)]
+    assert backend.delete([f"{3:064x}", "not-there"]) == 1
+    assert [h.id[-1] for h in backend.sparse_search({"dog": 1.0, "zebra": 1.0}, 10)] == ["1", "2"]
+    backend.upsert([doc(2, {"car": 4.0})])  # replaced in place
+    assert [h.id[-1] for h in backend.sparse_search({"car": 1.0}, 10)] == ["2", "1"]
+    backend.close()
+    # A new process sees the same thing, from the cache on disk.
+    reopened = LocalBackend(tmp_path / "idx")
+    reopened.open(identity, create=False)
+    assert [(h.id[-1], h.score) for h in reopened.sparse_search({"car": 1.0}, 10)] == [("2", 4.0), ("1", 0.5)]
+    assert reopened.stats()["documents"] == 2
+    # A damaged cache is rebuilt from SQLite, silently and correctly.
+    (tmp_path / "idx" / "cache" / "search-state.npz").write_bytes(b"garbage")
+    fresh = LocalBackend(tmp_path / "idx")
+    fresh.open(identity, create=False)
+    assert [h.id[-1] for h in fresh.sparse_search({"car": 1.0}, 10)] == ["2", "1"]
+
+
+def test_zero_and_negative_weights_are_never_stored(tmp_path, tiny_blip_bundle):
+    backend = LocalBackend(tmp_path / "idx")
+    backend.open(Bundle.load(tiny_blip_bundle).identity())
+    backend.upsert([Document("a" * 64, "/a", 1, 1, 1, {"dog": 0.0, "cat": -1.0, "car": 0.3}, np.ones(16, np.float32))])
+    (stored,) = backend.get(["a" * 64])
+    assert stored.sparse == {"car": pytest.approx(0.3)}
+    assert backend.sparse_search({"dog": 1.0, "cat": 1.0}, 5) == []
+
+
+def test_query_cli_prints_ranked_results_and_json(tmp_path, tiny_blip_bundle, image_folder, capsys):
+    index = tmp_path / "idx"
+    run_cli_json(["ingest", image_folder, "--bundle", tiny_blip_bundle, "--index", index], capsys)
+    code, out, err = run_cli(["query", "dogs in a car", "--bundle", tiny_blip_bundle, "--index", index, "-k", "3"], capsys)
+    assert code == 0, err
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert lines[0].split()[:3] == ["#", "score", "path"]
+    assert [ln.split()[0] for ln in lines[1:4]] == ["1", "2", "3"] or "1" in out
+    for mode in ("sparse", "two-phase", "dense", "hybrid"):
+        code, result = run_cli_json(
+            ["query", "dogs in a car", "--mode", mode, "--bundle", tiny_blip_bundle, "--index", index, "-k", "5"], capsys
+        )
+        assert code == 0 and result["mode"] == mode
+        assert [r["rank"] for r in result["results"]] == [1, 2, 3, 4, 5]
+        scores = [r["score"] for r in result["results"]]
+        assert scores == sorted(scores, reverse=True)
+        assert all(r["matched"] and r["path"].endswith((".jpg", ".png")) for r in result["results"])
+    code, _, err = run_cli(["query", "   ", "--bundle", tiny_blip_bundle, "--index", index], capsys)
+    assert code == 2 and "the query is empty" in err
+    code, _, err = run_cli(["query", "dog", "--bundle", tiny_blip_bundle, "--index", tmp_path / "none"], capsys)
+    assert code == 1 and "no index at" in err
+
+
+def test_index_stats_and_delete(tmp_path, tiny_blip_bundle, image_folder, capsys):
+    index = tmp_path / "idx"
+    run_cli_json(["ingest", image_folder, "--bundle", tiny_blip_bundle, "--index", index], capsys)
+    code, stats = run_cli_json(["index", "stats", "--index", index], capsys)
+    assert code == 0 and stats["documents"] == 40 and stats["bundle_model"] == "tiny-blip"
+    assert stats["mean_terms_per_document"] > 0 and stats["disk_bytes"] > 0
+    code, out = run_cli_json(["index", "delete", "--index", index, "--yes"], capsys)
+    assert code == 0 and not index.exists()
+    code, _, err = run_cli(["index", "delete", "--index", index, "--yes"], capsys)
+    assert code == 1 and "no index to delete" in err
