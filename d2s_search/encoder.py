@@ -9,6 +9,7 @@ tokens and zeros removed and optional pruning.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -92,7 +93,9 @@ def make_session(path: str, device: str = "auto", threads: int | None = None, wa
     if want_cuda and "CUDAExecutionProvider" in available:
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     try:
-        session = ort.InferenceSession(path, opts, providers=providers)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # ORT's own provider warning; ours follows
+            session = ort.InferenceSession(path, opts, providers=providers)
     except Exception as exc:  # a corrupt or foreign .onnx file
         raise BundleError(f"cannot load {path}: {str(exc).splitlines()[0][:200]}") from None
     if "CUDAExecutionProvider" in providers and "CUDAExecutionProvider" not in session.get_providers():

@@ -231,3 +231,17 @@ def test_index_stats_and_delete(tmp_path, tiny_blip_bundle, image_folder, capsys
     assert code == 0 and not index.exists()
     code, _, err = run_cli(["index", "delete", "--index", index, "--yes"], capsys)
     assert code == 1 and "no index to delete" in err
+
+
+@pytest.mark.parametrize("n", [1, 7, 100, 5000, 40_000])
+@pytest.mark.parametrize("k", [1, 3, 10, 1000])
+def test_top_rows_equals_full_sort_even_with_ties(n, k):
+    from d2s_search.backends.local import _top_rows
+
+    rng = np.random.default_rng(n * 31 + k)
+    scores = rng.integers(0, 6, size=n).astype(np.float32)  # many ties, many zeros
+    scores[rng.random(n) < 0.3] = 0
+    want = [i for i in np.lexsort((np.arange(n), -scores)) if scores[i] > 0][:k]
+    assert _top_rows(scores, k).tolist() == want
+    smooth = rng.random(n).astype(np.float32)
+    assert _top_rows(smooth, k).tolist() == np.lexsort((np.arange(n), -smooth))[:k].tolist()

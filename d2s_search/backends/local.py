@@ -403,7 +403,7 @@ class LocalBackend:
         cols, weights = self._query_columns_within(state, query)
         if cols.size == 0 or state.size == 0:
             return None
-        return state.csc[:, cols] @ weights
+        return _accumulate_postings(state.csc, cols, weights)
 
     def sparse_search(self, query: SparseVector, k: int, explain: int = 5) -> list[Hit]:
         state = self._search_state()
@@ -445,9 +445,10 @@ class LocalBackend:
         if len(rows) == 0:
             return []
         ids = [state.ids[r].decode() for r in rows]
+        seqs = state.seqs[rows].tolist()
         db = self._connect(False)
-        where = ",".join("?" * len(ids))
-        info = {r[0]: (r[1], r[2]) for r in db.execute(f"SELECT id, path, url FROM docs WHERE id IN ({where})", ids)}
+        where = ",".join("?" * len(seqs))  # rowid look-ups: the fastest way into SQLite
+        info = {r[0]: (r[1], r[2]) for r in db.execute(f"SELECT id, path, url FROM docs WHERE seq IN ({where})", seqs)}
         qvec = self._query_vector(state, query) if (explain and query) else None
         hits = []
         for row, doc_id, score in zip(rows.tolist(), ids, np.asarray(scores).tolist()):
@@ -471,12 +472,59 @@ class LocalBackend:
 
 def _top_rows(scores: np.ndarray, k: int) -> np.ndarray:
     """Rows of the k highest positive scores, best first, ties broken by insertion order."""
-    positive = np.flatnonzero(scores > 0)
-    if positive.size > k:
-        kth = np.partition(scores[positive], positive.size - k)[positive.size - k]
-        positive = positive[scores[positive] >= kth]
-    order = np.lexsort((positive, -scores[positive]))
-    return positive[order][:k]
+    bound = _kth_score_lower_bound(scores, k)
+    # Every row at or above the bound (at least k of them, ties included), ordered exactly.
+    rows = np.flatnonzero(scores >= bound) if bound > 0 else np.flatnonzero(scores > 0)
+    if rows.size > 4 * k:
+        keep = np.argpartition(-scores[rows], k - 1)[:k]
+        kth = scores[rows[keep]].min()
+        rows = rows[scores[rows] >= kth]
+    order = np.lexsort((rows, -scores[rows]))
+    return rows[order][:k]
+
+
+def _kth_score_lower_bound(scores: np.ndarray, k: int) -> float:
+    """A value that at least k scores reach, found on block maxima (a few hundred values)
+    instead of a selection over every document: the k-th largest maximum of k distinct
+    blocks is reached by at least k documents."""
+    n = scores.size
+    if k >= n:
+        return 0.0
+    block = min(64, n // (4 * k))
+    if block < 4:
+        return float(np.partition(scores, n - k)[n - k])
+    whole = n - n % block
+    maxima = scores[:whole].reshape(-1, block).max(axis=1)
+    if whole < n:
+        maxima = np.append(maxima, scores[whole:].max())
+    return float(np.partition(maxima, maxima.size - k)[maxima.size - k])
+
+
+def _accumulate_postings(csc: sp.csc_matrix, cols: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """scores = sum over query terms of weight * posting list (term-at-a-time, exact).
+
+    Calls scipy's C++ ``csc_matvec`` once per term on views of the posting arrays, so no
+    posting is copied; falls back to column slicing when that private kernel is missing.
+    """
+    n_docs = csc.shape[0]
+    scores = np.zeros(n_docs, dtype=np.float32)
+    if _csc_matvec is None:
+        return np.asarray(csc[:, cols] @ weights, dtype=np.float32)
+    indptr, indices, data = csc.indptr, csc.indices, csc.data
+    for col, weight in zip(cols.tolist(), weights.tolist()):
+        start, end = indptr[col], indptr[col + 1]
+        if end > start:
+            _csc_matvec(
+                n_docs, 1, np.array([0, end - start], dtype=indptr.dtype), indices[start:end], data[start:end],
+                np.array([weight], dtype=np.float32), scores,
+            )
+    return scores
+
+
+try:  # scipy's private kernel; present in every scipy >= 1.8
+    from scipy.sparse._sparsetools import csc_matvec as _csc_matvec
+except ImportError:  # pragma: no cover
+    _csc_matvec = None
 
 
 class _transaction:
