@@ -109,7 +109,7 @@ def load_bundle(path: str | None, verify: bool = False):
 @json_option
 def export_onnx(model, head, out, precision, tolerance, list_models, as_json) -> int:
     """Export a dense image-text model + sparse head to an ONNX model bundle."""
-    from onnx_export.models import DEFAULT_MODEL, available_models, load_config
+    from onnx_export.registry import DEFAULT_MODEL, available_models, load_config
 
     if list_models:
         names = available_models()
@@ -119,9 +119,14 @@ def export_onnx(model, head, out, precision, tolerance, list_models, as_json) ->
             for n in names:
                 click.echo(f"{n:24s} {load_config(n).get('description', '')}")
         return EXIT_OK
+    model = model or DEFAULT_MODEL
+    config = load_config(model)
+    if config.get("hub_id") and not config.get("random_init"):
+        from onnx_export.hub import ensure_hub_reachable
+
+        ensure_hub_reachable(config["hub_id"])  # before torch and transformers take seconds to import
     from onnx_export.export import export_bundle
 
-    model = model or DEFAULT_MODEL
     out_dir = Path(out) if out else Path("d2s-bundles") / Path(model).name.replace("/", "--")
     err = _console(stderr=True)
     with err.status(f"exporting {model}") as status:

@@ -8,24 +8,18 @@ preprocessing the runtime must reproduce.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 from dataclasses import dataclass, field
-from pathlib import Path
-from urllib.parse import urlparse
 
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 from torch import nn
 
-from d2s_search.errors import HubUnreachableError, ModelError
+from d2s_search.errors import ModelError
 
+from .hub import ensure_hub_reachable
+from .registry import DEFAULT_MODEL, available_models, load_config  # noqa: F401  (re-exported)
 from .tokenizers_offline import bert_base_uncased_tokenizer
-
-CONFIG_DIR = Path(__file__).parent / "configs"
-DEFAULT_MODEL = "blip-itm-base-coco"
 
 
 @dataclass
@@ -42,62 +36,6 @@ class DenseDualEncoder:
     source: dict = field(default_factory=dict)  # provenance recorded in the manifest
 
 
-def available_models() -> list[str]:
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
-
-
-def load_config(name: str) -> dict:
-    path = CONFIG_DIR / f"{name}.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    local = Path(name)
-    if (local / "config.json").is_file():
-        return _config_from_checkpoint_dir(local)
-    if "/" in name and not local.exists():
-        return _config_from_hub_id(name)
-    raise ModelError(
-        f"unknown model {name!r}: use one of {', '.join(available_models())}, "
-        "a Hugging Face id like Salesforce/blip-itm-base-coco, or a local checkpoint directory"
-    )
-
-
-def _config_from_hub_id(hub_id: str) -> dict:
-    lowered = hub_id.lower()
-    base = "clip-vit-b32" if "clip" in lowered else "blip-itm-base-coco" if "blip" in lowered else None
-    if base is None:
-        raise ModelError(f"cannot tell whether {hub_id!r} is a BLIP or CLIP model; pass a local directory")
-    config = load_config(base)
-    config["hub_id"] = hub_id
-    config["description"] = f"{hub_id} (hub)"
-    return config
-
-
-def _config_from_checkpoint_dir(path: Path) -> dict:
-    model_type = json.loads((path / "config.json").read_text()).get("model_type", "")
-    if model_type not in ("blip", "clip"):
-        raise ModelError(f"{path}: model_type {model_type!r} is not supported (blip, clip)")
-    config = load_config("blip-itm-base-coco" if model_type == "blip" else "clip-vit-b32")
-    config["hub_id"] = str(path)
-    config["description"] = f"local checkpoint {path}"
-    pre = path / "preprocessor_config.json"
-    if pre.is_file():
-        config["image"] = _image_settings_from_processor(json.loads(pre.read_text()), config["image"])
-    return config
-
-
-def _image_settings_from_processor(proc: dict, default: dict) -> dict:
-    """Read size/mean/std from a transformers ``preprocessor_config.json``."""
-    settings = dict(default)
-    size = proc.get("size", {})
-    if isinstance(size, dict):
-        settings["size"] = int(size.get("shortest_edge") or size.get("height") or settings["size"])
-    elif isinstance(size, int):
-        settings["size"] = size
-    settings["mean"] = proc.get("image_mean", settings["mean"])
-    settings["std"] = proc.get("image_std", settings["std"])
-    return settings
-
-
 def build_dense_encoder(name: str) -> DenseDualEncoder:
     config = load_config(name)
     kind = config["kind"]
@@ -108,36 +46,6 @@ def build_dense_encoder(name: str) -> DenseDualEncoder:
     if kind == "lavis":
         return _build_lavis(name, config)
     raise ModelError(f"model config {name!r} has unknown kind {kind!r}")
-
-
-# --- hub access --------------------------------------------------------------------------
-
-
-def ensure_hub_reachable(hub_id: str, timeout: float = 3.0) -> None:
-    """Fail fast, in one line, when a hub model is not cached and the hub cannot be reached.
-
-    transformers would otherwise retry for half a minute and end in a long message.
-    """
-    if Path(hub_id).exists() or os.environ.get("HF_HUB_OFFLINE") == "1":
-        return
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        if isinstance(try_to_load_from_cache(hub_id, "config.json"), str):
-            return  # cached: loading works offline
-    except Exception:
-        pass
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    parsed = urlparse(endpoint)
-    host, port = parsed.hostname or "huggingface.co", parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return
-    except OSError as exc:
-        raise HubUnreachableError(
-            f"cannot download {hub_id} from the Hugging Face hub ({host}: {exc.__class__.__name__}); "
-            "for an offline trial run `d2s-search export-onnx --model tiny-blip`"
-        ) from None
 
 
 def _from_pretrained(cls, hub_id: str):
