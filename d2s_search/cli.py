@@ -81,11 +81,10 @@ def make_backend(backend: str | None, index: str, url: str | None, index_name: s
     if kind == "opensearch":
         if not url:
             raise click.UsageError("--backend opensearch needs --url or D2S_OPENSEARCH_URL")
-        return open_backend(
-            "opensearch", url=url, index_name=index_name,
-            user=os.environ.get("D2S_OPENSEARCH_USER"), password=os.environ.get("D2S_OPENSEARCH_PASSWORD"),
-            api_key=os.environ.get("D2S_OPENSEARCH_API_KEY"), ca_file=os.environ.get("D2S_OPENSEARCH_CA_FILE"),
-        )
+        from .backends.opensearch import OpenSearchBackend
+
+        # Credentials, CA file and D2S_OPENSEARCH_INSECURE come from the environment only.
+        return OpenSearchBackend.from_env(url=url, index_name=index_name)
     return open_backend("local", index=index)
 
 
@@ -296,7 +295,7 @@ def _short_path(path: str) -> str:
 
 @cli.group()
 def index() -> None:
-    """Inspect or delete an index."""
+    """Create, inspect, reindex or delete an index."""
 
 
 @index.command("stats")
@@ -338,6 +337,17 @@ def index_delete(backend, index, url, index_name, yes, as_json) -> int:
     return EXIT_OK
 
 
+def _register_optional_commands() -> None:
+    """Commands that live in their own modules (each imports its heavy parts lazily)."""
+    from .cli_opensearch import index_create, index_reindex
+
+    index.add_command(index_create)
+    index.add_command(index_reindex)
+
+
+_register_optional_commands()
+
+
 # --- entry point -------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> None:
@@ -346,10 +356,7 @@ def main(argv: list[str] | None = None) -> None:
         flat = settings.load_config()
         code = cli.main(args=argv, prog_name="d2s-search", standalone_mode=False,
                         default_map=settings.default_map_for(cli, flat))
-    except click.exceptions.Abort:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
-    except KeyboardInterrupt:
+    except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
         click.echo("interrupted: everything stored so far is kept; run the same command again to continue", err=True)
         sys.exit(130)
     except click.exceptions.Exit as exc:

@@ -261,7 +261,10 @@ def _print_eval(result: dict, k: int) -> None:
             cells.append("-" if v is None or (isinstance(v, float) and math.isnan(v)) else
                          f"{v:.1f}" if c in ("FLOPs", "terms_per_query", "terms_per_image") else f"{v:.4f}")
         table.add_row(name, *cells)
-    _console(stderr=False).print(table)
+    console = _console(stderr=False)
+    if not console.is_terminal:
+        console.width = max(console.width, 160)  # don't squeeze the table in pipes and logs
+    console.print(table)
 
 
 # ----------------------------------------------------------------------------- embed

@@ -194,16 +194,17 @@ def evaluate(
     depth = max(opt.depth, 10)
     for kind in runs:
         if kind == "hybrid" and opt.fusion == "rrf":
-            need = [r for r in ("dense", "sparse") if r not in ranked]
-            for r in need:
-                ranked[r] = M.rank_topk(score_function(r, data, sparse), 100, len(data.query_ids), data.doc_ids, opt.chunk)
-            fused = rrf([ranked["dense"], ranked["sparse"]], len(data.doc_ids))
-            idx, val = M.rank_topk(fused, depth, doc_ids=data.doc_ids)
+            lists = [
+                M.rank_topk(score_function(r, data, sparse), 100, len(data.query_ids), data.doc_ids, opt.chunk)
+                for r in ("dense", "sparse")
+            ]
+            fused = rrf(lists, len(data.doc_ids))
+            idx, val, pq = M.evaluate_scores(fused, data.qrels, doc_ids=data.doc_ids, depth=depth)
         else:
             fn = score_function(kind, data, sparse, opt.hybrid_weight)
-            idx, val = M.rank_topk(fn, depth, len(data.query_ids), data.doc_ids, opt.chunk)
+            idx, val, pq = M.evaluate_scores(fn, data.qrels, len(data.query_ids), data.doc_ids, depth, chunk=opt.chunk)
         ranked[kind] = (idx[:, :depth], val[:, :depth])
-        per_q[kind] = M.per_query_metrics(ranked[kind][0], data.qrels)
+        per_q[kind] = pq
         result["runs"][kind] = M.aggregate(per_q[kind])
     if sparse is not None and "sparse" in result["runs"]:
         s = result["runs"]["sparse"]
@@ -236,7 +237,8 @@ def ir_measures_check(data: EvalData, ranked: np.ndarray, scores: np.ndarray) ->
     run = M.to_run(ranked, scores, data.query_ids, data.doc_ids)
     qrels = M.to_qrels(data.qrels, data.query_ids, data.doc_ids)
     agg = ir_measures.calc_aggregate([R @ 1, R @ 5, R @ 10, MRR @ 10], qrels, run)
-    return {str(k): float(v) for k, v in agg.items()}
+    # ir_measures names MRR@10 "RR@10"
+    return {str(k).replace("RR@", "MRR@").replace("MMRR", "MRR"): float(v) for k, v in agg.items()}
 
 
 def static_embeddings() -> np.ndarray | None:

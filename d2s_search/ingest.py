@@ -18,7 +18,7 @@ import numpy as np
 
 from .backends.base import Backend, Document
 from .encoder import Encoder
-from .errors import ImageRejected, NoInputError
+from .errors import DocumentsRejectedError, ImageRejected, NoInputError
 from .images import DEFAULT_MAX_PIXELS, content_id, decode, discover, read_bytes
 
 
@@ -129,8 +129,14 @@ def ingest(
                     )
                     for row, d in enumerate(ready)
                 ]
-                backend.upsert(docs)
-                report.stored += len(docs)
+                try:
+                    backend.upsert(docs)
+                    report.stored += len(docs)
+                except DocumentsRejectedError as exc:  # the backend refused some; the rest are stored
+                    by_id = {d.id: d for d in docs}
+                    for doc_id, reason in exc.failures.items():
+                        reject(Path(by_id[doc_id].path) if doc_id in by_id else Path(doc_id), f"refused by the index: {reason}")
+                    report.stored += len(docs) - len(exc.failures)
             done += len(batch)
             if on_progress:
                 on_progress(done, report.stored)

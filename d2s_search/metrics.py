@@ -1,9 +1,13 @@
 """Retrieval, efficiency, semantic-deviation and faithfulness metrics (numpy/scipy only).
 
-Used at runtime too, so no torch here. Conventions follow ir_measures / trec_eval so the
-numbers agree with it (tested): a run is ranked by score, ties broken by document id in
-*descending* string order (trec_eval's rule); ``R@k = |relevant in top k| / |relevant|``;
-``MRR@10 = 1 / rank of the first relevant document in the top 10`` (0 if none).
+Used at runtime too, so no torch here. The numbers agree with ir_measures (tested), down
+to its tie handling, which differs per measure: ``R@k`` comes from pytrec_eval, which
+breaks equal scores by document id in *descending* string order, while ``MRR@10`` (RR@10)
+comes from ir_measures' msmarco provider, which breaks them by id in *ascending* order.
+:func:`evaluate_scores` computes exact ranks of the relevant documents over all scored
+documents under both rules, so ``R@k = |relevant with rank <= k| / |relevant|`` and
+``MRR@10 = 1 / best rank`` (0 beyond 10) equal what ir_measures reports for the full run.
+Top-k lists (:func:`rank_topk`, used for overlap and runs) follow trec_eval's order.
 
 Efficiency (DESIGN.md §2): ``FLOPs = mean over (query, doc) of sum_j 1[q_j > 0] 1[d_j > 0]``,
 computed exactly as ``sum_j n_q(j) n_d(j) / (|Q| |D|)`` where ``n_x(j)`` counts the vectors
@@ -85,6 +89,70 @@ def rank_topk(
 
 
 # ----------------------------------------------------------------------------- effectiveness
+
+
+def _tie_positions(doc_ids: Sequence[str] | None, n_docs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Position of every document in the descending-id and ascending-id tie orders."""
+    order = tie_order(doc_ids, n_docs)  # descending ids
+    desc = np.empty(n_docs, dtype=np.int64)
+    desc[order] = np.arange(n_docs)
+    return desc, (n_docs - 1) - desc
+
+
+def relevant_ranks(row: np.ndarray, rel: np.ndarray, tie_pos: np.ndarray) -> np.ndarray:
+    """1-based rank of each relevant document in a fully scored row under a tie order."""
+    s_r = row[rel][:, None]
+    greater = (row[None, :] > s_r).sum(axis=1)
+    tied_before = ((row[None, :] == s_r) & (tie_pos[None, :] < tie_pos[rel][:, None])).sum(axis=1)
+    return 1 + greater + tied_before
+
+
+def evaluate_scores(
+    scores: np.ndarray | Callable[[int, int], np.ndarray],
+    qrels: Sequence[Sequence[int]],
+    n_queries: int | None = None,
+    doc_ids: Sequence[str] | None = None,
+    depth: int = 10,
+    ks: Sequence[int] = RECALL_KS,
+    mrr_k: int = 10,
+    chunk: int = 1024,
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Top-``depth`` run and exact per-query R@k / MRR@k in one pass over the scores."""
+    if callable(scores):
+        if n_queries is None:
+            raise ValueError("n_queries is needed with a score function")
+        get = scores
+    else:
+        arr = np.asarray(scores)
+        n_queries = arr.shape[0]
+
+        def get(a: int, b: int) -> np.ndarray:
+            return arr[a:b]
+
+    per_q = {f"R@{k}": np.zeros(n_queries) for k in ks}
+    per_q[f"MRR@{mrr_k}"] = np.zeros(n_queries)
+    idx_out, val_out = [], []
+    pos = None
+    for start in range(0, n_queries, chunk):
+        block = np.asarray(get(start, min(start + chunk, n_queries)), dtype=np.float64)
+        if pos is None:
+            pos = _tie_positions(doc_ids, block.shape[1])
+        i, v = rank_topk(block, depth, doc_ids=doc_ids, chunk=len(block) or 1)
+        idx_out.append(i)
+        val_out.append(v)
+        for r, row in enumerate(block):
+            q = start + r
+            rel = np.unique(np.asarray(qrels[q], dtype=np.int64))
+            if not len(rel):
+                continue
+            rank_desc = relevant_ranks(row, rel, pos[0])
+            for k in ks:
+                per_q[f"R@{k}"][q] = (rank_desc <= k).sum() / len(rel)
+            best = relevant_ranks(row, rel, pos[1]).min()
+            per_q[f"MRR@{mrr_k}"][q] = 1.0 / best if best <= mrr_k else 0.0
+    idx = np.vstack(idx_out) if idx_out else np.zeros((0, depth), np.int64)
+    val = np.vstack(val_out) if val_out else np.zeros((0, depth))
+    return idx, val, per_q
 
 
 def per_query_metrics(

@@ -226,3 +226,52 @@ def test_image_bytes_in_memory_match_file_ids(tmp_path):
     buf = io.BytesIO()
     pattern_image(5).save(buf, "PNG")
     assert content_id(buf.getvalue()) == load_image(p).id
+
+
+def test_documents_refused_by_the_index_are_reported_and_the_rest_stored(tmp_path, tiny_blip_bundle, image_folder):
+    """A backend that refuses some documents of a batch (as OpenSearch can, per bulk item)."""
+    from d2s_search.bundle import Bundle
+    from d2s_search.encoder import Encoder
+    from d2s_search.errors import DocumentsRejectedError
+    from d2s_search.ingest import ingest
+
+    class PickyBackend(LocalBackend):
+        def upsert(self, docs):
+            refused = {d.id: "mapper_parsing_exception" for d in docs if d.path.endswith("img007.jpg")}
+            super().upsert([d for d in docs if d.id not in refused])
+            if refused:
+                raise DocumentsRejectedError("some documents were refused", refused)
+
+    bundle = Bundle.load(tiny_blip_bundle)
+    backend = PickyBackend(tmp_path / "idx")
+    backend.open(bundle.identity())
+    report = ingest([image_folder], Encoder(bundle), backend, batch_size=8)
+    assert report.stored == 39
+    assert [(Path(p).name, r) for p, r in report.rejected] == [("img007.jpg", "refused by the index: mapper_parsing_exception")]
+    assert backend.count() == 39
+
+
+def test_ctrl_c_keeps_finished_batches_and_says_how_to_continue(tmp_path, tiny_blip_bundle):
+    folder = tmp_path / "many"
+    for i in range(240):
+        write_image(folder / f"p{i:04d}.png", seed=3000 + i)
+    index = tmp_path / "idx"
+    cmd = [sys.executable, "-m", "d2s_search.cli", "ingest", str(folder), "--bundle", str(tiny_blip_bundle),
+           "--index", str(index), "--batch-size", "4", "--workers", "1"]
+    proc = subprocess.Popen(cmd, env=clean_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with sqlite3.connect(index / "index.sqlite", timeout=1) as db:
+                if db.execute("SELECT COUNT(*) FROM docs").fetchone()[0] >= 12:
+                    break
+        except sqlite3.OperationalError:
+            pass
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted: everything stored so far is kept" in err and "Traceback" not in err
+    with sqlite3.connect(index / "index.sqlite") as db:
+        kept = db.execute("SELECT COUNT(*) FROM docs").fetchone()[0]
+    assert 12 <= kept < 240

@@ -41,6 +41,7 @@ ENV_PASSWORD = "D2S_OPENSEARCH_PASSWORD"
 ENV_API_KEY = "D2S_OPENSEARCH_API_KEY"
 ENV_CA_FILE = "D2S_OPENSEARCH_CA_FILE"
 ENV_INDEX = "D2S_OPENSEARCH_INDEX"
+ENV_INSECURE = "D2S_OPENSEARCH_INSECURE"  # "1": skip TLS verification (local demo certificates only)
 
 # Per-item bulk statuses worth sending again (queue full, node busy).
 RETRY_ITEM_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -97,6 +98,8 @@ class OpenSearchBackend:
                          ("ca_file", ENV_CA_FILE), ("index_name", ENV_INDEX)):
             if options.get(key) is None and env.get(var):
                 options[key] = env[var]
+        if options.get("verify") is None and env.get(ENV_INSECURE, "").lower() in ("1", "true", "yes"):
+            options["verify"] = False
         options = {k: v for k, v in options.items() if v is not None}
         return cls(url, **options)
 

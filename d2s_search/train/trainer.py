@@ -108,10 +108,10 @@ def validate(
     q = encode_sparse(head, split.text_emb, batch_size, mask_tokens=mask, device=device)
     d = encode_sparse(head, split.image_emb, batch_size, device=device)
     dt = d.T.tocsc()
-    idx, _ = M.rank_topk(
-        lambda a, b: np.asarray((q[a:b] @ dt).todense()), 10, q.shape[0], split.image_ids
+    _, _, per_q = M.evaluate_scores(
+        lambda a, b: np.asarray((q[a:b] @ dt).todense()), split.qrels(), q.shape[0], split.image_ids
     )
-    out = M.aggregate(M.per_query_metrics(idx, split.qrels()))
+    out = M.aggregate(per_q)
     out["FLOPs"] = M.flops(q, d)
     out["terms_per_query"] = M.terms_per_vector(q)
     out["terms_per_image"] = M.terms_per_vector(d)
@@ -178,7 +178,7 @@ def train(
         "eta": config.eta,
         "query_mask": query_mask_for(config.expansion),
     }
-    state = {"epoch": 0, "step": 0, "best_r1": -1.0, "best_epoch": -1, "history": []}
+    state = {"epoch": 0, "step": 0, "best_r1": -math.inf, "best_epoch": -1, "history": []}
     last = out / "last.pt"
     if resume and last.is_file():
         ckpt = torch.load(last, map_location="cpu", weights_only=False)

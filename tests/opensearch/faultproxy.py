@@ -14,6 +14,7 @@ Rules are consumed in order by the first request they match (method and a path s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -44,7 +45,7 @@ class Seen:
 
 
 class FaultProxy:
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, ssl_context=None) -> None:
         self.upstream = upstream.rstrip("/")
         self.rules: list[Rule] = []
         self.log: list[Seen] = []
@@ -65,8 +66,12 @@ class FaultProxy:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        scheme = "http"
+        if ssl_context is not None:  # serve HTTPS (TLS tests)
+            self.server.socket = ssl_context.wrap_socket(self.server.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
     def add(self, method: str, path: str, action: str, times: int = 1, **options: Any) -> None:
@@ -129,9 +134,7 @@ class FaultProxy:
         faulty: list[int] = []
         for n, (action_line, _) in enumerate(pairs):
             doc_id = json.loads(action_line).popitem()[1].get("_id")
-            if rule.action == "busy_items" and n % rule.options.get("every", 2) == 0:
-                faulty.append(n)
-            elif rule.action == "reject_items" and doc_id in rule.options["ids"]:
+            if rule.action == "busy_items" and n % rule.options.get("every", 2) == 0 or rule.action == "reject_items" and doc_id in rule.options["ids"]:
                 faulty.append(n)
         kept = [p for n, p in enumerate(pairs) if n not in faulty]
         upstream_items: list[dict] = []
@@ -170,7 +173,5 @@ class FaultProxy:
     @staticmethod
     def _drop(h: BaseHTTPRequestHandler) -> None:
         h.close_connection = True
-        try:
+        with contextlib.suppress(OSError):
             h.connection.shutdown(2)
-        except OSError:
-            pass

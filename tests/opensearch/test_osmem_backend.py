@@ -7,16 +7,28 @@ run in test_real_opensearch.py against a cluster.
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import httpx
 import numpy as np
 import pytest
-from d2s_os_reference import exact_dot, lucene_score, random_query, ranking, synthetic_docs, ulps, vocabulary
+from d2s_os_reference import (
+    exact_dot,
+    lucene_score,
+    random_query,
+    ranking,
+    synthetic_docs,
+    ulps,
+    vocabulary,
+)
 
 from d2s_search.backends.base import Backend, Document, IndexIdentity
 from d2s_search.backends.opensearch import OpenSearchBackend
-from d2s_search.errors import BackendUnavailableError, BundleMismatchError, IndexStoreError, QueryError
+from d2s_search.errors import (
+    BackendUnavailableError,
+    BundleMismatchError,
+    IndexStoreError,
+    QueryError,
+)
 
 N_DOCS = 300
 
@@ -303,6 +315,11 @@ def test_from_env(osmem_url):
         b.close()
     with pytest.raises(BackendUnavailableError, match="D2S_OPENSEARCH_URL"):
         OpenSearchBackend.from_env(env={})
+    insecure = OpenSearchBackend.from_env(env={"D2S_OPENSEARCH_URL": osmem_url, "D2S_OPENSEARCH_INSECURE": "1"})
+    try:
+        assert insecure.exists() is False  # connects; verification only matters for https
+    finally:
+        insecure.close()
 
 
 def test_same_identity_as_local_semantics(backend, corpus):

@@ -17,10 +17,13 @@ from d2s_search.backends.base import IndexIdentity
 from d2s_search.backends.opensearch import OpenSearchBackend
 from d2s_search.errors import IndexStoreError
 
+# Read at import: tests/conftest.py clears D2S_* variables around every test.
+ENV = {k: v for k, v in os.environ.items() if k.startswith("D2S_OPENSEARCH_")}
+
 pytestmark = [
     pytest.mark.opensearch,
     pytest.mark.skipif(
-        not os.environ.get("D2S_OPENSEARCH_URL"),
+        not ENV.get("D2S_OPENSEARCH_URL"),
         reason="D2S_OPENSEARCH_URL is not set: no real OpenSearch cluster to test against",
     ),
 ]
@@ -32,7 +35,7 @@ N = 200
 @pytest.fixture
 def real():
     name = f"d2s-pytest-{uuid.uuid4().hex[:8]}"
-    b = OpenSearchBackend.from_env(index_name=name)
+    b = OpenSearchBackend.from_env(env=ENV, index_name=name)
     ident = IndexIdentity(fingerprint=uuid.uuid4().hex, dense_dim=DIM, model="synthetic")
     b.open(ident)
     docs = synthetic_docs(N, dim=DIM, seed=5)

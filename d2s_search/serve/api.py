@@ -1,0 +1,148 @@
+"""The JSON API under /api/: search by text, by picture, by a stored document; documents,
+their pictures, and the index status. Handlers only translate HTTP <-> service calls."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, File, Path, Query, Request, UploadFile
+from fastapi.responses import FileResponse
+from starlette.concurrency import run_in_threadpool
+
+from ..images import decode
+from ..search import SearchOptions
+from . import schemas
+from .problems import BadRequest
+from .service import DocumentNotFound, SearchService
+from .thumbnails import DOC_ID, PictureCache
+
+K_MAX = 200  # results per page: a grid of pictures, not a bulk export (the CLI has no limit)
+QUERY_MAX_CHARS = 1000
+UPLOAD_MAX_BYTES = 20 * 1024 * 1024
+UPLOAD_MAX_PIXELS = 50_000_000  # a query picture is shrunk to the model's input anyway
+PICTURE_CACHE_HEADERS = {"Cache-Control": "public, max-age=31536000, immutable"}  # ids are content hashes
+
+ERRORS = {
+    400: {"model": schemas.Problem, "description": "Bad parameter (the message names it)"},
+    404: {"model": schemas.Problem, "description": "Unknown document id"},
+    503: {"model": schemas.Problem, "description": "The index or cluster cannot be reached"},
+}
+
+router = APIRouter(prefix="/api", responses={400: ERRORS[400], 503: ERRORS[503]})
+
+
+def service(request: Request) -> SearchService:
+    return request.app.state.service
+
+
+def pictures(request: Request) -> PictureCache:
+    return request.app.state.pictures
+
+
+def search_options(
+    mode: Annotated[schemas.Mode, Query(description="sparse: all query words; two-phase: own words, then "
+                                        "rescored with expansion words; dense: kNN; hybrid: both fused")] = "sparse",
+    k: Annotated[int, Query(ge=1, le=K_MAX, description="Number of results")] = 10,
+    fusion: Annotated[schemas.Fusion, Query(description="Hybrid fusion: weighted min-max or RRF")] = "minmax",
+    alpha: Annotated[float, Query(ge=0, le=1, description="Weight of the dense run in min-max fusion")] = 0.5,
+    window: Annotated[int | None, Query(ge=1, le=10_000, description="Candidates rescored (two-phase) or "
+                                        "fused (hybrid); default max(100, 10k)")] = None,
+    explain: Annotated[int, Query(ge=0, le=50, description="Matched words shown per result")] = 8,
+) -> SearchOptions:
+    return SearchOptions(mode=mode, k=k, fusion=fusion, alpha=alpha, window=window, explain=explain)
+
+
+def document_id(doc_id: Annotated[str, Path(description="The document id: SHA-256 of the image file, 64 hex digits")]) -> str:
+    doc_id = doc_id.strip().lower()
+    if not DOC_ID.match(doc_id):
+        raise BadRequest("not a document id: ids are the 64 hex digits of the image file's SHA-256", field="doc_id")
+    return doc_id
+
+
+Service = Annotated[SearchService, Depends(service)]
+Options = Annotated[SearchOptions, Depends(search_options)]
+DocId = Annotated[str, Depends(document_id)]
+
+
+@router.get("/search", response_model=schemas.SearchResponse, summary="Search by text")
+async def search_text(
+    svc: Service,
+    options: Options,
+    q: Annotated[str, Query(max_length=QUERY_MAX_CHARS, description="What to look for, in words")],
+) -> schemas.SearchResponse:
+    searched = await svc.run(svc.search_text, q, options)
+    return schemas.search_response(searched, schemas.QueryInfo(kind="text", text=q), options.k)
+
+
+@router.post("/search/image", response_model=schemas.SearchResponse, summary="Search by an uploaded picture",
+             responses={413: {"model": schemas.Problem}, 415: {"model": schemas.Problem}})
+async def search_image(
+    svc: Service,
+    options: Options,
+    image: Annotated[UploadFile, File(description="A JPEG, PNG, WebP, GIF, BMP or TIFF picture")],
+) -> schemas.SearchResponse:
+    data = await image.read(UPLOAD_MAX_BYTES + 1)
+    if len(data) > UPLOAD_MAX_BYTES:
+        raise BadRequest(f"the picture is over {UPLOAD_MAX_BYTES // 2**20} MiB; send a smaller one", 413, "image")
+    if not data:
+        raise BadRequest("the uploaded file is empty", field="image")
+    draft = int(svc.bundle.image_settings["size"]) * 2
+    picture, _, _ = await run_in_threadpool(decode, data, UPLOAD_MAX_PIXELS, draft)  # ImageRejected -> 415
+    searched = await svc.run(svc.search_image, picture, options)
+    return schemas.search_response(searched, schemas.QueryInfo(kind="image", filename=image.filename), options.k)
+
+
+@router.get("/documents/{doc_id}/similar", response_model=schemas.SearchResponse, summary="More like this",
+            responses={404: ERRORS[404]})
+async def similar(svc: Service, options: Options, doc_id: DocId) -> schemas.SearchResponse:
+    """Search with a stored document's own sparse and dense vectors; the document itself is left out."""
+    doc, searched = await svc.run(svc.similar, doc_id, options)
+    info = schemas.QueryInfo(kind="document", id=doc.id, filename=os.path.basename(doc.path) or None)
+    return schemas.search_response(searched, info, options.k)
+
+
+@router.get("/documents/{doc_id}", response_model=schemas.DocumentDetail, summary="A document and its words",
+            responses={404: ERRORS[404]})
+async def document(svc: Service, doc_id: DocId) -> schemas.DocumentDetail:
+    return schemas.document_detail(await svc.run(svc.document, doc_id))
+
+
+@router.get("/documents/{doc_id}/thumbnail", response_class=FileResponse, summary="Thumbnail (320 px JPEG)",
+            responses={200: {"content": {"image/jpeg": {}}}, 404: ERRORS[404]})
+async def thumbnail(svc: Service, cache: Annotated[PictureCache, Depends(pictures)], doc_id: DocId) -> FileResponse:
+    return await _picture(svc, cache, doc_id, "thumbnail")
+
+
+@router.get("/documents/{doc_id}/preview", response_class=FileResponse, summary="Larger picture (1024 px JPEG)",
+            responses={200: {"content": {"image/jpeg": {}}}, 404: ERRORS[404]})
+async def preview(svc: Service, cache: Annotated[PictureCache, Depends(pictures)], doc_id: DocId) -> FileResponse:
+    return await _picture(svc, cache, doc_id, "preview")
+
+
+@router.get("/status", response_model=schemas.Status, summary="Index size, bundle, backend, last ingest")
+async def status(svc: Service) -> schemas.Status:
+    stats = await svc.run(svc.status)
+    bundle = svc.bundle.summary()
+    return schemas.Status(
+        documents=stats.get("documents"), distinct_terms=stats.get("distinct_terms"),
+        mean_terms_per_document=stats.get("mean_terms_per_document"),
+        backend=str(stats.get("backend", svc.backend.name)), location=str(stats.get("location", "")),
+        bundle=schemas.BundleInfo(**{k: bundle[k] for k in schemas.BundleInfo.model_fields if k in bundle}),
+        created_at=stats.get("created_at"), last_ingest_at=stats.get("last_ingest_at"),
+        disk_bytes=stats.get("disk_bytes"), modes=["sparse", "two-phase", "dense", "hybrid"],
+        k_max=K_MAX, upload_max_bytes=UPLOAD_MAX_BYTES,
+    )
+
+
+async def _picture(svc: SearchService, cache: PictureCache, doc_id: str, kind: str) -> FileResponse:
+    path = cache.cached(doc_id, kind)
+    if path is not None:
+        # Cached pictures are still served only while their document is in the index.
+        if not await svc.run(svc.backend.ids_present, [doc_id]):
+            raise DocumentNotFound(f"no document with id {doc_id} in this index")
+    else:  # first request: only a stored document gets a picture made
+        doc = await svc.run(svc.document, doc_id)
+        path = await run_in_threadpool(cache.make, doc, kind)
+    return FileResponse(path, media_type="image/jpeg", headers=PICTURE_CACHE_HEADERS)
+

@@ -1,0 +1,142 @@
+"""The JSON shapes of the API (they also make the OpenAPI docs at /docs)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from ..backends.base import Document, Hit
+from .service import Searched
+
+Mode = Literal["sparse", "two-phase", "dense", "hybrid"]
+Fusion = Literal["minmax", "rrf"]
+
+
+class Problem(BaseModel):
+    """Every 4xx/5xx answer: one line saying what is wrong and what to do."""
+
+    detail: str = Field(examples=["the query is empty: type some words"])
+    field: str | None = Field(None, description="The request parameter at fault, when there is one.")
+
+
+class Term(BaseModel):
+    term: str
+    weight: float
+
+
+class QueryTerm(Term):
+    own: bool = Field(description="One of the query's own words (not an expansion term).")
+
+
+class Match(BaseModel):
+    term: str
+    contribution: float = Field(description="query weight x document weight")
+
+
+class Result(BaseModel):
+    rank: int
+    id: str = Field(description="SHA-256 of the image file")
+    score: float
+    path: str
+    name: str
+    url: str | None = None
+    matched: list[Match] = Field(description="The words that contributed most, largest first.")
+    parts: dict[str, float] | None = Field(None, description="Per-run scores of a fused (hybrid) hit.")
+    thumbnail: str
+    preview: str
+
+
+class QueryInfo(BaseModel):
+    kind: Literal["text", "image", "document"]
+    text: str | None = None
+    filename: str | None = None
+    id: str | None = Field(None, description="The document a 'more like this' query started from.")
+
+
+class SearchResponse(BaseModel):
+    query: QueryInfo
+    mode: Mode
+    k: int
+    encode_ms: float = Field(description="Time to encode the query (0 for 'more like this').")
+    search_ms: float = Field(description="Time in the backend, fusion included.")
+    query_terms: list[QueryTerm] = Field(description="The query's 50 strongest words.")
+    results: list[Result]
+
+
+class DocumentDetail(BaseModel):
+    id: str
+    path: str
+    name: str
+    url: str | None = None
+    width: int
+    height: int
+    size_bytes: int
+    ingested_at: str | None
+    term_count: int
+    terms: list[Term] = Field(description="The document's whole sparse vector, strongest first.")
+    thumbnail: str
+    preview: str
+
+
+class BundleInfo(BaseModel):
+    model: str
+    fingerprint: str
+    path: str
+    dense_dim: int
+    vocab_size: int
+    head_trained: bool | None = None
+
+
+class Status(BaseModel):
+    documents: int | None
+    distinct_terms: int | None = None
+    mean_terms_per_document: float | None = None
+    backend: str
+    location: str
+    bundle: BundleInfo
+    created_at: str | None = None
+    last_ingest_at: str | None = None
+    disk_bytes: int | None = None
+    modes: list[str]
+    k_max: int
+    upload_max_bytes: int
+
+
+# --- builders ----------------------------------------------------------------------------
+
+
+def picture_urls(doc_id: str) -> dict[str, str]:
+    return {"thumbnail": f"/api/documents/{doc_id}/thumbnail", "preview": f"/api/documents/{doc_id}/preview"}
+
+
+def result(rank: int, hit: Hit) -> Result:
+    return Result(
+        rank=rank, id=hit.id, score=hit.score, path=hit.path, name=os.path.basename(hit.path) or hit.id[:12],
+        url=hit.url, matched=[Match(term=t, contribution=c) for t, c in hit.matched], parts=hit.parts or None,
+        **picture_urls(hit.id),
+    )
+
+
+def search_response(searched: Searched, query: QueryInfo, k: int) -> SearchResponse:
+    res = searched.result
+    return SearchResponse(
+        query=query, mode=res.mode, k=k, encode_ms=round(searched.encode_ms, 3), search_ms=round(res.took_ms, 3),
+        query_terms=[QueryTerm(term=t, weight=w, own=t in searched.own_terms) for t, w in res.query_terms],
+        results=[result(i, hit) for i, hit in enumerate(res.hits, start=1)],
+    )
+
+
+def document_detail(doc: Document) -> DocumentDetail:
+    terms = sorted(doc.sparse.items(), key=lambda kv: (-kv[1], kv[0]))
+    return DocumentDetail(
+        id=doc.id, path=doc.path, name=os.path.basename(doc.path) or doc.id[:12], url=doc.url, width=doc.width,
+        height=doc.height, size_bytes=doc.size_bytes, ingested_at=_iso(doc.ingested_at), term_count=len(terms),
+        terms=[Term(term=t, weight=w) for t, w in terms], **picture_urls(doc.id),
+    )
+
+
+def _iso(epoch: float) -> str | None:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)) if epoch else None

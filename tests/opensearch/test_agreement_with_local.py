@@ -1,0 +1,58 @@
+"""The OpenSearch backend (on osmem, a real HTTP server) agrees with the local backend on
+real photos: same top-10, and scores equal to the dot product after Lucene's 9-bit rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from d2s_search.backends.local import LocalBackend
+from d2s_search.backends.opensearch import OpenSearchBackend
+from d2s_search.backends.opensearch_features import lucene_feature_value
+from d2s_search.bundle import Bundle
+from d2s_search.encoder import Encoder
+from d2s_search.ingest import ingest
+from d2s_search.search import SearchOptions, encode_text_query, run_query
+
+QUERIES = ["a dog runs on the grass", "two children playing in the water", "a man on a bike", "people in a city street"]
+
+
+def rounded_dot(query: dict[str, float], doc: dict[str, float]) -> float:
+    return float(sum(np.float32(w) * lucene_feature_value(doc[t]) for t, w in query.items() if t in doc))
+
+
+def test_same_top10_and_rounded_scores_on_flickr_photos(tmp_path, osmem_url, tiny_blip_bundle, flickr_images):
+    bundle = Bundle.load(tiny_blip_bundle)
+    encoder = Encoder(bundle, device="cpu")
+    files = sorted(flickr_images.glob("*.jpg"))[:300]
+    local = LocalBackend(tmp_path / "local")
+    local.open(bundle.identity())
+    remote = OpenSearchBackend(osmem_url, index_name="d2s-agree")
+    remote.open(bundle.identity())
+    for store in (local, remote):
+        report = ingest(files, encoder, store, batch_size=50, top_k=96)
+        assert report.stored == 300 and not report.rejected
+    assert remote.stats()["documents"] == 300
+
+    identical = 0
+    for text in QUERIES:
+        q = encode_text_query(encoder, text, top_k=200)  # within max_clause_count, no pruning
+        for mode in ("sparse", "two-phase"):
+            opts = SearchOptions(mode=mode, k=10, window=50)
+            want = run_query(local, q, opts).hits
+            got = run_query(remote, q, opts).hits
+            assert len(want) == len(got) == 10
+            docs = {d.id: d.sparse for d in local.get([h.id for h in got])}
+            for hit in got:
+                # The server's score is the dot product over Lucene-rounded document weights.
+                assert hit.score == pytest.approx(rounded_dot(q.full, docs[hit.id]), rel=2e-6)
+            # Same top-10; only near-ties (within the 2^-8 rounding) may swap places.
+            identical += [h.id for h in got] == [h.id for h in want]
+            if [h.id for h in got] != [h.id for h in want]:
+                exact = {h.id: h.score for h in want}
+                for a, b in zip(got, want):
+                    if a.id != b.id:
+                        assert abs(exact.get(a.id, b.score) - b.score) <= 2**-8 * b.score, (text, mode)
+            assert {h.id for h in got[:5]} <= {h.id for h in want}
+            assert [t for t, _ in got[0].matched] == [t for t, _ in next(h for h in want if h.id == got[0].id).matched]
+    assert identical >= len(QUERIES) * 2 - 2  # swaps are the exception, not the rule

@@ -1,0 +1,120 @@
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from d2s_search.cli_train import evaluate_cmd, train
+from d2s_search.embed import embed_dataset, read_caption_csv, read_karpathy
+from d2s_search.errors import ImageRejected
+from d2s_search.train.data import load_dataset, write_embeddings
+
+WORDS = ["dog", "cat", "car", "tree", "beach", "ball", "horse", "bike", "boat", "snow", "city", "child"]
+
+
+def _word_dataset(root: Path, n_images=60, seed=0):
+    """Real words, dense vectors built from per-word vectors (so text carries the signal)."""
+    rng = np.random.default_rng(seed)
+    wv = {w: rng.standard_normal(16) for w in WORDS}
+    images, img_vecs, txt_vecs, txt_ids = [], [], [], []
+    for i in range(n_images):
+        words = list(rng.choice(WORDS, 3, replace=False))
+        v = sum(wv[w] for w in words)
+        img_vecs.append(v / np.linalg.norm(v))
+        sents = []
+        for j in range(2):
+            named = list(rng.choice(words, 2, replace=False))
+            t = sum(wv[w] for w in named) + 0.2 * rng.standard_normal(16)
+            txt_vecs.append(t / np.linalg.norm(t))
+            sid = f"{i}-{j}"
+            txt_ids.append(sid)
+            sents.append({"sentid": sid, "raw": f"a {named[0]} and a {named[1]}"})
+        split = "train" if i < 40 else "val" if i < 50 else "test"
+        images.append({"imgid": str(i), "split": split, "sentences": sents})
+    write_embeddings(root, "img", [str(i) for i in range(n_images)], np.array(img_vecs))
+    write_embeddings(root, "text", txt_ids, np.array(txt_vecs))
+    (root / "dataset_meta.json").write_text(json.dumps({"images": images}))
+    return root
+
+
+def test_cli_train_evaluate_export(tmp_path):
+    data = _word_dataset(tmp_path / "data")
+    out = tmp_path / "run"
+    runner = CliRunner()
+    res = runner.invoke(train, ["--data", str(data), "--out", str(out), "--epochs", "2", "--batch-size", "32",
+                                "--vocab-init", "random", "--export-onnx-head", "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert Path(summary["head"]).is_file() and Path(summary["head_onnx"]).is_file()
+    assert len(summary["history"]) == 2 and "R@1" in summary["best_val"]
+    scores = {}
+    for head in ("head.pt", "head.onnx"):
+        res = runner.invoke(evaluate_cmd, ["--data", str(data), "--head", str(out / head), "--check", "--json"],
+                            catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        r = json.loads(res.output)
+        assert set(r["runs"]) == {"dense", "sparse", "hybrid"} and r["queries"] == 20 and r["documents"] == 10
+        for kind, ours in r["runs"].items():
+            for m in ("R@1", "R@5", "R@10", "MRR@10"):
+                assert ours[m] == pytest.approx(r["ir_measures"][kind][m]), (kind, m)
+        assert r["runs"]["sparse"]["FLOPs"] > 0 and 0 <= r["runs"]["sparse"]["Exact@20"] <= 1
+        scores[head] = r["runs"]["sparse"]["R@1"]
+    assert scores["head.pt"] == pytest.approx(scores["head.onnx"])
+    res = runner.invoke(evaluate_cmd, ["--data", str(data)], catch_exceptions=False)  # dense only, table
+    assert res.exit_code == 0 and "dense" in res.output
+    res = runner.invoke(train, ["--data", str(tmp_path / "nope")])
+    assert res.exit_code != 0 and "not found" in str(res.exception)
+
+
+def test_embed_csv_resumes_and_reports_rejected_images(tmp_path):
+    rows = ["image,caption"] + [f"im{i // 2}.jpg,caption number {i}" for i in range(20)]
+    (tmp_path / "caps.csv").write_text("\n".join(rows))
+    items = read_caption_csv(tmp_path / "caps.csv", val_fraction=0.2, test_fraction=0.2)
+    assert len(items) == 10 and sum(it.split == "val" for it in items) == 2
+    calls = {"text": 0}
+
+    def text_fn(texts):
+        calls["text"] += len(texts)
+        if calls["text"] > 12 and not calls.get("resumed"):
+            raise KeyboardInterrupt  # simulated crash after the first chunk
+        return np.array([[len(t), t.count("1"), 1.0] for t in texts], dtype=np.float32)
+
+    def image_fn(paths):
+        if any(p.name == "im3.jpg" for p in paths):
+            raise ImageRejected("im3.jpg: not an image")
+        return np.array([[float(p.name[2]), 0.0, 1.0] for p in paths], dtype=np.float32)
+
+    out = tmp_path / "embs"
+    import d2s_search.embed as E
+
+    orig = E.embed_side
+    E_chunk = lambda *a, **k: orig(*a, **{**k, "chunk_size": 8})  # noqa: E731
+    E.embed_side = E_chunk
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            embed_dataset(items, out, text_fn, image_fn, "fake", batch_size=4, keep_parts=True)
+        first = calls["text"]
+        calls["resumed"] = True
+        summary = embed_dataset(items, out, text_fn, image_fn, "fake", batch_size=4)
+        resumed_calls = calls["text"] - first
+        with pytest.raises(Exception, match="other settings"):
+            embed_dataset(items, tmp_path / "embs2", text_fn, image_fn, "fake", keep_parts=True)
+            embed_dataset(items, tmp_path / "embs2", text_fn, image_fn, "other")
+    finally:
+        E.embed_side = orig
+    assert summary["text"]["reused_chunks"] == 1 and resumed_calls == 20 - 8
+    assert summary["img"]["count"] == 9 and summary["img"]["rejected"][0]["id"] == "3"
+    splits = load_dataset(out)
+    total_caps = sum(len(s.caption_ids) for s in splits.values())
+    assert total_caps == 18  # the rejected image's two captions have no image vector
+    assert not (out / ".parts").exists()
+
+
+def test_read_karpathy(tmp_path):
+    meta = {"images": [{"filename": "a.jpg", "filepath": "val2014", "split": "test", "imgid": 7,
+                        "sentences": [{"raw": "x", "sentid": 70}, {"raw": "y", "sentid": 71}]}]}
+    (tmp_path / "k.json").write_text(json.dumps(meta))
+    items = read_karpathy(tmp_path / "k.json", image_root=tmp_path / "imgs")
+    assert items[0].image_path == tmp_path / "imgs" / "val2014" / "a.jpg"
+    assert items[0].sentences == [("70", "x"), ("71", "y")] and items[0].split == "test"

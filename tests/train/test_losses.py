@@ -1,0 +1,77 @@
+import math
+
+import pytest
+import torch
+
+from d2s_search.train.losses import d2s_loss, l1, quadratic_ramp, soft_cross_entropy
+
+
+def _softmax(xs):
+    m = max(xs)
+    e = [math.exp(x - m) for x in xs]
+    return [v / sum(e) for v in e]
+
+
+def test_loss_matches_hand_computation():
+    z_img = [[1.0, 0.0], [0.0, 1.0]]
+    z_cap = [[0.8, 0.6], [0.6, 0.8]]
+    s_img = [[1.0, 0.0, 2.0], [0.0, 1.0, 0.5]]
+    s_cap = [[0.5, 0.0, 1.0], [0.0, 2.0, 0.0]]
+    tau, eta, lam = 0.1, 0.01, 0.3
+    # by hand: dense scores, teacher rows, student logits, cross entropies
+    dense = [[sum(a * b for a, b in zip(i, c)) for c in z_cap] for i in z_img]  # [[.8,.6],[.6,.8]]
+    t_i2c = [_softmax([x / tau for x in row]) for row in dense]
+    t_c2i = [_softmax([dense[i][j] / tau for i in range(2)]) for j in range(2)]
+    S = [[sum(a * b for a, b in zip(i, c)) for c in s_cap] for i in s_img]  # [[2.5,0],[0.5,2]]
+    assert S == [[2.5, 0.0], [0.5, 2.0]]
+    def ce(targets, logits_rows):
+        tot = 0.0
+        for t, row in zip(targets, logits_rows):
+            lse = math.log(sum(math.exp(x) for x in row))
+            tot += -sum(ti * (x - lse) for ti, x in zip(t, row))
+        return tot / len(targets)
+    ce_i2c = ce(t_i2c, S)
+    ce_c2i = ce(t_c2i, [[S[i][j] for i in range(2)] for j in range(2)])
+    l1_img = (3.0 + 1.5) / 2
+    l1_cap = (1.5 + 2.0) / 2
+    step, warm = 5, 10
+    eta_t = eta * (step / warm) ** 2
+    expected = (1 - lam) * (ce_i2c + ce_c2i) / 2 + lam * eta_t * (l1_img + l1_cap) / 2
+
+    parts = d2s_loss(
+        torch.tensor(s_img), torch.tensor(s_cap), torch.tensor(z_img), torch.tensor(z_cap),
+        tau=tau, eta=eta, lam=lam, step=step, warmup_steps=warm,
+    )
+    assert parts.ce_i2c == pytest.approx(ce_i2c, rel=1e-6)
+    assert parts.ce_c2i == pytest.approx(ce_c2i, rel=1e-6)
+    assert parts.l1_img == pytest.approx(l1_img) and parts.l1_cap == pytest.approx(l1_cap)
+    assert parts.eta_t == pytest.approx(eta_t)
+    assert float(parts.total) == pytest.approx(expected, rel=1e-6)
+    # the same number worked out on paper: teacher row 0 = softmax(8, 6), row 1 = softmax(6, 8)
+    assert ce_i2c == pytest.approx(0.378557, abs=1e-6)
+
+
+def test_loss_gradient_flows_to_both_sides():
+    s_img = torch.rand(3, 5, requires_grad=True)
+    s_cap = torch.rand(3, 5, requires_grad=True)
+    z = torch.nn.functional.normalize(torch.randn(3, 4), dim=1)
+    d2s_loss(s_img, s_cap, z, z, tau=1e-3, eta=1e-3, step=10, warmup_steps=10).total.backward()
+    assert s_img.grad.abs().sum() > 0 and s_cap.grad.abs().sum() > 0
+
+
+def test_quadratic_ramp_and_helpers():
+    assert [quadratic_ramp(s, 10) for s in (0, 5, 10, 20)] == [0.0, 0.25, 1.0, 1.0]
+    assert quadratic_ramp(3, 0) == 1.0
+    assert float(l1(torch.tensor([[1.0, -2.0], [0.0, 3.0]]))) == pytest.approx(3.0)
+    # soft CE with a one-hot target is the ordinary cross entropy
+    logits = torch.tensor([[2.0, 1.0, 0.0]])
+    target = torch.tensor([[1.0, 0.0, 0.0]])
+    assert float(soft_cross_entropy(logits, target)) == pytest.approx(
+        float(torch.nn.functional.cross_entropy(logits, torch.tensor([0]))), rel=1e-6
+    )
+
+
+def test_teacher_is_fp32_safe_at_tiny_tau():
+    z = torch.nn.functional.normalize(torch.randn(4, 8), dim=1).half()
+    parts = d2s_loss(torch.rand(4, 6), torch.rand(4, 6), z, z, tau=1e-3)
+    assert math.isfinite(float(parts.total))

@@ -1,0 +1,95 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from d2s_search import metrics as M
+from d2s_search.train.modeling import build_head
+from d2s_search.train.trainer import TrainConfig, TrainingError, train
+from onnx_export.head import load_head
+from train_synthetic import SPECIAL, VOCAB
+
+FAST = dict(eta=1e-2, epochs=16, batch_size=128, lr_vocab=1e-3, val_images=0)
+
+
+def _dense_r1(split):
+    _, _, pq = M.evaluate_scores(split.text_emb @ split.image_emb.T, split.qrels(), doc_ids=split.image_ids)
+    return M.aggregate(pq)["R@1"]
+
+
+def _run(synthetic, tmp_path, mode, **kw):
+    (tr, trt, _), (va, vat, _), _ = synthetic
+    head = build_head(tr.dim, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=64, seed=0)
+    cfg = TrainConfig(expansion=mode, **{**FAST, **kw})
+    return train(head, tr, trt, cfg, tmp_path / mode, va, vat, progress=False), head
+
+
+def test_pec_gets_close_to_dense_with_fewer_flops_than_exp1(synthetic, tmp_path):
+    (_, _, _), (va, _, va_words), _ = synthetic
+    dense = _dense_r1(va)
+    full, _ = _run(synthetic, tmp_path, "1")
+    pec, head = _run(synthetic, tmp_path, "c+w")
+    assert dense > 0.9
+    assert pec["best_val"]["R@1"] >= dense - 0.1, (pec["best_val"], dense)
+    assert pec["best_val"]["FLOPs"] < 0.85 * full["best_val"]["FLOPs"], (pec["best_val"], full["best_val"])
+    # the planted words surface: an image's strongest terms include its own words
+    from d2s_search.train.modeling import encode_sparse
+
+    docs = encode_sparse(head, va.image_emb[:50]).toarray()
+    hits = [len(set(np.argsort(-row)[:3]) & set(words.tolist())) for row, words in zip(docs, va_words[:50])]
+    assert np.mean(hits) >= 0.6  # chance level is 3 * 3 / 290 = 0.03
+    # no special token is ever an output term
+    assert (docs[:, SPECIAL] == 0).all()
+
+
+def test_best_checkpoint_is_the_best_validation_epoch(synthetic, tmp_path):
+    summary, head = _run(synthetic, tmp_path, "c", epochs=5)
+    hist = json.loads((tmp_path / "c" / "history.json").read_text())
+    r1 = [h["val"]["R@1"] for h in hist]
+    assert summary["best_epoch"] == int(np.argmax(r1)) + 1
+    saved = load_head(tmp_path / "c" / "head.pt")
+    assert saved.config.trained and saved.config.notes["best_epoch"] == summary["best_epoch"]
+    assert saved.config.notes["expansion"] == "c" and saved.config.notes["query_mask"] == "none"
+    for k, v in saved.state_dict().items():
+        assert torch.equal(v, head.state_dict()[k])
+
+
+def test_resume_continues_exactly(synthetic, tmp_path):
+    (tr, trt, _), (va, vat, _), _ = synthetic
+    cfg = TrainConfig(expansion="c+w", **{**FAST, "epochs": 4})
+
+    def fresh():
+        return build_head(tr.dim, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=32, seed=0)
+
+    straight = fresh()
+    train(straight, tr, trt, cfg, tmp_path / "a", va, vat, progress=False)
+    last_a = torch.load(tmp_path / "a" / "last.pt", weights_only=False)["head"]
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_two(entry):
+        if entry.epoch == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(fresh(), tr, trt, cfg, tmp_path / "b", va, vat, progress=False, log=stop_after_two)
+    resumed = fresh()
+    summary = train(resumed, tr, trt, cfg, tmp_path / "b", va, vat, resume=True, progress=False)
+    assert len(summary["history"]) == 4
+    last_b = torch.load(tmp_path / "b" / "last.pt", weights_only=False)["head"]
+    for k in last_a:
+        torch.testing.assert_close(last_b[k], last_a[k], rtol=0, atol=1e-6)
+    # resuming with other settings is refused
+    other = TrainConfig(expansion="1", **{**FAST, "epochs": 4})
+    with pytest.raises(TrainingError):
+        train(fresh(), tr, trt, other, tmp_path / "b", va, vat, resume=True, progress=False)
+
+
+def test_exp0_heads_are_evaluated_with_masked_queries(synthetic, tmp_path):
+    summary, _ = _run(synthetic, tmp_path, "0", epochs=3)
+    saved = load_head(tmp_path / "0" / "head.pt")
+    assert saved.config.notes["query_mask"] == "own_tokens"
+    # validation used masked queries: at most a caption's 4 tokens per query
+    assert summary["best_val"]["terms_per_query"] <= 4.0
