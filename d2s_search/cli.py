@@ -155,8 +155,11 @@ def export_onnx(model, head, out, precision, tolerance, list_models, as_json) ->
 @click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True, help="Decoding threads.")
 @click.option("--top-k", type=click.IntRange(1), default=None, help="Keep only the k strongest terms per image.")
 @click.option("--max-pixels", type=click.IntRange(1), default=None, help="Refuse images larger than this (default 120 MP).")
+@click.option("--url-base", envvar="D2S_URL_BASE", default=None,
+              help="Store each image's URL as URL_BASE + its path under the ingested folder (see serve-images).")
 @json_option
-def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, workers, top_k, max_pixels, as_json) -> int:
+def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, workers, top_k, max_pixels, url_base,
+           as_json) -> int:
     """Encode the images under PATHS and store them in the index."""
     from rich.progress import (
         BarColumn,
@@ -167,9 +170,11 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
     )
 
     from .encoder import Encoder
+    from .image_urls import url_builder
     from .images import DEFAULT_MAX_PIXELS
     from .ingest import ingest as run_ingest
 
+    url_for = url_builder(url_base, paths) if url_base else None  # a bad base fails before any work
     bundle_obj = load_bundle(bundle, verify=True)
     store = make_backend(backend, index, url, index_name)
     store.open(bundle_obj.identity(), create=True)
@@ -199,6 +204,7 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
             report = run_ingest(
                 paths, encoder, store, batch_size=batch_size, workers=workers, top_k=top_k,
                 max_pixels=max_pixels or DEFAULT_MAX_PIXELS, on_start=on_start, on_progress=on_progress,
+                url_for=url_for,
             )
     finally:
         store.close()
@@ -227,11 +233,16 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
 @click.option("--fusion", type=click.Choice(["minmax", "rrf"]), default="minmax", show_default=True)
 @click.option("--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="Dense weight in min-max fusion.")
 @click.option("--explain", type=click.IntRange(0, 100), default=5, show_default=True, help="Matched terms shown per hit.")
+@click.option("--server-side", is_flag=True, help="OpenSearch encodes the text (neural_sparse with the model "
+              "from register-model; falls back to the search template d2s-sparse).")
+@click.option("--model-id", envvar="D2S_OPENSEARCH_MODEL_ID", help="ml-commons model for --server-side "
+              "(default: the one registered for the bundle).")
 @bundle_option
 @backend_options
 @device_option
 @json_option
-def query(text, image_path, mode, k, window, fusion, alpha, explain, bundle, backend, index, url, index_name, device, as_json) -> int:
+def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side, model_id, bundle, backend, index, url,
+          index_name, device, as_json) -> int:
     """Search the index by TEXT (or --image PATH)."""
     from .encoder import Encoder
     from .errors import QueryError
@@ -239,11 +250,21 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, bundle, bac
 
     if (text is None) == (image_path is None):
         raise click.UsageError("give either TEXT or --image PATH")
+    if server_side and (image_path or mode != "sparse"):
+        raise click.UsageError("--server-side searches by TEXT with the sparse plan")
     options = SearchOptions(mode=mode, k=k, window=window, fusion=fusion, alpha=alpha, explain=explain)
     bundle_obj = load_bundle(bundle)
     store = make_backend(backend, index, url, index_name)
+    if server_side and store.name != "opensearch":
+        raise click.UsageError("--server-side needs --url or D2S_OPENSEARCH_URL")
     try:
         store.open(bundle_obj.identity(), create=False)
+        if server_side:
+            from .server_side import run_server_side
+
+            result = run_server_side(store, text, k=k, explain=explain, model_id=model_id, bundle=bundle_obj,
+                                     encoder_factory=lambda: Encoder(bundle_obj, device=device))
+            return _show_result(result, as_json)
         encoder = Encoder(bundle_obj, device=device)
         if image_path:
             from .errors import ImageRejected
@@ -258,10 +279,14 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, bundle, bac
         result = run_query(store, vectors, options)
     finally:
         store.close()
+    return _show_result(result, as_json)
+
+
+def _show_result(result, as_json: bool) -> int:
     if as_json:
         _emit_json(result.to_json())
-        return EXIT_OK
-    _print_hits(result)
+    else:
+        _print_hits(result)
     return EXIT_OK
 
 
@@ -339,10 +364,14 @@ def index_delete(backend, index, url, index_name, yes, as_json) -> int:
 
 def _register_optional_commands() -> None:
     """Commands that live in their own modules (each imports its heavy parts lazily)."""
+    from .cli_dashboards import dashboards, serve_images
+    from .cli_ml_commons import register_model
     from .cli_opensearch import index_create, index_reindex
 
     index.add_command(index_create)
     index.add_command(index_reindex)
+    for command in (dashboards, serve_images, register_model):
+        cli.add_command(command)
 
 
 _register_optional_commands()

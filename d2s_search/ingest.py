@@ -75,7 +75,10 @@ def ingest(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     on_start: Callable[[int], None] | None = None,
     on_progress: ProgressCallback | None = None,
+    url_for: Callable[[Path], str | None] | None = None,
 ) -> IngestReport:
+    """Ingest the images under ``paths``; ``url_for`` gives each stored image its URL
+    (e.g. for thumbnails in OpenSearch Dashboards)."""
     start = time.perf_counter()
     report = IngestReport()
     files, problems = discover(paths)
@@ -120,6 +123,7 @@ def ingest(
                     Document(
                         id=d.item.id,
                         path=str(d.item.path.absolute()),
+                        url=url_for(d.item.path) if url_for else None,
                         size_bytes=len(d.item.data),
                         width=d.width,
                         height=d.height,

@@ -119,6 +119,7 @@ def export_bundle(
             raise ModelError(f"{out_dir} exists and is not a model bundle; choose another --out")
         if not overwrite:
             raise ModelError(f"{out_dir} already holds a bundle; pass overwrite=True to replace it")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     step = progress or (lambda msg: None)
     step(f"building {model}")
@@ -128,7 +129,7 @@ def export_bundle(
     text_graph = TextGraph(encoder.text_tower, head).eval()
     pixels, ids, mask = sample_inputs(encoder, TRACE_TEXTS)
 
-    tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir.parent if out_dir.parent.exists() else None))
+    tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir.parent))  # same filesystem: atomic rename
     try:
         step("exporting image graph")
         _export(image_graph, (pixels,), tmp / "image.onnx", ["pixel_values"], {"pixel_values": {0: "batch"}})

@@ -275,3 +275,28 @@ def test_ctrl_c_keeps_finished_batches_and_says_how_to_continue(tmp_path, tiny_b
     with sqlite3.connect(index / "index.sqlite") as db:
         kept = db.execute("SELECT COUNT(*) FROM docs").fetchone()[0]
     assert 12 <= kept < 240
+
+
+def test_url_base_stores_a_url_per_image(tmp_path, tiny_blip_bundle, capsys):
+    folder = tmp_path / "photos"
+    write_image(folder / "beach day" / "ü.jpg", 1)
+    write_image(folder / "b.png", 2)
+    index = tmp_path / "idx"
+    code, report = run_cli_json(
+        ["ingest", folder, "--bundle", tiny_blip_bundle, "--index", index, "--url-base", "http://127.0.0.1:8765"], capsys
+    )
+    assert code == 0 and report["stored"] == 2
+    with sqlite3.connect(index / "index.sqlite") as db:
+        urls = sorted(r[0] for r in db.execute("SELECT url FROM docs"))
+    assert urls == ["http://127.0.0.1:8765/b.png", "http://127.0.0.1:8765/beach%20day/%C3%BC.jpg"]
+    code, _, err = run_cli(["ingest", folder, "--bundle", tiny_blip_bundle, "--index", index, "--url-base", "ftp://x"], capsys)
+    assert code == 2 and "--url-base must be an absolute http(s) URL" in err
+
+
+def test_server_side_query_needs_opensearch_and_text(tmp_path, tiny_blip_bundle, image_folder, capsys):
+    index = tmp_path / "idx"
+    run_cli_json(["ingest", image_folder, "--bundle", tiny_blip_bundle, "--index", index], capsys)
+    code, _, err = run_cli(["query", "dog", "--server-side", "--bundle", tiny_blip_bundle, "--index", index], capsys)
+    assert code == 2 and "--server-side needs --url" in err
+    code, _, err = run_cli(["query", "dog", "--server-side", "--mode", "dense", "--bundle", tiny_blip_bundle], capsys)
+    assert code == 2 and "sparse plan" in err

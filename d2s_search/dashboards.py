@@ -1,0 +1,249 @@
+"""Install the d2s-search saved objects into OpenSearch Dashboards (its ``_import`` API).
+
+    POST <dashboards>/api/saved_objects/_import?overwrite=true
+         osd-xsrf: true                 (Dashboards refuses writes without it)
+         securitytenant: global         (security plugin: which tenant receives the objects)
+         multipart/form-data, field "file", a file name ending in .ndjson
+
+Settings: the URL from ``--url``/``D2S_DASHBOARDS_URL``; credentials only from the
+environment, ``D2S_DASHBOARDS_USER``/``_PASSWORD`` else ``D2S_OPENSEARCH_USER``/``_PASSWORD``
+(the compose file's Dashboards logs in with the OpenSearch users); a private CA from
+``D2S_DASHBOARDS_CA_FILE``. Errors are one line and never show a password.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .backends.opensearch_http import tls_verify
+from .dashboards_objects import parse_ndjson, retarget, saved_objects, to_ndjson
+from .errors import BackendUnavailableError, D2SError
+
+log = logging.getLogger("d2s_search.dashboards")
+
+ENV_URL = "D2S_DASHBOARDS_URL"
+ENV_CA_FILE = "D2S_DASHBOARDS_CA_FILE"
+ENV_INSECURE = "D2S_DASHBOARDS_INSECURE"
+# Dashboards' own users first; the compose setup shares the OpenSearch users.
+ENV_USERS = (("D2S_DASHBOARDS_USER", "D2S_DASHBOARDS_PASSWORD"), ("D2S_OPENSEARCH_USER", "D2S_OPENSEARCH_PASSWORD"))
+IMPORT_PATH = "/api/saved_objects/_import"
+# 503 is what Dashboards answers while it is still starting ("server is not ready yet").
+RETRY_STATUSES = frozenset({502, 503, 504})
+RETRY_EXCEPTIONS: tuple[type[Exception], ...] = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+
+
+class DashboardsError(D2SError):
+    """Dashboards refused the saved objects (bad file, missing references, permissions)."""
+
+
+@dataclass
+class ImportResult:
+    url: str
+    tenant: str | None
+    imported: list[dict[str, str]] = field(default_factory=list)  # {"type", "id", "title"}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dashboards": self.url, "tenant": self.tenant, "imported": self.imported}
+
+
+def credentials_from_env(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    for user_var, password_var in ENV_USERS:
+        if env.get(user_var):
+            return env[user_var], env.get(password_var)
+    return None, None
+
+
+class DashboardsClient:
+    """Just enough of the Dashboards HTTP API, with retries while Dashboards is starting."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        user: str | None = None,
+        password: str | None = None,
+        ca_file: str | None = None,
+        verify: bool = True,
+        tenant: str | None = "global",
+        timeout: float = 60.0,
+        retries: int = 4,
+        backoff: float = 1.0,
+        sleep: Callable[[float], None] = time.sleep,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        parsed = httpx.URL(url.strip())
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise BackendUnavailableError(
+                f"not a Dashboards URL: {parsed.copy_with(username=None, password=None)!s} "
+                "(expected http(s)://host:5601)"
+            )
+        user = user or parsed.username or None
+        password = password or parsed.password or None
+        self.url = str(parsed.copy_with(username=None, password=None, query=None, fragment=None)).rstrip("/")
+        self.tenant = tenant or None
+        self.retries = max(0, retries)
+        self.backoff = backoff
+        self._sleep = sleep
+        headers = {"osd-xsrf": "true", "Accept": "application/json"}
+        if self.tenant:
+            headers["securitytenant"] = self.tenant
+        self._client = httpx.Client(
+            base_url=self.url,
+            auth=httpx.BasicAuth(user, password or "") if user else None,
+            headers=headers,
+            verify=tls_verify(verify, ca_file),
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            transport=transport,
+        )
+
+    @classmethod
+    def from_env(cls, url: str | None = None, env: Mapping[str, str] | None = None, **options: Any) -> DashboardsClient:
+        env = os.environ if env is None else env
+        url = url or env.get(ENV_URL)
+        if not url:
+            raise BackendUnavailableError(f"no Dashboards URL: pass --url or set {ENV_URL}")
+        user, password = credentials_from_env(env)
+        options.setdefault("user", user)
+        options.setdefault("password", password)
+        options.setdefault("ca_file", env.get(ENV_CA_FILE) or None)
+        if env.get(ENV_INSECURE, "").lower() in ("1", "true", "yes"):
+            options["verify"] = False
+        return cls(url, **options)
+
+    def __repr__(self) -> str:
+        return f"DashboardsClient({self.url!r}, tenant={self.tenant!r})"
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> DashboardsClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- requests -------------------------------------------------------------------------
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        # Repeating an import is safe: with overwrite it ends in the same objects.
+        attempt = 0
+        while True:
+            try:
+                resp = self._client.request(method, path, **kwargs)
+            except RETRY_EXCEPTIONS as exc:
+                if "CERTIFICATE_VERIFY_FAILED" in f"{exc} {exc.__cause__} {exc.__context__}":
+                    raise BackendUnavailableError(
+                        f"TLS certificate of {self.url} is not trusted: set {ENV_CA_FILE} to its CA file"
+                    ) from None
+                if attempt >= self.retries:
+                    raise BackendUnavailableError(
+                        f"cannot reach OpenSearch Dashboards at {self.url}: {type(exc).__name__} "
+                        f"(after {attempt + 1} attempts)"
+                    ) from None
+            else:
+                if resp.status_code not in RETRY_STATUSES or attempt >= self.retries:
+                    return resp
+            delay = min(30.0, self.backoff * 2**attempt) * (0.5 + random.random() / 2)
+            log.info("Dashboards not ready, retrying in %.1fs", delay)
+            self._sleep(delay)
+            attempt += 1
+
+    def import_ndjson(self, ndjson: str, overwrite: bool = True) -> tuple[int, list[dict[str, str]] | None]:
+        """Import an ndjson export: (objects imported, their type/id/title when Dashboards lists
+        them). Raises DashboardsError when any object is refused."""
+        resp = self._send(
+            "POST", IMPORT_PATH,
+            params={"overwrite": "true"} if overwrite else None,
+            files={"file": ("d2s-search.ndjson", ndjson.encode("utf-8"), "application/ndjson")},
+        )
+        body = _json(resp)
+        if resp.status_code != 200:
+            raise DashboardsError(self._http_error(resp.status_code, body))
+        if not isinstance(body, dict):
+            raise DashboardsError(f"unexpected answer from {self.url}{IMPORT_PATH}: {str(body)[:200]}")
+        errors = body.get("errors") or []
+        if not body.get("success") or errors:
+            raise DashboardsError(f"Dashboards at {self.url} refused {len(errors)} object(s): {describe_errors(errors)}")
+        results = body.get("successResults")  # listed by newer Dashboards versions only
+        listed = None if results is None else [
+            {"type": r.get("type", ""), "id": r.get("id", ""), "title": (r.get("meta") or {}).get("title", "")}
+            for r in results
+        ]
+        return int(body.get("successCount", 0)), listed
+
+    def _http_error(self, status: int, body: Any) -> str:
+        message = body.get("message") if isinstance(body, dict) else None
+        text = str(message or body)[:300].replace("\n", " ")
+        if status == 401:
+            return (f"OpenSearch Dashboards at {self.url} refused the credentials (401): set "
+                    "D2S_DASHBOARDS_USER and D2S_DASHBOARDS_PASSWORD (or D2S_OPENSEARCH_USER/_PASSWORD)")
+        if status == 403:
+            return f"OpenSearch Dashboards at {self.url} denied the import (403): {text}"
+        if status == 404 or "no handler found" in text:
+            return (f"no saved-objects API at {self.url}: is this the Dashboards URL "
+                    "(http://localhost:5601), not OpenSearch's?")
+        return f"OpenSearch Dashboards at {self.url} answered {status}: {text}"
+
+
+def _json(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return resp.text
+
+
+def describe_errors(errors: Sequence[Mapping[str, Any]], limit: int = 3) -> str:
+    """``type/id: reason`` for the first few import errors, on one line."""
+    parts = []
+    for e in errors[:limit]:
+        err = e.get("error") or {}
+        kind = err.get("type", "error")
+        if kind == "missing_references":
+            refs = ", ".join(f"{r.get('type')}/{r.get('id')}" for r in err.get("references") or [])
+            reason = f"missing references {refs}"
+        else:
+            reason = err.get("message") or kind
+        parts.append(f"{e.get('type')}/{e.get('id')}: {reason}")
+    more = f" (+{len(errors) - limit} more)" if len(errors) > limit else ""
+    return "; ".join(parts) + more
+
+
+def load_objects(paths: Sequence[str | Path] = (), index_name: str = "d2s") -> list[dict[str, Any]]:
+    """The built-in objects, or those of ndjson files/folders (``*.ndjson``), for ``index_name``."""
+    if not paths:
+        return saved_objects(index_name)
+    objects: list[dict[str, Any]] = []
+    for raw in paths:
+        path = Path(raw)
+        files = sorted(path.glob("*.ndjson")) if path.is_dir() else [path]
+        if not files:
+            raise DashboardsError(f"no .ndjson files in {path}")
+        for file in files:
+            try:
+                objects.extend(parse_ndjson(file.read_text(encoding="utf-8")))
+            except OSError as exc:
+                raise DashboardsError(f"cannot read {file}: {exc.strerror or exc}") from None
+            except ValueError as exc:
+                raise DashboardsError(f"{file}: {exc}") from None
+    return retarget(objects, index_name)
+
+
+def install(client: DashboardsClient, objects: list[dict[str, Any]], overwrite: bool = True) -> ImportResult:
+    """Import ``objects`` in one request, so references between them resolve together."""
+    if not objects:
+        raise DashboardsError("no saved objects to import")
+    count, listed = client.import_ndjson(to_ndjson(objects), overwrite=overwrite)
+    if listed is None:
+        listed = [{"type": o["type"], "id": o["id"], "title": o["attributes"].get("title", "")} for o in objects]
+    if count != len(objects):
+        raise DashboardsError(f"Dashboards at {client.url} imported {count} of {len(objects)} objects")
+    return ImportResult(url=client.url, tenant=client.tenant, imported=listed)

@@ -1,0 +1,167 @@
+"""Search with the encoder inside the cluster (``d2s-search query --server-side``).
+
+* :func:`server_side_query`: ``neural_sparse`` with ``query_text`` + ``model_id``; OpenSearch
+  runs the model registered by ``register-model`` and scores the ``rank_features`` field.
+* :func:`template_query`: for clusters without ml-commons, the stored template ``d2s-sparse``
+  with term weights encoded by d2s-search.
+* :func:`run_server_side`: the first when the bundle's model is deployed, else the second.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from .backends import opensearch_queries as q
+from .backends.base import Hit, SparseVector
+from .backends.opensearch_features import decode_features, matched_terms
+from .backends.opensearch_http import OpenSearchHTTP
+from .errors import QueryError
+from .ml_commons import DEPLOYED, MLCommons, MLCommonsUnavailable
+from .search import SearchResult
+from .search_template import TEMPLATE_ID, search_template_body
+
+log = logging.getLogger("d2s_search.server_side")
+
+
+# -- request bodies -----------------------------------------------------------------------
+
+
+def neural_sparse_query(text: str, model_id: str, filters: q.Filters = q.NO_FILTERS) -> dict[str, Any]:
+    if not text.strip():
+        raise QueryError("the query text is empty")
+    scoring = {"neural_sparse": {q.SPARSE_FIELD: {"query_text": text, "model_id": model_id}}}
+    clauses = filters.clauses()
+    return {"bool": {"must": [scoring], "filter": clauses}} if clauses else scoring
+
+
+def server_side_body(text: str, model_id: str, k: int = 10, *, offset: int = 0,
+                     path_prefix: str | None = None) -> dict[str, Any]:
+    return q.search_body(neural_sparse_query(text, model_id, q.Filters(path_prefix)), k, offset)
+
+
+# -- searching ------------------------------------------------------------------------------
+
+
+def resolve_model_id(http: OpenSearchHTTP, bundle: Any) -> str | None:
+    """The deployed model registered for ``bundle`` (by name), if any; None without ml-commons."""
+    from .ml_package import model_name
+
+    try:
+        found = MLCommons(http).find_model(model_name(bundle))
+    except MLCommonsUnavailable:
+        return None
+    return found[0] if found and found[1] in DEPLOYED else None
+
+
+def server_side_query(
+    backend: Any,
+    text: str,
+    model_id: str,
+    k: int = 10,
+    explain: int = 5,
+    *,
+    offset: int = 0,
+    path_prefix: str | None = None,
+) -> list[Hit]:
+    """Search ``backend`` (an OpenSearchBackend) with ``neural_sparse``: the cluster encodes ``text``.
+
+    Matched terms (``explain``) need the query's tokens: one extra ``_predict`` call asks the
+    same model for them, so they are exactly what the cluster scored with.
+    """
+    return _server_side(backend, text, model_id, k, explain, offset, path_prefix)[0]
+
+
+def _server_side(backend: Any, text: str, model_id: str, k: int, explain: int, offset: int = 0,
+                 path_prefix: str | None = None) -> tuple[list[Hit], dict[str, float]]:
+    body = server_side_body(text, model_id, k, offset=offset, path_prefix=path_prefix)
+    reply = backend.http.request("POST", f"/{backend.index_name}/_search", json_body=body)
+    if not reply.ok:
+        reason = reply.error_reason()
+        if "neural_sparse" in reason and ("unknown" in reason or "no [query]" in reason):
+            raise MLCommonsUnavailable(f"{backend.url} has no neural-search plugin: {reason}")
+        raise QueryError(f"server-side search failed: {reason}{_model_hint(reason, model_id)}")
+    query_terms = MLCommons(backend.http).predict(model_id, [text])[0] if explain > 0 else {}
+    return _hits(reply.body.get("hits", {}).get("hits", []), query_terms, explain), query_terms
+
+
+def template_query(
+    backend: Any,
+    query: SparseVector,
+    k: int = 10,
+    explain: int = 5,
+    *,
+    offset: int = 0,
+    path_prefix: str | None = None,
+) -> list[Hit]:
+    """Search with the stored template ``d2s-sparse`` and weights encoded by the client."""
+    body = search_template_body(query, k, offset=offset, path_prefix=path_prefix, explain=explain > 0,
+                                max_clauses=backend.max_clauses())
+    reply = backend.http.request("POST", f"/{backend.index_name}/_search/template", json_body=body)
+    if not reply.ok:
+        reason = reply.error_reason()
+        hint = " (store it with `d2s-search register-model --template-only`)" if TEMPLATE_ID in reason else ""
+        raise QueryError(f"template search failed: {reason}{hint}")
+    return _hits(reply.body.get("hits", {}).get("hits", []), query, explain)
+
+
+def run_server_side(
+    backend: Any,
+    text: str,
+    *,
+    k: int = 10,
+    explain: int = 5,
+    model_id: str | None = None,
+    bundle: Any = None,
+    encoder_factory: Callable[[], Any] | None = None,
+    max_terms: int | None = None,
+) -> SearchResult:
+    """``query --server-side``: neural_sparse with the bundle's model, else the stored template.
+
+    The model is ``model_id`` or the deployed one registered for ``bundle``. Without one, the
+    text is encoded here (``encoder_factory`` is only called then) and sent as template params,
+    keeping its ``max_terms`` strongest terms (all by default; the cluster's clause limit applies).
+    """
+    from .search import encode_text_query
+
+    start = time.perf_counter()
+    if model_id is None and bundle is not None:
+        model_id = resolve_model_id(backend.http, bundle)
+    if model_id:
+        hits, query_terms = _server_side(backend, text, model_id, k, explain)
+        took = (time.perf_counter() - start) * 1000
+        top = sorted(query_terms.items(), key=lambda tw: (-tw[1], tw[0]))[:50]
+        return SearchResult(mode="server-side (neural_sparse)", hits=hits, took_ms=took, query_terms=top)
+    if encoder_factory is None:
+        raise QueryError("no deployed model for this bundle: run `d2s-search register-model` or pass --model-id")
+    log.warning("no deployed model for this bundle; using the search template %s", TEMPLATE_ID)
+    vectors = encode_text_query(encoder_factory(), text, top_k=max_terms)
+    start = time.perf_counter()
+    hits = template_query(backend, vectors.full, k, explain)
+    took = (time.perf_counter() - start) * 1000
+    top = sorted(vectors.full.items(), key=lambda tw: (-tw[1], tw[0]))[:50]
+    return SearchResult(mode="server-side (search template)", hits=hits, took_ms=took, query_terms=top)
+
+
+def _model_hint(reason: str, model_id: str) -> str:
+    if "not deployed" in reason.lower() or "model not ready" in reason.lower():
+        return f" (model {model_id} is not deployed: run `d2s-search register-model`)"
+    return ""
+
+
+def _hits(raw: list[Mapping[str, Any]], query: Mapping[str, float], explain: int) -> list[Hit]:
+    hits = []
+    for h in raw:
+        src = h.get("_source", {})
+        hits.append(Hit(
+            id=str(h["_id"]),
+            score=float(np.float32(h.get("_score") or 0.0)),  # _score is a float32
+            path=src.get("path", ""),
+            url=src.get("url"),
+            matched=matched_terms(query, decode_features(src.get(q.SPARSE_FIELD)), explain) if explain else [],
+        ))
+    return hits
