@@ -367,10 +367,11 @@ def _register_optional_commands() -> None:
     from .cli_dashboards import dashboards, serve_images
     from .cli_ml_commons import register_model
     from .cli_opensearch import index_create, index_reindex
+    from .cli_serve import serve
 
     index.add_command(index_create)
     index.add_command(index_reindex)
-    for command in (dashboards, serve_images, register_model):
+    for command in (dashboards, serve_images, register_model, serve):
         cli.add_command(command)
 
 

@@ -9,6 +9,7 @@ milliseconds, so queueing them costs less than locking every piece.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,15 @@ from PIL import Image
 from ..backends.base import Backend, Document
 from ..bundle import Bundle
 from ..encoder import Encoder
-from ..search import QueryVectors, SearchOptions, SearchResult, encode_image_query, encode_text_query, run_query
+from ..errors import QueryError
+from ..search import (
+    QueryVectors,
+    SearchOptions,
+    SearchResult,
+    encode_image_query,
+    encode_text_query,
+    run_query,
+)
 
 T = TypeVar("T")
 OWN_TERMS_OF_A_DOCUMENT = 8  # a document has no "own words": its strongest play that part (two-phase)
@@ -38,7 +47,7 @@ class Searched:
     result: SearchResult
     vectors: QueryVectors
     encode_ms: float
-    own_terms: set[str]  # the query's own words, as the model kept them (empty for pictures)
+    own_terms: set[str]  # the words the user typed (empty for pictures)
 
 
 class SearchService:
@@ -63,7 +72,10 @@ class SearchService:
         if self.encoder is None:
             self.encoder = Encoder(self.bundle, device=self.device)
         if warm_up:  # the first user query should not pay for session loading and cache building
-            vectors = encode_text_query(self.encoder, "a photo")
+            try:
+                vectors = encode_text_query(self.encoder, "a photo")
+            except QueryError:
+                return  # a head that gives these words nothing: nothing to warm
             for mode in ("sparse", "dense"):
                 run_query(self.backend, vectors, SearchOptions(mode=mode, k=1, explain=0))
 
@@ -86,7 +98,9 @@ class SearchService:
         start = time.perf_counter()
         vectors = encode_text_query(self.encoder, text)
         encode_ms = (time.perf_counter() - start) * 1000
-        return Searched(run_query(self.backend, vectors, options), vectors, encode_ms, set(vectors.own))
+        # The words typed (not vectors.own, which falls back to the strongest terms).
+        typed = self.encoder.own_terms(self.encoder.tokenizer.encode(text).ids)
+        return Searched(run_query(self.backend, vectors, options), vectors, encode_ms, typed)
 
     def search_image(self, image: Image.Image, options: SearchOptions) -> Searched:
         options.validate()
@@ -102,8 +116,7 @@ class SearchService:
         doc = self.document(doc_id)
         strongest = sorted(doc.sparse.items(), key=lambda kv: (-kv[1], kv[0]))[:OWN_TERMS_OF_A_DOCUMENT]
         vectors = QueryVectors(full=doc.sparse, own=dict(strongest), dense=doc.dense)
-        wider = SearchOptions(**{**options.__dict__, "k": options.k + 1})
-        result = run_query(self.backend, vectors, wider)
+        result = run_query(self.backend, vectors, dataclasses.replace(options, k=options.k + 1))
         result.hits = [h for h in result.hits if h.id != doc_id][: options.k]
         return doc, Searched(result, vectors, 0.0, set())
 

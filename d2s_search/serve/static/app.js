@@ -4,6 +4,7 @@
 const $ = (sel) => document.querySelector(sel);
 const BARS_SHOWN = 40; // words in the detail bar chart before "show more"
 const BARS_MAX = 500; // a cap for untrained heads that give thousands of words
+const QUERY_TERMS_SHOWN = 24;
 
 // Everything goes through el(): text is always set as text, never parsed as HTML.
 function el(tag, attrs = {}, ...children) {
@@ -11,7 +12,7 @@ function el(tag, attrs = {}, ...children) {
   for (const [key, value] of Object.entries(attrs)) {
     if (value === undefined || value === null || value === false) continue;
     if (key === "class") node.className = value;
-    else if (key === "style") Object.assign(node.style, value);
+    else if (key === "style") for (const [prop, v] of Object.entries(value)) node.style.setProperty(prop, v);
     else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
     else if (key === "dataset") Object.assign(node.dataset, value);
     else node.setAttribute(key, value === true ? "" : value);
@@ -27,7 +28,7 @@ const bytes = (n) => (n == null ? "—" : n > 1e9 ? `${(n / 1e9).toFixed(2)} GB`
 
 // --- state ----------------------------------------------------------------------------
 
-const state = { controller: null, last: null, queryTerms: [], searches: 0 };
+const state = { controller: null, last: null, picture: null, queryTerms: [], searches: 0 };
 window.d2s = { timings: [] }; // read by the browser tests and the benchmark
 
 function options() {
@@ -80,7 +81,9 @@ async function run(kind, url, init = {}, label = "") {
   const controller = (state.controller = new AbortController());
   const started = performance.now();
   const grid = $("#grid");
+  $("#hello").hidden = true;
   grid.dataset.state = "loading";
+  grid.dataset.images = "pending";
   grid.setAttribute("aria-busy", "true");
   showMessage("");
   try {
@@ -119,6 +122,7 @@ function searchText(event) {
   const q = $("#q").value.trim();
   if (!q) {
     $("#grid").dataset.state = "empty";
+    $("#hello").hidden = true;
     showMessage("Type some words to search, or drop a picture anywhere on the page.", "info");
     return;
   }
@@ -136,14 +140,17 @@ function searchPicture(file) {
   }
   const body = new FormData();
   body.append("image", file, file.name || "picture");
-  history.replaceState(null, "", "/");
+  state.picture = file; // kept so a mode switch can search by it again
+  $("#q").value = "";
+  history.replaceState(null, "", `/?${options()}`);
   run("image", `/api/search/image?${options()}`, { method: "POST", body }, `the picture ${file.name || ""}`);
 }
 
 function searchSimilar(id, name) {
   const params = options();
-  history.replaceState(null, "", `/?like=${id}&${params}`);
-  run("similar", `/api/documents/${id}/similar?${params}`, {}, `more like ${name}`);
+  $("#q").value = "";
+  history.replaceState(null, "", `/?like=${encodeURIComponent(id)}&${params}`);
+  run("similar", `/api/documents/${encodeURIComponent(id)}/similar?${params}`, {}, `more like ${name}`);
 }
 
 // --- rendering results --------------------------------------------------------------------
@@ -165,7 +172,6 @@ function showMessage(text, kind = "info") {
 function render(data, label) {
   state.last = data;
   state.queryTerms = data.query_terms;
-  $("#hello").hidden = true;
   const grid = $("#grid");
   const took = data.encode_ms ? `${fmt(data.encode_ms, 1)} ms encoding + ${fmt(data.search_ms, 1)} ms search`
                               : `${fmt(data.search_ms, 1)} ms search`;
@@ -190,7 +196,7 @@ function render(data, label) {
 }
 
 function renderQueryTerms(terms, kind) {
-  const shown = terms.slice(0, 24);
+  const shown = terms.slice(0, QUERY_TERMS_SHOWN);
   const box = $("#query-terms");
   if (!shown.length) return box.replaceChildren();
   const top = Math.max(1e-9, ...shown.map((t) => t.weight));
@@ -220,7 +226,7 @@ function chip(m, top) {
   const w = Math.max(0, m.contribution / top);
   return el("span", {
     class: "chip", title: `${m.term}: adds ${fmt(m.contribution)}`,
-    style: { "--w": w.toFixed(3), fontSize: `${(0.72 + 0.5 * Math.sqrt(w)).toFixed(3)}rem` },
+    style: { "--w": w.toFixed(3), "font-size": `${(0.72 + 0.36 * w).toFixed(3)}rem` },
   }, m.term);
 }
 
@@ -252,7 +258,7 @@ async function openDetail(id) {
   const weights = new Map(doc.terms.map((t) => [t.term, t.weight]));
   const queryWeights = new Map(state.queryTerms.map((t) => [t.term, t.weight]));
   $("#d-query").hidden = !state.queryTerms.length;
-  $("#d-query-terms").replaceChildren(...state.queryTerms.map((t) => {
+  $("#d-query-terms").replaceChildren(...state.queryTerms.slice(0, QUERY_TERMS_SHOWN).map((t) => {
     const w = weights.get(t.term);
     return el("span", {
       class: `chip q${w ? " hit" : ""}`,
@@ -360,8 +366,10 @@ function start() {
 
 function rerun() {
   const last = state.last;
-  if (last && last.query.kind === "document") searchSimilar(last.query.id, last.query.filename || "this picture");
-  else if ($("#q").value.trim()) searchText();
+  if ($("#q").value.trim()) searchText();
+  else if (!last) return;
+  else if (last.query.kind === "document") searchSimilar(last.query.id, last.query.filename || "this picture");
+  else if (last.query.kind === "image" && state.picture) searchPicture(state.picture);
 }
 
 document.addEventListener("DOMContentLoaded", start);
