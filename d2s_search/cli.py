@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import traceback
@@ -11,6 +10,7 @@ from pathlib import Path
 import click
 
 from . import settings
+from .cli_output import emit_json as _emit_json
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, D2SError
 
 _DEBUG = {"on": os.environ.get("D2S_DEBUG") == "1"}
@@ -20,10 +20,6 @@ def _console(stderr: bool = False):
     from rich.console import Console
 
     return Console(stderr=stderr, highlight=False, soft_wrap=False)
-
-
-def _emit_json(payload: dict) -> None:
-    click.echo(json.dumps(payload, indent=2, ensure_ascii=False, default=str))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -9,19 +9,10 @@ The lead registers them in ``cli.py`` (inside ``_register_optional_commands``)::
 
 from __future__ import annotations
 
-import json
-
 import click
 
+from .cli_output import emit as _emit
 from .errors import EXIT_OK
-
-
-def _emit(payload: dict, as_json: bool, lines: list[str]) -> None:
-    if as_json:
-        click.echo(json.dumps(payload, indent=2, ensure_ascii=False))
-    else:
-        for line in lines:
-            click.echo(line)
 
 
 @click.group()

@@ -8,13 +8,13 @@ The lead registers it in ``cli.py`` (inside ``_register_optional_commands``)::
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
 import click
 
 from .cli_opensearch import connection_options, opensearch_backend
+from .cli_output import emit as _emit
 from .errors import EXIT_OK
 
 
@@ -95,9 +95,3 @@ def _template_example(index_name: str, template: str) -> str:
             '[{"name": "dog", "weight": 1.2}, {"name": "car", "weight": 0.7, "last": true}]}}')
 
 
-def _emit(payload: dict, as_json: bool, lines: list[str]) -> None:
-    if as_json:
-        click.echo(json.dumps(payload, indent=2, ensure_ascii=False))
-    else:
-        for line in lines:
-            click.echo(line)

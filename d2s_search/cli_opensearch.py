@@ -13,7 +13,6 @@ Both take the same connection options as the other commands (``--url`` or
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import click
 
 from .backends.base import Document
+from .cli_output import emit as _emit
 from .errors import EXIT_OK, ImageRejected
 
 _ENV = {
@@ -65,12 +65,6 @@ def opensearch_backend(url: str | None, index_name: str, insecure: bool = False)
     return OpenSearchBackend(url, index_name=index_name, verify=not insecure, **options)
 
 
-def _emit(payload: dict, as_json: bool, lines: list[str]) -> None:
-    if as_json:
-        click.echo(json.dumps(payload, indent=2, ensure_ascii=False, default=str))
-    else:
-        for line in lines:
-            click.echo(line)
 
 
 @click.command("create")
