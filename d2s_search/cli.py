@@ -364,10 +364,11 @@ def _register_optional_commands() -> None:
     from .cli_ml_commons import register_model
     from .cli_opensearch import index_create, index_reindex
     from .cli_serve import serve
+    from .cli_train import embed, evaluate_cmd, train
 
     index.add_command(index_create)
     index.add_command(index_reindex)
-    for command in (dashboards, serve_images, register_model, serve):
+    for command in (dashboards, serve_images, register_model, serve, train, evaluate_cmd, embed):
         cli.add_command(command)
 
 

@@ -72,10 +72,17 @@ def _tokenizer_option(f):
 @click.option("--warmup", type=click.FloatRange(0, 1), default=0.2, show_default=True, help="Share of steps for lr warm-up and the L1 ramp.")
 @click.option("--schedule", type=click.Choice(["paper", "authors", "reverse"]), default="paper", show_default=True, help="PEC ramp shape.")
 @click.option("--vocab-init", default="minilm", show_default=True, help="W2 init: minilm | distilbert | random | matrix file.")
+@click.option("--freeze-vocab", is_flag=True, help="Keep W2 as initialised (e.g. MiniLM's embeddings, rebuilt at export instead of shipped); LayerNorm still trains at --lr-vocab.")
 @click.option("--val-images", type=click.IntRange(0), default=1000, show_default=True, help="Validate on the first N val images (0 = all).")
-@click.option("--objective", type=click.Choice(["sparse", "joint"]), default="sparse", show_default=True)
+@click.option("--select-during-warmup", is_flag=True, help="Let epochs that end inside the warm-up (L1 not yet at full weight) be chosen as best.")
+@click.option("--objective", type=click.Choice(["sparse", "joint"]), default="sparse", show_default=True,
+              help="joint: also fine-tune the dense projections (needs img_feats/text_feats + projections.safetensors in --data).")
+@click.option("--joint-lr", type=float, default=5e-5, show_default=True, help="joint: learning rate of all parameters.")
+@click.option("--joint-eta-text", type=float, default=5e-4, show_default=True, help="joint: L1 weight on captions (q_reg).")
+@click.option("--joint-eta-image", type=float, default=3e-5, show_default=True, help="joint: L1 weight on images (d_reg).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads for torch (on a busy machine 1 can be much faster).")
 @click.option("--amp/--no-amp", default=True, show_default=True, help="Mixed precision (used only on CUDA).")
 @click.option("--resume", is_flag=True, help="Continue from <out>/last.pt.")
 @click.option("--export-onnx-head", is_flag=True, help="Also write <out>/head.onnx (dense -> sparse) for torch-free evaluation.")
@@ -83,7 +90,8 @@ def _tokenizer_option(f):
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
 def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj, lr_vocab, warmup, schedule,
-          vocab_init, val_images, objective, seed, device, amp, resume, export_onnx_head, tokenizer, as_json) -> int:
+          vocab_init, freeze_vocab, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image, seed, device, threads, amp, resume,
+          export_onnx_head, tokenizer, as_json) -> int:
     """Train a D2S sparse head on precomputed dense embeddings (DESIGN.md §2).
 
     \b
@@ -94,13 +102,13 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
         return EXIT_OK
     if not data:
         raise click.UsageError("--data is required (or use a subcommand: convert-head, export-head)")
-    if objective == "joint":
-        from .errors import D2SError
+    if threads:
+        import torch
 
-        raise D2SError(
-            "--objective joint is not implemented yet: it needs the pre-projection features "
-            "(see docs/training.md); use --objective sparse"
-        )
+        torch.set_num_threads(threads)
+    if objective == "joint":
+        return _train_joint(data, out, epochs, batch_size, warmup, seed, vocab_init, joint_lr, joint_eta_text,
+                            joint_eta_image, tokenizer, as_json)
     from d2s_search.train.data import load_dataset
     from d2s_search.train.modeling import build_head
     from d2s_search.train.trainer import TrainConfig, TrainingError
@@ -115,12 +123,15 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
     val = splits.get("val")
     val_tokens = tokenize_captions(val.captions, tok) if val is not None else None
     head = build_head(splits["train"].dim, vocab_init, excluded_token_ids(tok), tok.get_vocab_size(), seed=seed)
+    if freeze_vocab:
+        head.vocab.weight.requires_grad_(False)  # no gradient: AdamW leaves it untouched
     if head.config.vocab_size != tok.get_vocab_size():
         raise TrainingError(f"--vocab-init has {head.config.vocab_size} rows, the tokenizer {tok.get_vocab_size()} terms")
     cfg = TrainConfig(
         expansion=expansion, eta=eta, lam=lam, tau=tau, epochs=epochs, batch_size=batch_size,
         lr_proj=lr_proj, lr_vocab=lr_vocab, warmup=warmup, schedule=schedule, seed=seed,
         amp="auto" if amp else "off", device=device, val_images=val_images,
+        select_after_warmup=not select_during_warmup,
     )
     summary = run_train(head, splits["train"], train_tokens, cfg, out, val, val_tokens,
                         resume=resume, progress=not as_json)
@@ -134,6 +145,34 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
         v = summary["best_val"]
         best = f" (val R@1 {v['R@1']:.4f}, FLOPs {v['FLOPs']:.1f})" if v else ""
         click.echo(f"best head: {summary['head']} from epoch {summary['best_epoch']}{best}")
+    return EXIT_OK
+
+
+def _train_joint(data, out, epochs, batch_size, warmup, seed, vocab_init, lr, eta_text, eta_image, tokenizer,
+                 as_json) -> int:
+    from d2s_search.train.data import load_authors_layout
+    from d2s_search.train.joint import JointConfig, load_projections, train_joint
+    from d2s_search.train.modeling import build_head
+    from d2s_search.train.trainer import TrainingError
+    from d2s_search.train.vocab import excluded_token_ids, load_tokenizer, tokenize_captions
+
+    feats = load_authors_layout(data, kind="feats")
+    if "train" not in feats:
+        raise TrainingError(f"{data} has no training split")
+    proj = load_projections(Path(data) / "projections.safetensors")
+    tok = load_tokenizer(tokenizer)
+    val = feats.get("val")
+    val_tokens = tokenize_captions(val.captions, tok) if val is not None else None
+    head = build_head(int(proj["text_proj.weight"].shape[0]), vocab_init, excluded_token_ids(tok),
+                      tok.get_vocab_size(), seed=seed)
+    cfg = JointConfig(lr=lr, eta_text=eta_text, eta_image=eta_image, epochs=epochs, batch_size=batch_size,
+                      warmup=warmup, seed=seed)
+    summary = train_joint(head, proj, feats["train"], cfg, out, val, val_tokens)
+    if as_json:
+        _emit_json(_clean(summary))
+    else:
+        click.echo(f"best head: {summary['head']}, projections: {summary['projections']} "
+                   f"(val sparse R@1 {summary['best_val_sparse_r1']:.4f})")
     return EXIT_OK
 
 
@@ -183,7 +222,15 @@ def export_head(head_path, out, as_json) -> int:
 
 
 @click.command("evaluate")
-@click.option("--data", type=click.Path(file_okay=False), required=True, help="Precomputed embeddings directory.")
+@click.option("--data", type=click.Path(file_okay=False), help="Precomputed embeddings directory.")
+@click.option("--dataset", type=click.Path(exists=True, dir_okay=False), help="End to end instead: a Karpathy JSON or image,caption CSV whose images were ingested; its captions query the index.")
+@click.option("--image-root", type=click.Path(file_okay=False), help="With --dataset: folder the image paths are relative to.")
+@click.option("--bundle", type=click.Path(file_okay=False), envvar="D2S_BUNDLE", help="With --dataset: the bundle the index was filled with.")
+@click.option("--index", "index_dir", type=click.Path(file_okay=False), envvar="D2S_INDEX", default="./d2s-index", show_default=True, help="With --dataset: local index folder.")
+@click.option("--backend", type=click.Choice(["local", "opensearch"]), envvar="D2S_BACKEND", help="With --dataset: backend (default: opensearch when --url is set).")
+@click.option("--url", envvar="D2S_OPENSEARCH_URL", help="With --dataset: OpenSearch URL.")
+@click.option("--index-name", envvar="D2S_OPENSEARCH_INDEX", default="d2s", show_default=True)
+@click.option("--modes", default="sparse,two-phase,dense,hybrid", show_default=True, help="With --dataset: query plans to measure.")
 @click.option("--split", default="test", show_default=True, help="Split to evaluate (train, val, test).")
 @click.option("--head", "head_path", type=click.Path(exists=True, dir_okay=False), help="Sparse head: .pt (needs torch) or .onnx. Without it only the dense run is measured.")
 @click.option("--runs", default="dense,sparse,hybrid", show_default=True, help="Comma-separated: dense, sparse, hybrid.")
@@ -195,9 +242,16 @@ def export_head(head_path, out, as_json) -> int:
 @click.option("--check", is_flag=True, help="Recompute R@k/MRR@10 with ir_measures and report both.")
 @_tokenizer_option
 @click.option("--json", "as_json", is_flag=True)
-def evaluate_cmd(data, split, head_path, runs, query_mask, fusion, alpha, semantic_k, max_images, check, tokenizer, as_json) -> int:
+def evaluate_cmd(data, dataset, image_root, bundle, index_dir, backend, url, index_name, modes, split, head_path,
+                 runs, query_mask, fusion, alpha, semantic_k, max_images, check, tokenizer, as_json) -> int:
     """Text->image R@1/5/10, MRR@10, FLOPs, Exact@k, Semantic@k, terms per vector and
-    faithfulness to the dense run, on precomputed embeddings."""
+    faithfulness to the dense run, on precomputed embeddings (--data) or end to end through
+    an index (--dataset, after `d2s-search ingest` of its images)."""
+    if (data is None) == (dataset is None):
+        raise click.UsageError("give either --data (precomputed embeddings) or --dataset (end to end through an index)")
+    if dataset:
+        return _evaluate_index(dataset, image_root, bundle, index_dir, backend, url, index_name, modes, split,
+                               fusion, alpha, max_images, as_json)
     from d2s_search import metrics as M
     from d2s_search.evaluate import (
         EvalData,
@@ -245,12 +299,58 @@ def evaluate_cmd(data, split, head_path, runs, query_mask, fusion, alpha, semant
     return EXIT_OK
 
 
+def _evaluate_index(dataset, image_root, bundle, index_dir, backend, url, index_name, modes, split, fusion, alpha,
+                    max_images, as_json) -> int:
+    from rich.progress import Progress
+
+    from d2s_search.embed import read_dataset
+    from d2s_search.encoder import Encoder
+    from d2s_search.evaluate import evaluate_index
+    from d2s_search.train.data import DatasetError
+
+    from .cli import load_bundle, make_backend
+
+    items = read_dataset(dataset, image_root)
+    if any(it.split == split for it in items):
+        items = [it for it in items if it.split == split]
+    elif str(dataset).lower().endswith(".json"):
+        raise DatasetError(f"{dataset} has no {split!r} images")
+    if max_images:
+        items = items[:max_images]
+    wanted = tuple(m.strip() for m in modes.split(",") if m.strip())
+    bundle_obj = load_bundle(bundle)
+    store = make_backend(backend, index_dir, url, index_name)
+    progress = None if as_json else Progress(console=_console())
+    try:
+        store.open(bundle_obj.identity(), create=False)
+        if progress:
+            progress.start()
+        result = evaluate_index(store, Encoder(bundle_obj), items, wanted, fusion=fusion, alpha=alpha, progress=progress)
+    finally:
+        if progress:
+            progress.stop()
+        store.close()
+    result["dataset"] = f"{Path(dataset).name}/{split}"
+    result["documents"] = result.get("documents", 0)
+    if as_json:
+        _emit_json(_clean(result))
+    else:
+        click.echo(f"{result['queries']} queries over {result['documents']} indexed images "
+                   f"({result['skipped_queries']} captions skipped: image not in the index); "
+                   f"FLOPs {result.get('FLOPs', 0):.1f}, terms/query {result.get('terms_per_query', 0):.1f}, "
+                   f"terms/image {result.get('terms_per_image', 0):.1f}")
+        _print_eval({"dataset": result["dataset"], "queries": result["queries"], "documents": result["documents"],
+                     "runs": result["runs"]}, 20)
+    return EXIT_OK
+
+
 def _print_eval(result: dict, k: int) -> None:
     from rich.table import Table
 
     cols = ["R@1", "R@5", "R@10", "MRR@10", "FLOPs", f"Exact@{k}", f"Semantic@{k}", "terms_per_query",
-            "terms_per_image", "top10_overlap_dense", "corr_dense_MRR@10"]
-    table = Table(title=f"{result['dataset']}: {result['queries']} queries, {result['documents']} images")
+            "terms_per_image", "top10_overlap_dense", "corr_dense_MRR@10", "latency_ms_mean"]
+    cols = [c for c in cols if any(c in r for r in result["runs"].values())]
+    table = Table()
     table.add_column("run")
     for c in cols:
         table.add_column(c.replace("_", " "), justify="right")
@@ -259,11 +359,13 @@ def _print_eval(result: dict, k: int) -> None:
         for c in cols:
             v = r.get(c)
             cells.append("-" if v is None or (isinstance(v, float) and math.isnan(v)) else
-                         f"{v:.1f}" if c in ("FLOPs", "terms_per_query", "terms_per_image") else f"{v:.4f}")
+                         f"{v:.1f}" if c in ("FLOPs", "terms_per_query", "terms_per_image", "latency_ms_mean")
+                         else f"{v:.4f}")
         table.add_row(name, *cells)
     console = _console(stderr=False)
     if not console.is_terminal:
         console.width = max(console.width, 160)  # don't squeeze the table in pipes and logs
+    console.print(f"{result['dataset']}: {result['queries']} queries, {result['documents']} images")
     console.print(table)
 
 

@@ -125,6 +125,10 @@ class Encoder:
         self.pad_id = int(bundle.manifest["text"].get("pad_id", 0))
         self._allowed = bundle.allowed_mask
         self._terms = bundle.terms
+        # A head trained without expansion (exp=0) only ever saw queries masked to their own
+        # tokens; its queries must be masked the same way at search time.
+        notes = bundle.manifest.get("head", {}).get("notes") or {}
+        self.queries_use_own_tokens_only = notes.get("query_mask") == "own_tokens"
 
     @cached_property
     def image_session(self):

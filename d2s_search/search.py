@@ -75,9 +75,11 @@ def encode_text_query(encoder, text: str, top_k: int | None = None) -> QueryVect
         raise QueryError("the query is empty: type some words")
     enc = encoder.encode_texts([text])
     full = encoder.to_terms(enc.sparse[0], top_k=top_k)
+    own_words = encoder.own_terms(enc.token_ids[0])
+    if getattr(encoder, "queries_use_own_tokens_only", False):
+        full = {t: w for t, w in full.items() if t in own_words}
     if not full:
         raise QueryError(f"the model gives no terms for {text!r}; try other words or --mode dense")
-    own_words = encoder.own_terms(enc.token_ids[0])
     own = {t: w for t, w in full.items() if t in own_words}
     return QueryVectors(full=full, own=own or _top(full, 8), dense=enc.dense[0])
 

@@ -245,3 +245,22 @@ def test_top_rows_equals_full_sort_even_with_ties(n, k):
     assert _top_rows(scores, k).tolist() == want
     smooth = rng.random(n).astype(np.float32)
     assert _top_rows(smooth, k).tolist() == np.lexsort((np.arange(n), -smooth))[:k].tolist()
+
+
+def test_heads_trained_without_expansion_search_with_the_query_words_only(tmp_path):
+    """A head trained with exp=0 records query_mask=own_tokens; queries are masked the same way."""
+    from onnx_export.export import build_head, export_bundle
+    from onnx_export.head import save_head
+    from onnx_export.models import build_dense_encoder
+
+    head = build_head(build_dense_encoder("tiny-clip"), None)
+    head.config.trained = True
+    head.config.notes = {"query_mask": "own_tokens"}
+    bundle = export_bundle("tiny-clip", tmp_path / "b", head_path=save_head(head, tmp_path / "h.pt")).bundle
+    encoder = Encoder(bundle, device="cpu")
+    own_words = encoder.own_terms(encoder.encode_texts(["a dog in a car"]).token_ids[0])
+    q = encode_text_query(encoder, "a dog in a car")
+    assert q.full and set(q.full) <= own_words and q.own == q.full
+    unmasked = encode_text_query(Encoder(Bundle.load(tmp_path / "b"), device="cpu"), "a dog in a car")
+    assert unmasked.full == q.full  # the flag comes from the bundle, not from the caller
+    assert len(encoder.to_terms(encoder.encode_texts(["a dog in a car"]).sparse[0])) > len(q.full)

@@ -47,7 +47,8 @@ def _read_state(path: Path) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure is the same user error
-        raise ModelError(f"{path} is not a readable torch checkpoint: {exc}") from exc
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise ModelError(f"{path} is not a readable torch checkpoint ({first})") from exc
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
         obj = obj["state_dict"]
     if not isinstance(obj, dict):

@@ -87,11 +87,15 @@ def _read_parquet_embs(path: Path) -> tuple[list[str], np.ndarray]:
     return ids, flat.reshape(n, -1 if n else 0)
 
 
-def read_embeddings(directory: str | Path, side: str) -> tuple[list[str], np.ndarray]:
-    """Ids and vectors of one side (``img`` or ``text``) in the authors' layout."""
+def read_embeddings(directory: str | Path, side: str, kind: str = "embs") -> tuple[list[str], np.ndarray]:
+    """Ids and vectors of one side (``img`` or ``text``) in the authors' layout.
+
+    ``kind="feats"`` reads the pre-projection features (``img_feats.parquet``, ...) that the
+    joint objective fine-tunes the projection layers from.
+    """
     d = Path(directory)
-    pq_path = d / f"{side}_embs.parquet"
-    npy_path = d / f"{side}_embs.npy"
+    pq_path = d / f"{side}_{kind}.parquet"
+    npy_path = d / f"{side}_{kind}.npy"
     if pq_path.is_file():
         return _read_parquet_embs(pq_path)
     if npy_path.is_file():
@@ -103,20 +107,21 @@ def read_embeddings(directory: str | Path, side: str) -> tuple[list[str], np.nda
         if len(ids) != len(embs):
             raise DatasetError(f"{npy_path}: {len(embs)} vectors but {len(ids)} ids")
         return ids, embs
-    raise DatasetError(f"no {side}_embs.parquet or {side}_embs.npy in {d}")
+    raise DatasetError(f"no {side}_{kind}.parquet or {side}_{kind}.npy in {d}")
 
 
 def write_embeddings(
-    directory: str | Path, side: str, ids: Sequence[str], embs: np.ndarray, fmt: str = "parquet"
+    directory: str | Path, side: str, ids: Sequence[str], embs: np.ndarray, fmt: str = "parquet",
+    kind: str = "embs",
 ) -> Path:
     """Write one side in the authors' layout (parquet ``id, emb`` or npy + ids json)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     embs = np.ascontiguousarray(embs, dtype=np.float32)
     if fmt == "npy":
-        np.save(d / f"{side}_embs.npy", embs)
+        np.save(d / f"{side}_{kind}.npy", embs)
         (d / f"{side}_ids.json").write_text(json.dumps([str(i) for i in ids]))
-        return d / f"{side}_embs.npy"
+        return d / f"{side}_{kind}.npy"
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -125,7 +130,7 @@ def write_embeddings(
     # Cast to a variable list so the file matches the authors' `list<float>` schema.
     emb_col = emb_col.cast(pa.list_(pa.float32()))
     table = pa.table({"id": pa.array([str(i) for i in ids]), "emb": emb_col})
-    path = d / f"{side}_embs.parquet"
+    path = d / f"{side}_{kind}.parquet"
     tmp = path.with_suffix(".parquet.tmp")
     pq.write_table(table, tmp)
     tmp.replace(path)
@@ -191,7 +196,7 @@ def _split_from_meta(
 SPLITS = {"train": ("train",), "val": ("val", "dev"), "test": ("test",)}
 
 
-def load_authors_layout(directory: str | Path) -> dict[str, PairSplit]:
+def load_authors_layout(directory: str | Path, kind: str = "embs") -> dict[str, PairSplit]:
     d = Path(directory)
     meta_path = d / "dataset_meta.json"
     if not meta_path.is_file():
@@ -200,8 +205,8 @@ def load_authors_layout(directory: str | Path) -> dict[str, PairSplit]:
         meta = json.loads(meta_path.read_text())
     except json.JSONDecodeError as exc:
         raise DatasetError(f"{meta_path} is not valid JSON: {exc}") from exc
-    img_ids, img_embs = read_embeddings(d, "img")
-    txt_ids, txt_embs = read_embeddings(d, "text")
+    img_ids, img_embs = read_embeddings(d, "img", kind)
+    txt_ids, txt_embs = read_embeddings(d, "text", kind)
     if img_embs.shape[1] != txt_embs.shape[1]:
         raise DatasetError(
             f"image vectors are {img_embs.shape[1]}-d but text vectors {txt_embs.shape[1]}-d"

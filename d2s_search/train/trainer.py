@@ -52,6 +52,9 @@ class TrainConfig:
     amp: str = "auto"  # auto = only on CUDA; "off" always fp32
     device: str = "auto"
     val_images: int = 1000  # validation on the first N images of the val split (0 = all)
+    # Only epochs that end after the warm-up (L1 weight fully ramped up) compete for the best
+    # checkpoint: earlier epochs are barely regularised, dense, and win on R@1 alone in short runs.
+    select_after_warmup: bool = True
     eval_batch: int = 1024
     notes: dict = field(default_factory=dict)
 
@@ -79,6 +82,7 @@ class EpochLog:
     expanded_batches: float
     val: dict
     seconds: float
+    eligible: bool = True
 
 
 def _lr_lambda(total: int, warmup: int) -> Callable[[int], float]:
@@ -251,10 +255,12 @@ def train(
                 sums["expanded"] / steps_per_epoch,
                 metrics,
                 time.perf_counter() - t0,
+                eligible=(not config.select_after_warmup or state["step"] >= warmup
+                          or epoch == config.epochs - 1),
             )
             state["history"].append(asdict(entry))
             r1 = metrics.get("R@1", -entry.loss)  # no validation: lowest training loss wins
-            if r1 > state["best_r1"]:
+            if entry.eligible and r1 > state["best_r1"]:
                 state["best_r1"], state["best_epoch"] = r1, epoch + 1
                 head.config.trained = True
                 head.config.notes = {**head.config.notes, "best_epoch": epoch + 1, "val": metrics}

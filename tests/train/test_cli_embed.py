@@ -41,9 +41,12 @@ def _word_dataset(root: Path, n_images=60, seed=0):
 def test_cli_train_evaluate_export(tmp_path):
     data = _word_dataset(tmp_path / "data")
     out = tmp_path / "run"
+    # a narrow W2 from a matrix file keeps this fast (and tests --vocab-init FILE)
+    np.save(tmp_path / "w2.npy", np.random.default_rng(0).standard_normal((30522, 16)).astype(np.float32) * 0.1)
     runner = CliRunner()
     res = runner.invoke(train, ["--data", str(data), "--out", str(out), "--epochs", "2", "--batch-size", "32",
-                                "--vocab-init", "random", "--export-onnx-head", "--json"], catch_exceptions=False)
+                                "--vocab-init", str(tmp_path / "w2.npy"), "--export-onnx-head", "--json"],
+                        catch_exceptions=False)
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output)
     assert Path(summary["head"]).is_file() and Path(summary["head_onnx"]).is_file()

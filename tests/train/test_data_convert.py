@@ -6,7 +6,12 @@ import torch
 
 from d2s_search.train.convert import convert_authors_head, export_head_onnx
 from d2s_search.train.data import DatasetError, load_dataset, read_embeddings, write_embeddings
-from d2s_search.train.vocab import CaptionTokens, document_frequency, load_tokenizer, tokenize_captions
+from d2s_search.train.vocab import (
+    CaptionTokens,
+    document_frequency,
+    load_tokenizer,
+    tokenize_captions,
+)
 from onnx_export.head import load_head, save_head
 
 

@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 import torch
-from train_synthetic import SPECIAL, VOCAB
 
 from d2s_search.train import trainer as trainer_mod
 from d2s_search.train.modeling import build_head
@@ -14,6 +13,7 @@ from d2s_search.train.pec import (
 )
 from d2s_search.train.trainer import TrainConfig, train
 from d2s_search.train.vocab import CaptionTokens, document_frequency
+from tests.train.train_synthetic import SPECIAL, VOCAB
 
 
 def test_caption_level_schedule_values():

@@ -8,7 +8,7 @@ from d2s_search import metrics as M
 from d2s_search.train.modeling import build_head
 from d2s_search.train.trainer import TrainConfig, TrainingError, train
 from onnx_export.head import load_head
-from train_synthetic import SPECIAL, VOCAB
+from tests.train.train_synthetic import SPECIAL, VOCAB
 
 FAST = dict(eta=1e-2, epochs=16, batch_size=128, lr_vocab=1e-3, val_images=0)
 
@@ -46,13 +46,21 @@ def test_pec_gets_close_to_dense_with_fewer_flops_than_exp1(synthetic, tmp_path)
 def test_best_checkpoint_is_the_best_validation_epoch(synthetic, tmp_path):
     summary, head = _run(synthetic, tmp_path, "c", epochs=5)
     hist = json.loads((tmp_path / "c" / "history.json").read_text())
-    r1 = [h["val"]["R@1"] for h in hist]
+    r1 = [h["val"]["R@1"] if h["eligible"] else -1 for h in hist]
     assert summary["best_epoch"] == int(np.argmax(r1)) + 1
     saved = load_head(tmp_path / "c" / "head.pt")
     assert saved.config.trained and saved.config.notes["best_epoch"] == summary["best_epoch"]
     assert saved.config.notes["expansion"] == "c" and saved.config.notes["query_mask"] == "none"
     for k, v in saved.state_dict().items():
         assert torch.equal(v, head.state_dict()[k])
+
+
+def test_no_checkpoint_from_before_the_l1_ramp(synthetic, tmp_path):
+    # 4 epochs of 10 steps, warm-up 50% = 20 steps: epochs 1 (step 10) is not eligible
+    summary, _ = _run(synthetic, tmp_path, "1", epochs=4, warmup=0.5)
+    hist = summary["history"]
+    assert [h["eligible"] for h in hist] == [False, True, True, True]
+    assert summary["best_epoch"] >= 2
 
 
 def test_resume_continues_exactly(synthetic, tmp_path):
