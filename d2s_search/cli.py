@@ -11,7 +11,7 @@ import click
 
 from . import settings
 from .cli_output import emit_json as _emit_json
-from .errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, D2SError
+from .errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, D2SError, HubUnreachableError
 
 _DEBUG = {"on": os.environ.get("D2S_DEBUG") == "1"}
 
@@ -94,7 +94,7 @@ def load_bundle(path: str | None, verify: bool = False):
 
 @cli.command("export-onnx")
 @click.option("--model", "model", default=None, help="Dense model: a built-in name, a hub id or a local checkpoint "
-              "(default: blip-itm-base-coco). See --list-models.")
+              "(default: blip-itm-base-coco, or offline-mini when the hub cannot be reached). See --list-models.")
 @click.option("--head", type=click.Path(dir_okay=False, exists=True), help="Trained sparse head checkpoint "
               "(default: untrained head initialised from the vocabulary projection).")
 @click.option("--out", type=click.Path(file_okay=False), help="Bundle directory (default: ./d2s-bundles/<model>).")
@@ -114,12 +114,25 @@ def export_onnx(model, head, out, precision, tolerance, list_models, as_json) ->
             for n in names:
                 click.echo(f"{n:24s} {load_config(n).get('description', '')}")
         return EXIT_OK
+    explicit = model is not None
     model = model or DEFAULT_MODEL
     config = load_config(model)
     if config.get("hub_id") and not config.get("random_init"):
         from onnx_export.hub import ensure_hub_reachable
 
-        ensure_hub_reachable(config["hub_id"])  # before torch and transformers take seconds to import
+        try:
+            ensure_hub_reachable(config["hub_id"])  # before torch and transformers take seconds to import
+        except HubUnreachableError:
+            from onnx_export.offline_fallback import (
+                OFFLINE_MODEL,
+                fallback_note,
+                missing_offline_packages,
+            )
+
+            if explicit or missing_offline_packages():
+                raise  # asked for this model by name, or the offline extra is not installed
+            click.echo(fallback_note(f"the Hugging Face hub cannot be reached for {config['hub_id']}"), err=True)
+            model, config = OFFLINE_MODEL, load_config(OFFLINE_MODEL)
     from onnx_export.export import export_bundle
 
     out_dir = Path(out) if out else Path("d2s-bundles") / Path(model).name.replace("/", "--")
@@ -360,6 +373,7 @@ def index_delete(backend, index, url, index_name, yes, as_json) -> int:
 
 def _register_optional_commands() -> None:
     """Commands that live in their own modules (each imports its heavy parts lazily)."""
+    from .cli_align import align
     from .cli_dashboards import dashboards, serve_images
     from .cli_ml_commons import register_model
     from .cli_opensearch import index_create, index_reindex
@@ -368,7 +382,7 @@ def _register_optional_commands() -> None:
 
     index.add_command(index_create)
     index.add_command(index_reindex)
-    for command in (dashboards, serve_images, register_model, serve, train, evaluate_cmd, embed):
+    for command in (dashboards, serve_images, register_model, serve, train, evaluate_cmd, embed, align):
         cli.add_command(command)
 
 

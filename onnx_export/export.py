@@ -62,6 +62,8 @@ def build_head(encoder: DenseDualEncoder, head_path: str | Path | None) -> Spars
     vocab_size = encoder.vocab_weight.shape[0]
     excluded = excluded_token_ids(encoder.tokenizer, vocab_size)
     if head_path is None:
+        if encoder.default_head is not None:  # the model ships a trained head (offline-mini)
+            return encoder.default_head.eval()
         return SparseHead.from_vocab_projection(encoder.dense_dim, encoder.vocab_weight, excluded_ids=excluded)
     head = load_head(head_path)
     c = head.config

@@ -33,5 +33,6 @@ def ensure_hub_reachable(hub_id: str, timeout: float = 3.0) -> None:
     except OSError as exc:
         raise HubUnreachableError(
             f"cannot download {hub_id} from the Hugging Face hub ({host}: {exc.__class__.__name__}); "
-            "for an offline trial run `d2s-search export-onnx --model tiny-blip`"
+            "for a real model without the hub run `d2s-search export-onnx --model offline-mini`, "
+            "or `--model tiny-blip` for a random-weight trial"
         ) from None

@@ -25,7 +25,7 @@ from .tokenizers_offline import bert_base_uncased_tokenizer
 @dataclass
 class DenseDualEncoder:
     name: str
-    kind: str  # blip | clip | lavis
+    kind: str  # blip | clip | lavis | offline
     image_tower: nn.Module  # pixel_values (B,3,H,W) -> (B,d), L2-normalised
     text_tower: nn.Module  # input_ids, attention_mask (B,L) -> (B,d), L2-normalised
     tokenizer: Tokenizer
@@ -34,6 +34,7 @@ class DenseDualEncoder:
     image: dict  # size, resize, crop, resample, mean, std
     max_text_length: int
     source: dict = field(default_factory=dict)  # provenance recorded in the manifest
+    default_head: nn.Module | None = None  # a trained head the model ships (offline kind)
 
 
 def build_dense_encoder(name: str) -> DenseDualEncoder:
@@ -45,6 +46,10 @@ def build_dense_encoder(name: str) -> DenseDualEncoder:
         return _build_clip(name, config)
     if kind == "lavis":
         return _build_lavis(name, config)
+    if kind == "offline":
+        from .offline_model import build_offline
+
+        return build_offline(name, config)
     raise ModelError(f"model config {name!r} has unknown kind {kind!r}")
 
 

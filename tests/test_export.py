@@ -197,10 +197,12 @@ def test_export_from_a_local_checkpoint_directory(tmp_path):
 def test_hub_unreachable_fails_fast_in_one_line(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
-    code, out, err = run_cli(["export-onnx", "--out", tmp_path / "b"], capsys)
+    # Asked for by name, a hub model fails at once (without --model, the offline model is
+    # built instead: tests/offline_model/test_fallback.py).
+    code, out, err = run_cli(["export-onnx", "--model", "blip-itm-base-coco", "--out", tmp_path / "b"], capsys)
     assert code == 1
     lines = [ln for ln in err.strip().splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1 and "Salesforce/blip-itm-base-coco" in lines[0] and "tiny-blip" in lines[0]
+    assert len(lines) == 1 and "Salesforce/blip-itm-base-coco" in lines[0] and "offline-mini" in lines[0]
     assert "Traceback" not in err
     assert not (tmp_path / "b").exists()
 

@@ -1,0 +1,87 @@
+"""`d2s-search align`: splits, the InfoNCE training loop, and the align -> train -> ship path."""
+
+# ruff: noqa: E402  (the skip below must run before torch is imported)
+from __future__ import annotations
+
+from tests.offline_model.conftest import skip_without_offline_packages
+
+skip_without_offline_packages()
+
+import csv
+import json
+
+import numpy as np
+from click.testing import CliRunner
+
+from d2s_search.train.align import AlignConfig, EvalSet, TrainSet, evaluate_dense, train_alignment
+from d2s_search.train.align_data import Captioned, split_photos
+from tests.helpers import write_image
+
+
+def test_split_is_seeded_disjoint_and_complete(tmp_path):
+    items = [Captioned(f"{i:03d}.jpg", tmp_path / f"{i:03d}.jpg", ["x"], "t") for i in range(50)]
+    a, b = split_photos(items, 10, 5, seed=0), split_photos(items, 10, 5, seed=0)
+    assert [i.image_id for i in a["test"]] == [i.image_id for i in b["test"]]
+    ids = [i.image_id for s in a.values() for i in s]
+    assert len(ids) == len(set(ids)) == 50 and (len(a["test"]), len(a["val"]), len(a["train"])) == (10, 5, 35)
+
+
+def _synthetic(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Images whose features are a fixed random map of their captions' meaning, plus noise."""
+    rng = np.random.default_rng(seed)
+    meaning = rng.normal(size=(n, 16)).astype(np.float32)
+    to_img, to_txt = np.random.default_rng(99).normal(size=(2, 16, 1280)).astype(np.float32)
+    pooled = meaning @ to_img + 0.1 * rng.normal(size=(n, 1280)).astype(np.float32)
+    text = np.repeat(meaning, 2, axis=0) @ to_txt[:, :384] + 0.1 * rng.normal(size=(2 * n, 384)).astype(np.float32)
+    return pooled, text / np.linalg.norm(text, axis=1, keepdims=True), np.repeat(np.arange(n), 2)
+
+
+def test_infonce_alignment_learns_a_shared_space():
+    pooled, text, owner = _synthetic(100, 0)
+    train = TrainSet(pooled[:, None], np.zeros((100, 1, 1000), np.float32), text, owner, np.ones(100, np.int64))
+    vp, vt, vo = _synthetic(40, 1)
+    val = EvalSet(vp, np.zeros((40, 1000), np.float32), vt, vo)
+    config = AlignConfig(bridge=False, epochs=5, batch_size=50, lr=3e-3, text_lr=3e-3)
+    model, summary = train_alignment(train, val, config, None)
+    assert summary["best_val"]["R@5"] > 0.6  # chance is 5/40
+    assert evaluate_dense(model, val)["R@5"] == summary["best_val"]["R@5"]  # the best epoch is restored
+    assert 1 <= summary["best_epoch"] <= 5
+
+
+def test_align_train_ship_pipeline(tmp_path):
+    """Tiny end to end: align on 8 generated 'photos', a one-epoch head, ship into a copy."""
+    from d2s_search.cli_align import align
+    from d2s_search.cli_train import train
+    from onnx_export.offline_model import verify_sources
+    from onnx_export.offline_parts import sha256_file
+    from onnx_export.offline_ship import ship_weights
+    from onnx_export.registry import load_config
+
+    data = tmp_path / "photos"
+    data.mkdir()
+    with open(data / "captions.txt", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["image", "caption"])
+        for i in range(8):
+            write_image(data / "images" / f"p{i}.jpg", seed=i)
+            for k in range(2):
+                w.writerow([f"p{i}.jpg", f"picture number {i} variant {k}"])
+    run = tmp_path / "run"
+    res = CliRunner().invoke(align, ["--data", str(data), "--out", str(run), "--cache", str(tmp_path / "cache"),
+                                     "--test-photos", "2", "--val-photos", "2", "--epochs", "2", "--batch-size", "4",
+                                     "--no-bridge", "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert summary["sources"]["flickr8k"]["train_photos"] == 4
+    res = CliRunner().invoke(train, ["--data", str(run / "embeddings"), "--out", str(tmp_path / "head"), "--epochs", "1",
+                                     "--batch-size", "8", "--freeze-vocab", "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    config = {**load_config("offline-mini"), "weights_dir": str(tmp_path / "weights"), "weights": {}}
+    config_path = tmp_path / "offline-test.json"
+    config_path.write_text(json.dumps(config))
+    shipped = ship_weights("offline-test", run, tmp_path / "head" / "head.pt", config_path)
+    recorded = json.loads(config_path.read_text())
+    assert set(shipped["weights"]) == {"projections.safetensors", "head.safetensors"}
+    for name, entry in recorded["weights"].items():
+        assert sha256_file(tmp_path / "weights" / name) == entry["sha256"]
+    assert verify_sources("offline-test", recorded)["weights"].keys() == shipped["weights"].keys()
