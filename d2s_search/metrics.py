@@ -47,16 +47,7 @@ def rank_topk(
     ``scores`` is a (Q, D) array or a function ``(start, stop) -> scores[start:stop]`` so
     large runs are scored in chunks.
     """
-    if callable(scores):
-        if n_queries is None:
-            raise ValueError("n_queries is needed with a score function")
-        get = scores
-    else:
-        arr = np.asarray(scores)
-        n_queries = arr.shape[0]
-
-        def get(a: int, b: int) -> np.ndarray:
-            return arr[a:b]
+    get, n_queries = _score_source(scores, n_queries)
 
     idx_out: list[np.ndarray] = []
     val_out: list[np.ndarray] = []
@@ -118,16 +109,7 @@ def evaluate_scores(
     chunk: int = 1024,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Top-``depth`` run and exact per-query R@k / MRR@k in one pass over the scores."""
-    if callable(scores):
-        if n_queries is None:
-            raise ValueError("n_queries is needed with a score function")
-        get = scores
-    else:
-        arr = np.asarray(scores)
-        n_queries = arr.shape[0]
-
-        def get(a: int, b: int) -> np.ndarray:
-            return arr[a:b]
+    get, n_queries = _score_source(scores, n_queries)
 
     per_q = {f"R@{k}": np.zeros(n_queries) for k in ks}
     per_q[f"MRR@{mrr_k}"] = np.zeros(n_queries)
@@ -298,3 +280,13 @@ def mean_kendall_tau(
             taus.append(t)
     taus = np.asarray(taus, dtype=float)
     return float(np.nanmean(taus)) if len(taus) and not np.all(np.isnan(taus)) else float("nan")
+
+
+def _score_source(scores, n_queries: int | None):
+    """(``get(start, stop)`` -> score rows, number of queries) for an array or a score function."""
+    if callable(scores):
+        if n_queries is None:
+            raise ValueError("n_queries is needed with a score function")
+        return scores, n_queries
+    arr = np.asarray(scores)
+    return (lambda a, b: arr[a:b]), arr.shape[0]

@@ -20,18 +20,6 @@ class Checked:
     bodies: int
 
 
-def spec_paths(spec) -> dict[str, list[tuple[re.Pattern, str]]]:
-    by_method: dict[str, list[tuple[re.Pattern, str]]] = {}
-    for uri, doc in spec.docs.items():
-        if "/namespaces/" not in uri:
-            continue
-        for template, item in (doc.get("paths") or {}).items():
-            rx = re.compile("^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)) + "$")
-            for method in item:
-                by_method.setdefault(method.upper(), []).append((rx, template))
-    return by_method
-
-
 def spec_template(paths, method: str, path: str) -> str | None:
     matches = [t for rx, t in paths.get(method, []) if rx.match(path)]
     if not matches:
@@ -41,7 +29,7 @@ def spec_template(paths, method: str, path: str) -> str | None:
 
 def validate_recorded(spec, requests: Iterable) -> Checked:
     """Every request must be a spec operation; every JSON body must satisfy its schema."""
-    paths = spec_paths(spec)
+    paths = spec.paths_by_method()
     out = Checked(set(), set(), set(), 0)
     for r in requests:
         template = spec_template(paths, r.method, r.path)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -90,6 +91,18 @@ class OpenSearchSpec:
                         break
             return Operation(method.upper(), path, op.get("operationId", ""), Path(uri), schema)
         raise KeyError(f"no operation {method.upper()} {path} in the spec")
+
+    def paths_by_method(self) -> dict[str, list[tuple[re.Pattern, str]]]:
+        """HTTP method -> (regex matching concrete paths, path template) for every operation."""
+        by_method: dict[str, list[tuple[re.Pattern, str]]] = {}
+        for uri, doc in self.docs.items():
+            if "/namespaces/" not in uri:
+                continue
+            for template, item in (doc.get("paths") or {}).items():
+                rx = re.compile("^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)) + "$")
+                for method in item:
+                    by_method.setdefault(method.upper(), []).append((rx, template))
+        return by_method
 
     def validate(self, method: str, path: str, body: Any, ndjson: bool = False) -> None:
         """Raise ``jsonschema.ValidationError`` if ``body`` breaks the operation's body schema."""

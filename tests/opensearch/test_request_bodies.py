@@ -151,18 +151,6 @@ class Recorder(httpx.HTTPTransport):
         return super().handle_request(request)
 
 
-def _spec_paths(spec) -> dict[str, list[tuple[re.Pattern, str]]]:
-    by_method: dict[str, list[tuple[re.Pattern, str]]] = {}
-    for uri, doc in spec.docs.items():
-        if "/namespaces/" not in uri:
-            continue
-        for template, item in (doc.get("paths") or {}).items():
-            rx = re.compile("^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)) + "$")
-            for method in item:
-                by_method.setdefault(method.upper(), []).append((rx, template))
-    return by_method
-
-
 def _template(paths, method: str, path: str) -> str:
     matches = [t for rx, t in paths.get(method, []) if rx.match(path)]
     assert matches, f"{method} {path} is not an operation of the OpenSearch API"
@@ -196,7 +184,7 @@ def test_every_request_the_backend_sends_matches_spec(spec, osmem_url):
     finally:
         b.close()
 
-    paths = _spec_paths(spec)
+    paths = spec.paths_by_method()
     checked: set[tuple[str, str]] = set()
     n_bodies = 0
     for method, path, body, ctype in rec.sent:
