@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.synthetic import dense_vectors, sample_vectors, zipf_probabilities  # noqa: E402
 from d2s_search.backends.base import Document, IndexIdentity  # noqa: E402
-from d2s_search.backends.opensearch import OpenSearchBackend  # noqa: E402
+from d2s_search.backends.opensearch.backend import OpenSearchBackend  # noqa: E402
 from d2s_search.errors import D2SError  # noqa: E402
 
 DIM = 256

@@ -8,8 +8,6 @@ preprocessing the runtime must reproduce.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
@@ -17,24 +15,10 @@ from torch import nn
 
 from d2s_search.errors import ModelError
 
+from .dense import DenseDualEncoder
 from .hub import ensure_hub_reachable
 from .registry import DEFAULT_MODEL, available_models, load_config  # noqa: F401  (re-exported)
 from .tokenizers_offline import bert_base_uncased_tokenizer
-
-
-@dataclass
-class DenseDualEncoder:
-    name: str
-    kind: str  # blip | clip | lavis | offline
-    image_tower: nn.Module  # pixel_values (B,3,H,W) -> (B,d), L2-normalised
-    text_tower: nn.Module  # input_ids, attention_mask (B,L) -> (B,d), L2-normalised
-    tokenizer: Tokenizer
-    vocab_weight: torch.Tensor  # (|V|, w): initial W2 of the sparse head
-    dense_dim: int
-    image: dict  # size, resize, crop, resample, mean, std
-    max_text_length: int
-    source: dict = field(default_factory=dict)  # provenance recorded in the manifest
-    default_head: nn.Module | None = None  # a trained head the model ships (offline kind)
 
 
 def build_dense_encoder(name: str) -> DenseDualEncoder:
@@ -47,7 +31,7 @@ def build_dense_encoder(name: str) -> DenseDualEncoder:
     if kind == "lavis":
         return _build_lavis(name, config)
     if kind == "offline":
-        from .offline_model import build_offline
+        from onnx_export.offline_mini.model import build_offline
 
         return build_offline(name, config)
     raise ModelError(f"model config {name!r} has unknown kind {kind!r}")

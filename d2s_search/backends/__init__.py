@@ -1,4 +1,6 @@
-"""Index backends behind one protocol (:class:`Backend`)."""
+"""Index backends behind one protocol (``base.Backend``): ``local`` (embedded) and ``opensearch/``.
+Runtime code: imports d2s_search's core modules (errors, base types), never torch or the CLI.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ def open_backend(kind: str = "local", **options) -> Backend:
 
         return LocalBackend(options["index"], threads=options.get("threads", 1))
     if kind == "opensearch":
-        from .opensearch import OpenSearchBackend
+        from d2s_search.backends.opensearch.backend import OpenSearchBackend
 
         return OpenSearchBackend(**{k: v for k, v in options.items() if k not in ("index", "threads")})
     from ..errors import QueryError

@@ -61,7 +61,7 @@ def tiny_bundle(tiny_blip_bundle):
 
 @pytest.fixture(scope="session")
 def model_package(tiny_bundle, tmp_path_factory):
-    from d2s_search.ml_package import package_model
+    from d2s_search.backends.opensearch.ml_package import package_model
 
     return package_model(tiny_bundle, tmp_path_factory.mktemp("ml") / "model.zip")
 
@@ -76,7 +76,7 @@ def encoder(tiny_bundle):
 @pytest.fixture(scope="session")
 def package(tiny_bundle, tmp_path_factory):
     """A model zip keeping few query terms (fast searches on osmem)."""
-    from d2s_search.ml_package import package_model
+    from d2s_search.backends.opensearch.ml_package import package_model
 
     return package_model(tiny_bundle, tmp_path_factory.mktemp("ml-small") / "model.zip", max_terms=corpus.QUERY_TERMS)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from PIL import Image
 
 from d2s_search.backends.base import Document
-from d2s_search.image_urls import url_builder
+from d2s_search.serve.image_urls import url_builder
 from tests.helpers import write_image
 
 TEXTS = ["a dog sitting in the back seat of a car", "people walking down a busy street", "snow"]

@@ -1,4 +1,4 @@
-"""The commands of this feature, run in-process with click (the lead wires them into cli.py)."""
+"""The commands of this feature, run in-process with click ."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 from d2s_dash_fake_cluster import LOCAL_FILE
 
-from d2s_search.cli_dashboards import serve_images
-from d2s_search.cli_ml_commons import register_model
-from d2s_search.ml_commons import MLCommonsUnavailable
+from d2s_search.backends.opensearch.ml_commons import MLCommonsUnavailable
+from d2s_search.cli.cluster import register_model
+from d2s_search.cli.serve import serve_images
 
 
 def run(command, args, env=None):

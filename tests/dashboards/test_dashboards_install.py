@@ -8,9 +8,14 @@ import pytest
 from click.testing import CliRunner
 from d2s_dash_fake_dashboards import FakeDashboards
 
-from d2s_search import dashboards_objects as so
-from d2s_search.cli_dashboards import dashboards
-from d2s_search.dashboards import DashboardsClient, DashboardsError, install, load_objects
+from d2s_search.backends.opensearch import dashboards_objects as so
+from d2s_search.backends.opensearch.dashboards import (
+    DashboardsClient,
+    DashboardsError,
+    install,
+    load_objects,
+)
+from d2s_search.cli.cluster import dashboards
 from d2s_search.errors import BackendUnavailableError
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from d2s_search.image_server import ImageServer, ImageServerError
-from d2s_search.image_urls import UrlBaseError, image_url, normalize_url_base, url_builder
+from d2s_search.serve.image_server import ImageServer, ImageServerError
+from d2s_search.serve.image_urls import UrlBaseError, image_url, normalize_url_base, url_builder
 
 FILES = {
     "a.jpg": b"\xff\xd8\xff jpeg bytes",

@@ -17,10 +17,19 @@ from d2s_dash_corpus import QUERY_TERMS, TEXTS, client_query
 from d2s_dash_fake_cluster import LOCAL_FILE, VIA_URL
 from d2s_dash_wire import validate_recorded
 
-from d2s_search.backends.opensearch import OpenSearchBackend
-from d2s_search.backends.opensearch_http import OpenSearchHTTP
-from d2s_search.ml_commons import MLCommons, MLCommonsError, MLCommonsUnavailable, chunk_count
-from d2s_search.server_side import run_server_side, server_side_query, template_query
+from d2s_search.backends.opensearch.backend import OpenSearchBackend
+from d2s_search.backends.opensearch.client import OpenSearchHTTP
+from d2s_search.backends.opensearch.ml_commons import (
+    MLCommons,
+    MLCommonsError,
+    MLCommonsUnavailable,
+    chunk_count,
+)
+from d2s_search.backends.opensearch.server_side import (
+    run_server_side,
+    server_side_query,
+    template_query,
+)
 
 
 def backend_on(cluster, tiny_bundle, documents) -> OpenSearchBackend:

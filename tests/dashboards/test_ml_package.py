@@ -14,8 +14,8 @@ import onnxruntime as ort
 from d2s_dash_fake_cluster import _ModelRunner
 from tokenizers import Tokenizer
 
-from d2s_search.backends.opensearch_features import NEURAL_SPARSE_MAX_WEIGHT
-from d2s_search.ml_package import (
+from d2s_search.backends.opensearch.features import NEURAL_SPARSE_MAX_WEIGHT
+from d2s_search.backends.opensearch.ml_package import (
     DEFAULT_MAX_TERMS,
     INFO_NAME,
     ONNX_NAME,
@@ -124,9 +124,9 @@ def test_packaging_does_not_import_torch(tiny_blip_bundle, tmp_path):
     code = (
         "import sys; from pathlib import Path\n"
         "from d2s_search.bundle import Bundle\n"
-        "from d2s_search.ml_package import package_model\n"
+        "from d2s_search.backends.opensearch.ml_package import package_model\n"
         f"package_model(Bundle.load({str(tiny_blip_bundle)!r}), Path({str(tmp_path / 'm.zip')!r}))\n"
-        "import d2s_search.ml_commons, d2s_search.server_side, d2s_search.dashboards, d2s_search.image_server\n"
+        "import d2s_search.backends.opensearch.ml_commons, d2s_search.backends.opensearch.server_side, d2s_search.backends.opensearch.dashboards, d2s_search.serve.image_server\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -13,15 +13,15 @@ import jsonschema
 import pytest
 from d2s_dash_mustache import render
 
-from d2s_search import ml_commons as mc
-from d2s_search.backends import opensearch_queries as q
-from d2s_search.search_template import (
+from d2s_search.backends.opensearch import ml_commons as mc
+from d2s_search.backends.opensearch import queries as q
+from d2s_search.backends.opensearch.search_template import (
     TEMPLATE_SOURCE,
     put_template_body,
     search_template_body,
     template_params,
 )
-from d2s_search.server_side import server_side_body
+from d2s_search.backends.opensearch.server_side import server_side_body
 
 REPO = Path(__file__).resolve().parents[2]
 QUERY = {"dog": 1.5, ".": 0.5, "##s": 0.25, "日本": 0.75, "say \"cheese\"": 0.3, "zero": 0.0}

@@ -19,11 +19,16 @@ import uuid
 import pytest
 from d2s_dash_corpus import TEXTS, client_query
 
-from d2s_search import dashboards_objects as so
-from d2s_search.backends.opensearch import OpenSearchBackend
-from d2s_search.dashboards import DashboardsClient, install, load_objects
-from d2s_search.ml_commons import ML, MLCommons, MLCommonsError, MLCommonsUnavailable
-from d2s_search.server_side import server_side_query, template_query
+from d2s_search.backends.opensearch import dashboards_objects as so
+from d2s_search.backends.opensearch.backend import OpenSearchBackend
+from d2s_search.backends.opensearch.dashboards import DashboardsClient, install, load_objects
+from d2s_search.backends.opensearch.ml_commons import (
+    ML,
+    MLCommons,
+    MLCommonsError,
+    MLCommonsUnavailable,
+)
+from d2s_search.backends.opensearch.server_side import server_side_query, template_query
 
 # Read at import: tests/conftest.py clears D2S_* variables around every test.
 ENV = {k: v for k, v in os.environ.items() if k.startswith("D2S_")}

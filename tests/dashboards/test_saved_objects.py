@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from d2s_search import dashboards_objects as so
-from d2s_search.backends.opensearch import OpenSearchBackend
+from d2s_search.backends.opensearch import dashboards_objects as so
+from d2s_search.backends.opensearch.backend import OpenSearchBackend
 
 REPO = Path(__file__).resolve().parents[2]
 NDJSON = sorted((REPO / "mappings" / "dashboards").glob("*.ndjson"))

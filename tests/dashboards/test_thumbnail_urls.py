@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import httpx
 
-from d2s_search.backends.opensearch import OpenSearchBackend
-from d2s_search.image_server import ImageServer
-from d2s_search.image_urls import url_builder
+from d2s_search.backends.opensearch.backend import OpenSearchBackend
 from d2s_search.images import content_id
 from d2s_search.ingest import ingest
+from d2s_search.serve.image_server import ImageServer
+from d2s_search.serve.image_urls import url_builder
 from tests.helpers import write_image
 
 

@@ -65,6 +65,6 @@ def heldout_photos():
     """The first 40 photos of the held-out test split (as `d2s-search align` draws it)."""
     if not (FLICKR8K / "captions.txt").is_file():
         pytest.skip(f"shared test data not found at {FLICKR8K} (it lives in ../shared beside the clone)")
-    from d2s_search.train.align_data import flickr_photos, split_photos
+    from onnx_export.offline_mini.align_data import flickr_photos, split_photos
 
     return split_photos(flickr_photos(FLICKR8K))["test"][:40]

@@ -13,8 +13,14 @@ import json
 import numpy as np
 from click.testing import CliRunner
 
-from d2s_search.train.align import AlignConfig, EvalSet, TrainSet, evaluate_dense, train_alignment
-from d2s_search.train.align_data import Captioned, split_photos
+from onnx_export.offline_mini.align import (
+    AlignConfig,
+    EvalSet,
+    TrainSet,
+    evaluate_dense,
+    train_alignment,
+)
+from onnx_export.offline_mini.align_data import Captioned, split_photos
 from tests.helpers import write_image
 
 
@@ -50,11 +56,11 @@ def test_infonce_alignment_learns_a_shared_space():
 
 def test_align_train_ship_pipeline(tmp_path):
     """Tiny end to end: align on 8 generated 'photos', a one-epoch head, ship into a copy."""
-    from d2s_search.cli_align import align
-    from d2s_search.cli_train import train
-    from onnx_export.offline_model import verify_sources
-    from onnx_export.offline_parts import sha256_file
-    from onnx_export.offline_ship import ship_weights
+    from d2s_search.cli.align import align
+    from d2s_search.cli.train import train
+    from onnx_export.offline_mini.model import verify_sources
+    from onnx_export.offline_mini.parts import sha256_file
+    from onnx_export.offline_mini.ship import ship_weights
     from onnx_export.registry import load_config
 
     data = tmp_path / "photos"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from onnx_export.offline_fallback import OFFLINE_MODEL, fallback_note, missing_offline_packages
+from onnx_export.offline_mini.fallback import OFFLINE_MODEL, fallback_note, missing_offline_packages
 from onnx_export.registry import available_models, load_config
 
 
@@ -30,7 +30,7 @@ def test_export_without_model_falls_back_to_the_offline_model_when_the_hub_is_do
 
     import pytest
 
-    from onnx_export.offline_fallback import missing_offline_packages
+    from onnx_export.offline_mini.fallback import missing_offline_packages
     from tests.helpers import run_cli
 
     if missing_offline_packages():

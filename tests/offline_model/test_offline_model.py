@@ -18,13 +18,13 @@ from d2s_search import metrics as M
 from d2s_search.bundle import Bundle, sha256_file
 from d2s_search.encoder import Encoder, tokenize_batch
 from d2s_search.errors import BundleError, ModelError
-from onnx_export.offline_model import (
+from onnx_export.offline_mini.model import (
     OfflineImageTower,
     OfflineTextTower,
     build_offline,
     weights_dir,
 )
-from onnx_export.offline_parts import ImageProjection, TextProjection
+from onnx_export.offline_mini.parts import ImageProjection, TextProjection
 from onnx_export.registry import load_config
 from tests.offline_model.conftest import MODEL
 
@@ -59,7 +59,7 @@ def test_onnx_encoders_match_torch_on_real_photos(offline_export, heldout_photos
     result, encoder = offline_export
     enc = Encoder(result.bundle, device="cpu")
     photos = heldout_photos[:6]
-    from d2s_search.train.align_data import open_rgb
+    from onnx_export.offline_mini.align_data import open_rgb
 
     pixels = np.stack([enc.preprocess(open_rgb(p.path)) for p in photos])
     texts = [p.captions[0] for p in photos] + ["dog", "a very " + "long " * 80 + "caption"]
@@ -86,7 +86,7 @@ def test_heldout_recall_clearly_beats_random_weights(offline_export, heldout_pho
     """Dense text->image recall of the bundle (ONNX, as users run it) vs the same towers with
     random projections, on 40 held-out photos x 5 captions."""
     result, encoder = offline_export
-    from d2s_search.train.align_data import open_rgb
+    from onnx_export.offline_mini.align_data import open_rgb
 
     enc = Encoder(result.bundle, device="cpu")
     pixels = np.stack([enc.preprocess(open_rgb(p.path)) for p in heldout_photos])

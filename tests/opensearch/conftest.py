@@ -48,7 +48,7 @@ def sleeps() -> list[float]:
 
 @pytest.fixture
 def make_backend(sleeps):
-    from d2s_search.backends.opensearch import OpenSearchBackend
+    from d2s_search.backends.opensearch.backend import OpenSearchBackend
 
     made = []
 

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from d2s_search.backends.base import Document
-from d2s_search.backends.opensearch_features import lucene_feature_value
+from d2s_search.backends.opensearch.features import lucene_feature_value
 
 # Vocabulary tokens that break naive feature naming: dots, escapes, word pieces, punctuation,
 # non-ASCII, and a literal that looks like our own escape sequence.

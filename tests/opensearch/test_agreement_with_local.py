@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from d2s_search.backends.local import LocalBackend
-from d2s_search.backends.opensearch import OpenSearchBackend
-from d2s_search.backends.opensearch_features import lucene_feature_value
+from d2s_search.backends.opensearch.backend import OpenSearchBackend
+from d2s_search.backends.opensearch.features import lucene_feature_value
 from d2s_search.bundle import Bundle
 from d2s_search.encoder import Encoder
 from d2s_search.ingest import ingest

@@ -8,10 +8,10 @@ import pytest
 from click.testing import CliRunner
 from d2s_os_reference import synthetic_docs
 
-from d2s_search import cli as cli_module
 from d2s_search.backends.base import IndexIdentity
-from d2s_search.backends.opensearch import OpenSearchBackend
-from d2s_search.cli_opensearch import index_create, index_reindex
+from d2s_search.backends.opensearch.backend import OpenSearchBackend
+from d2s_search.cli import index as cli_module
+from d2s_search.cli.index import index_create, index_reindex
 
 
 class FakeBundle:

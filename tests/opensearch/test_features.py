@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from d2s_os_reference import TRICKY_TERMS
 
-from d2s_search.backends.opensearch_features import (
+from d2s_search.backends.opensearch.features import (
     decode_features,
     escape_term,
     lucene_feature_value,

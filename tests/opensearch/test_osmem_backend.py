@@ -22,7 +22,7 @@ from d2s_os_reference import (
 )
 
 from d2s_search.backends.base import Backend, Document, IndexIdentity
-from d2s_search.backends.opensearch import OpenSearchBackend
+from d2s_search.backends.opensearch.backend import OpenSearchBackend
 from d2s_search.errors import (
     BackendUnavailableError,
     BundleMismatchError,
@@ -232,7 +232,7 @@ def test_open_missing_without_create(make_backend, osmem_url, identity):
 
 
 def test_open_claims_index_created_from_mapping_file(make_backend, osmem_url, identity):
-    from d2s_search.backends.opensearch_queries import index_body
+    from d2s_search.backends.opensearch.queries import index_body
 
     body = index_body()  # == mappings/index.json (test_request_bodies checks it)
     body["mappings"]["properties"]["dense"]["dimension"] = identity.dense_dim
@@ -277,7 +277,7 @@ def test_reindex_aborts_without_losing_anything(backend, corpus, identity, osmem
 
 
 def test_reindex_replaces_plain_index_with_alias(make_backend, osmem_url, identity):
-    from d2s_search.backends.opensearch_queries import index_body
+    from d2s_search.backends.opensearch.queries import index_body
 
     assert httpx.put(f"{osmem_url}/plain", json=index_body(identity)).status_code == 200
     b = make_backend(osmem_url, index_name="plain")

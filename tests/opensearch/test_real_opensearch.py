@@ -14,7 +14,7 @@ import pytest
 from d2s_os_reference import exact_dot, random_query, ranking, synthetic_docs, ulps, vocabulary
 
 from d2s_search.backends.base import IndexIdentity
-from d2s_search.backends.opensearch import OpenSearchBackend
+from d2s_search.backends.opensearch.backend import OpenSearchBackend
 from d2s_search.errors import IndexStoreError
 
 # Read at import: tests/conftest.py clears D2S_* variables around every test.

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from d2s_os_reference import synthetic_docs
 
-from d2s_search.backends import opensearch_queries as q
 from d2s_search.backends.base import IndexIdentity
-from d2s_search.backends.opensearch import OpenSearchBackend
+from d2s_search.backends.opensearch import queries as q
+from d2s_search.backends.opensearch.backend import OpenSearchBackend
 
 REPO = Path(__file__).resolve().parents[2]
 IDENT = IndexIdentity("ab" * 16, 8, "synthetic")

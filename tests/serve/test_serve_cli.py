@@ -14,17 +14,14 @@ import pytest
 
 from tests.helpers import clean_env, run_cli
 
-# Until the lead wires `serve` into cli.py, the tests add it the same way cli.py will.
-RUN_CLI = (
-    "import sys; from d2s_search.cli import cli, main; from d2s_search.cli_serve import serve; "
-    "cli.commands.setdefault('serve', serve); main(sys.argv[1:])"
-)
+# `d2s-search serve` exactly as the console script runs it.
+RUN_CLI = "import sys; from d2s_search.cli import main; main(sys.argv[1:])"
 
 
 @pytest.fixture
 def with_serve(monkeypatch):
     from d2s_search.cli import cli
-    from d2s_search.cli_serve import serve
+    from d2s_search.cli.serve import serve
 
     monkeypatch.setitem(cli.commands, "serve", cli.commands.get("serve", serve))
 
@@ -81,7 +78,7 @@ def test_the_web_runtime_never_imports_torch(tmp_path, tiny_blip_bundle, serve_i
         from fastapi.testclient import TestClient
         from d2s_search.backends.local import LocalBackend
         from d2s_search.bundle import Bundle
-        import d2s_search.cli, d2s_search.cli_serve  # what `d2s-search serve` loads
+        import d2s_search.cli, d2s_search.cli.serve  # what `d2s-search serve` loads
         from d2s_search.serve import create_app
 
         app = create_app(Bundle.load({str(tiny_blip_bundle)!r}), LocalBackend({str(serve_index)!r}),

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from d2s_search.cli_train import evaluate_cmd, train
+from d2s_search.cli.train import evaluate_cmd, train
 from d2s_search.embed import embed_dataset, read_caption_csv, read_karpathy
 from d2s_search.errors import ImageRejected
 from d2s_search.train.data import load_dataset, write_embeddings

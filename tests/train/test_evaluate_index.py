@@ -68,7 +68,7 @@ def test_index_metrics_equal_precomputed_metrics(indexed):
 
 
 def test_cli_evaluate_end_to_end(indexed):
-    from d2s_search.cli_train import evaluate_cmd
+    from d2s_search.cli.train import evaluate_cmd
 
     root, bundle, _ = indexed
     res = CliRunner().invoke(

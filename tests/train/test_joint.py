@@ -61,7 +61,7 @@ def test_cli_joint_objective(tmp_path):
     from click.testing import CliRunner
     from safetensors.torch import save_file
 
-    from d2s_search.cli_train import train
+    from d2s_search.cli.train import train
     from d2s_search.train.data import write_embeddings
 
     rng = np.random.default_rng(0)

@@ -24,9 +24,14 @@ from typing import Any
 
 import httpx
 
-from .backends.opensearch_http import tls_verify
-from .dashboards_objects import parse_ndjson, retarget, saved_objects, to_ndjson
-from .errors import BackendUnavailableError, D2SError
+from d2s_search.backends.opensearch.client import tls_verify
+from d2s_search.backends.opensearch.dashboards_objects import (
+    parse_ndjson,
+    retarget,
+    saved_objects,
+    to_ndjson,
+)
+from d2s_search.errors import BackendUnavailableError, D2SError
 
 log = logging.getLogger("d2s_search.dashboards")
 

@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from .backends import opensearch_queries as q
-from .backends.base import Hit, SparseVector
-from .backends.opensearch_features import decode_features, matched_terms
-from .backends.opensearch_http import OpenSearchHTTP
-from .errors import QueryError
-from .ml_commons import DEPLOYED, MLCommons, MLCommonsUnavailable
-from .search import SearchResult
-from .search_template import TEMPLATE_ID, search_template_body
+from d2s_search.backends.base import Hit, SparseVector
+from d2s_search.backends.opensearch import queries as q
+from d2s_search.backends.opensearch.client import OpenSearchHTTP
+from d2s_search.backends.opensearch.features import decode_features, matched_terms
+from d2s_search.backends.opensearch.ml_commons import DEPLOYED, MLCommons, MLCommonsUnavailable
+from d2s_search.backends.opensearch.search_template import TEMPLATE_ID, search_template_body
+from d2s_search.errors import QueryError
+from d2s_search.search import SearchResult
 
 log = logging.getLogger("d2s_search.server_side")
 
@@ -49,7 +49,7 @@ def server_side_body(text: str, model_id: str, k: int = 10, *, offset: int = 0,
 
 def resolve_model_id(http: OpenSearchHTTP, bundle: Any) -> str | None:
     """The deployed model registered for ``bundle`` (by name), if any; None without ml-commons."""
-    from .ml_package import model_name
+    from d2s_search.backends.opensearch.ml_package import model_name
 
     try:
         found = MLCommons(http).find_model(model_name(bundle))
@@ -126,7 +126,7 @@ def run_server_side(
     text is encoded here (``encoder_factory`` is only called then) and sent as template params,
     keeping its ``max_terms`` strongest terms (all by default; the cluster's clause limit applies).
     """
-    from .search import encode_text_query
+    from d2s_search.search import encode_text_query
 
     start = time.perf_counter()
     if model_id is None and bundle is not None:

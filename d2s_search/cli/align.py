@@ -1,8 +1,5 @@
 """``d2s-search align``: train the offline model's projections, and ``align ship`` to put a
-trained run into the built-in ``offline-mini`` model. Registered in ``cli.py`` with::
-
-    from .cli_align import align
-    cli.add_command(align)
+trained run into the built-in ``offline-mini`` model.
 
 Heavy imports (torch, the backbones) happen inside the commands.
 """
@@ -14,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from .errors import EXIT_OK
+from d2s_search.errors import EXIT_OK
 
 DEFAULT_DATA = "../shared/data/flickr8k-800"
 
@@ -65,9 +62,9 @@ def align(ctx, data, out, cache, model, test_photos, val_photos, split_seed, aug
     from rich.console import Console
     from rich.progress import Progress
 
-    from d2s_search.train.align import AlignConfig
-    from d2s_search.train.align_data import VIEWS
-    from d2s_search.train.align_run import AlignSources, run_alignment
+    from onnx_export.offline_mini.align import AlignConfig
+    from onnx_export.offline_mini.align_data import VIEWS
+    from onnx_export.offline_mini.align_run import AlignSources, run_alignment
     from onnx_export.registry import load_config
 
     sources = AlignSources(Path(data), test_photos, val_photos, split_seed, VIEWS if augment else ("center",),
@@ -103,7 +100,7 @@ def vocab(out) -> int:
     import numpy as np
 
     from d2s_search.train.modeling import minilm_word_embeddings
-    from onnx_export.offline_parts import word_terms_mask
+    from onnx_export.offline_mini.parts import word_terms_mask
     from onnx_export.tokenizers_offline import bert_base_uncased_tokenizer
 
     w2 = minilm_word_embeddings()
@@ -123,7 +120,7 @@ def vocab(out) -> int:
 def ship(run_dir, head_path, model, as_json) -> int:
     """Store a run's projections and a head's small layers as the model's shipped weights
     and record their SHA-256 in its config (W2 stays MiniLM's word embeddings)."""
-    from onnx_export.offline_ship import ship_weights
+    from onnx_export.offline_mini.ship import ship_weights
 
     result = ship_weights(model, Path(run_dir), Path(head_path))
     if as_json:
@@ -133,6 +130,3 @@ def ship(run_dir, head_path, model, as_json) -> int:
             click.echo(f"{name}: {entry['bytes']} bytes, sha256 {entry['sha256']}")
     return EXIT_OK
 
-
-if __name__ == "__main__":  # python -m d2s_search.cli_align (until cli.py registers it)
-    align()

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .backends import opensearch_queries as q
-from .backends.base import SparseVector
-from .errors import QueryError
+from d2s_search.backends.base import SparseVector
+from d2s_search.backends.opensearch import queries as q
+from d2s_search.errors import QueryError
 
 TEMPLATE_ID = "d2s-sparse"
 

@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from .backends.opensearch_features import NEURAL_SPARSE_MAX_WEIGHT, escape_term
-from .bundle import Bundle
-from .errors import BundleError
+from d2s_search.backends.opensearch.features import NEURAL_SPARSE_MAX_WEIGHT, escape_term
+from d2s_search.bundle import Bundle
+from d2s_search.errors import BundleError
 
 ONNX_NAME = "d2s-sparse-encoder.onnx"
 INFO_NAME = "d2s-model.json"

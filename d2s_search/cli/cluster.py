@@ -1,10 +1,5 @@
-"""``d2s-search register-model``: the text encoder inside OpenSearch (ml-commons).
-
-The lead registers it in ``cli.py`` (inside ``_register_optional_commands``)::
-
-    from .cli_ml_commons import register_model
-    cli.add_command(register_model)
-"""
+"""``d2s-search dashboards install`` and ``d2s-search register-model``: the cluster-side parts
+(OpenSearch Dashboards saved objects, the ml-commons query encoder and its search template)."""
 
 from __future__ import annotations
 
@@ -13,9 +8,49 @@ from pathlib import Path
 
 import click
 
-from .cli_opensearch import connection_options, opensearch_backend
-from .cli_output import emit as _emit
-from .errors import EXIT_OK
+from d2s_search.cli.options import connection_options, load_bundle, opensearch_backend
+from d2s_search.cli.output import emit as _emit
+from d2s_search.errors import EXIT_OK
+
+
+@click.group()
+def dashboards() -> None:
+    """OpenSearch Dashboards: saved objects for browsing and searching pictures."""
+
+
+@dashboards.command("install")
+@click.option("--url", envvar="D2S_DASHBOARDS_URL", show_envvar=True,
+              help="OpenSearch Dashboards URL, e.g. http://localhost:5601.")
+@click.option("--index-name", envvar="D2S_OPENSEARCH_INDEX", default="d2s", show_default=True,
+              help="The index (or alias) the index pattern points at.")
+@click.option("--tenant", default="global", show_default=True,
+              help="Security-plugin tenant that receives the objects ('' to send none).")
+@click.option("--file", "files", multiple=True, type=click.Path(exists=True),
+              help="Import these .ndjson files (or folders of them) instead of the built-in objects; repeatable.")
+@click.option("--insecure", is_flag=True, envvar="D2S_DASHBOARDS_INSECURE",
+              help="Do not verify Dashboards' TLS certificate (local demo certificates only).")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def dashboards_install(url, index_name, tenant, files, insecure, as_json) -> int:
+    """Import the index pattern (thumbnails), saved search, tag cloud and dashboard.
+
+    Credentials come from D2S_DASHBOARDS_USER/_PASSWORD, else D2S_OPENSEARCH_USER/_PASSWORD;
+    a private CA from D2S_DASHBOARDS_CA_FILE. Existing objects with the same ids are replaced.
+    """
+    from d2s_search.backends.opensearch.dashboards import DashboardsClient, install, load_objects
+
+    if not url:
+        raise click.UsageError("needs --url or D2S_DASHBOARDS_URL (e.g. http://localhost:5601)")
+    objects = load_objects(files, index_name=index_name)
+    options = {"verify": False} if insecure else {}
+    with DashboardsClient.from_env(url, tenant=tenant or None, **options) as client:
+        result = install(client, objects)
+    lines = [f"imported {len(result.imported)} saved object(s) into {result.url}"
+             + (f" (tenant {result.tenant})" if result.tenant else "")]
+    lines += [f"  {o['type']:14s} {o['id']}  {o['title']}" for o in result.imported]
+    if any(o["type"] == "dashboard" for o in result.imported):
+        lines.append(f"open {result.url}/app/dashboards#/view/d2s-dashboard")
+    _emit(result.to_json(), as_json, lines)
+    return EXIT_OK
 
 
 @click.command("register-model")
@@ -44,9 +79,8 @@ def register_model(bundle, url, index_name, insecure, configure_cluster, model_u
     Then `neural_sparse` queries with `query_text` and `model_id` work from Dashboards Dev Tools
     and any client. Also stores the search template `d2s-sparse`, the fallback without ml-commons.
     """
-    from .cli import load_bundle
-    from .ml_commons import MLCommons, MLCommonsUnavailable
-    from .ml_package import package_model
+    from d2s_search.backends.opensearch.ml_commons import MLCommons, MLCommonsUnavailable
+    from d2s_search.backends.opensearch.ml_package import package_model
 
     if package_only and not zip_out:
         raise click.UsageError("--package-only needs --zip-out PATH")
@@ -93,5 +127,3 @@ def register_model(bundle, url, index_name, insecure, configure_cluster, model_u
 def _template_example(index_name: str, template: str) -> str:
     return (f'GET {index_name}/_search/template\n{{"id": "{template}", "params": {{"size": 10, "features": '
             '[{"name": "dog", "weight": 1.2}, {"name": "car", "weight": 0.7, "last": true}]}}')
-
-

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from d2s_search.backends.base import Document, IndexIdentity, SparseVector
-from d2s_search.backends.opensearch_features import (
+from d2s_search.backends.opensearch.features import (
     NEURAL_SPARSE_MAX_WEIGHT,
     prune,
     sendable_weights,

@@ -1,10 +1,4 @@
-"""Click commands for training and evaluation: ``train`` (+ ``convert-head``,
-``export-head``), ``evaluate`` and ``embed``. Registered on the main group in ``cli.py``::
-
-    from .cli_train import embed, evaluate_cmd, train
-    cli.add_command(train)
-    cli.add_command(evaluate_cmd)
-    cli.add_command(embed)
+"""``d2s-search train`` (+ ``convert-head``, ``export-head``), ``evaluate`` and ``embed``.
 
 Commands return exit codes (0 ok, 1 failed, 3 partial) and raise :class:`D2SError`
 subclasses for one-line errors; heavy imports (torch) happen inside the commands.
@@ -18,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from .errors import EXIT_OK, EXIT_PARTIAL
+from d2s_search.errors import EXIT_OK, EXIT_PARTIAL
 
 
 def _emit_json(payload: dict) -> None:
@@ -303,12 +297,11 @@ def _evaluate_index(dataset, image_root, bundle, index_dir, backend, url, index_
                     max_images, as_json) -> int:
     from rich.progress import Progress
 
+    from d2s_search.cli.options import load_bundle, make_backend
     from d2s_search.embed import read_dataset
     from d2s_search.encoder import Encoder
     from d2s_search.evaluate import evaluate_index
     from d2s_search.train.data import DatasetError
-
-    from .cli import load_bundle, make_backend
 
     items = read_dataset(dataset, image_root)
     if any(it.split == split for it in items):

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path, PurePath
 from urllib.parse import quote, urlsplit
 
-from .errors import EXIT_USAGE, D2SError
+from d2s_search.errors import EXIT_USAGE, D2SError
 
 
 class UrlBaseError(D2SError):

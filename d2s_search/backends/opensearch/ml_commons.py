@@ -10,9 +10,9 @@ check them against the OpenSearch API specification):
          + GET /_plugins/_ml/tasks/<task>              until COMPLETED -> model id
     POST /_plugins/_ml/models/<id>/_deploy             + poll the task, then the model state
 
-A model is named after its bundle (:func:`d2s_search.ml_package.model_name`) and carries
+A model is named after its bundle (:func:`d2s_search.backends.opensearch.ml_package.model_name`) and carries
 the zip's SHA-256, so running ``register-model`` again reuses a model with the same content
-instead of uploading it twice. Searching with the model lives in :mod:`d2s_search.server_side`.
+instead of uploading it twice. Searching with the model lives in :mod:`d2s_search.backends.opensearch.server_side`.
 """
 
 from __future__ import annotations
@@ -25,10 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .backends.opensearch_http import RETRY_EXCEPTIONS, RETRY_STATUSES, OpenSearchHTTP, Reply
-from .errors import BackendUnavailableError, D2SError
-from .ml_package import ModelPackage
-from .search_template import TEMPLATE_ID, put_template_body
+from d2s_search.backends.opensearch.client import (
+    RETRY_EXCEPTIONS,
+    RETRY_STATUSES,
+    OpenSearchHTTP,
+    Reply,
+)
+from d2s_search.backends.opensearch.ml_package import ModelPackage
+from d2s_search.backends.opensearch.search_template import TEMPLATE_ID, put_template_body
+from d2s_search.errors import BackendUnavailableError, D2SError
 
 log = logging.getLogger("d2s_search.ml_commons")
 

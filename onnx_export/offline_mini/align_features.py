@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from d2s_search.train.align_data import Captioned, cache_key, cached, open_rgb, view_pixels
+from onnx_export.offline_mini.align_data import Captioned, cache_key, cached, open_rgb, view_pixels
 
 
 class Backbones:
@@ -25,7 +25,7 @@ class Backbones:
     @property
     def image(self):
         if self._image is None:
-            from onnx_export.offline_backbones import EfficientNetLite0Features, freeze
+            from onnx_export.offline_mini.backbones import EfficientNetLite0Features, freeze
 
             self._image = freeze(EfficientNetLite0Features())
         return self._image
@@ -33,7 +33,7 @@ class Backbones:
     @property
     def text(self):
         if self._text is None:
-            from onnx_export.offline_backbones import MiniLMFeatures, freeze
+            from onnx_export.offline_mini.backbones import MiniLMFeatures, freeze
 
             self._text = freeze(MiniLMFeatures())
         return self._text

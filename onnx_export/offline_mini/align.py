@@ -1,7 +1,7 @@
 """Aligning the offline model's frozen towers: small projections trained with InfoNCE.
 
 Both backbones are frozen and their features cached (:mod:`align_features`); only
-:class:`onnx_export.offline_parts.ImageProjection` and ``TextProjection`` train, with a
+:class:`onnx_export.offline_mini.parts.ImageProjection` and ``TextProjection`` train, with a
 symmetric InfoNCE loss and a learnable temperature (CLIP's ``logit_scale``, clamped at 100).
 
 Each epoch visits every training image once, in batches, with one of its captions and one
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from d2s_search import metrics as M
-from onnx_export.offline_parts import ImageProjection, TextProjection, normalize
+from onnx_export.offline_mini.parts import ImageProjection, TextProjection, normalize
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The small trained parts of the offline model and their files.
 
-Shared by alignment training (``d2s_search.train.align``) and the model builder
-(``onnx_export.offline_model``) so both run exactly the same modules.
+Shared by alignment training (``offline_mini.align``) and the model builder
+(``offline_mini.model``) so both run exactly the same modules.
 
 * :class:`ImageProjection`: EfficientNet features -> shared space. A linear map of the
   1280-d pooled features plus an optional "class bridge": the ImageNet class

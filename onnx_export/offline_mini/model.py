@@ -19,10 +19,9 @@ import torch
 from torch import nn
 
 from d2s_search.errors import ModelError
-
-from .head import HeadConfig, SparseHead
-from .models import DenseDualEncoder
-from .offline_backbones import (
+from onnx_export.dense import DenseDualEncoder
+from onnx_export.head import HeadConfig, SparseHead
+from onnx_export.offline_mini.backbones import (
     FEATURE_DIM,
     TEXT_DIM,
     EfficientNetLite0Features,
@@ -31,7 +30,7 @@ from .offline_backbones import (
     freeze,
     minilm_dir,
 )
-from .offline_parts import (
+from onnx_export.offline_mini.parts import (
     ImageProjection,
     TextProjection,
     class_prompts,
@@ -40,7 +39,7 @@ from .offline_parts import (
     verify_file,
     word_terms_mask,
 )
-from .tokenizers_offline import bert_base_uncased_tokenizer, excluded_token_ids
+from onnx_export.tokenizers_offline import bert_base_uncased_tokenizer, excluded_token_ids
 
 PACKAGE_DIR = Path(__file__).parent
 PROJECTIONS_FILE = "projections.safetensors"

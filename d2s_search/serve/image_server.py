@@ -1,6 +1,6 @@
 """``d2s-search serve-images DIR``: a read-only static server for one folder of pictures.
 
-It exists so that the ``url`` stored with each image (see :mod:`d2s_search.image_urls`)
+It exists so that the ``url`` stored with each image (see :mod:`d2s_search.serve.image_urls`)
 resolves, and OpenSearch Dashboards can show thumbnails. It serves image files only:
 no listings, no other files, nothing outside ``DIR`` (``..`` in any encoding, and symlinks
 whose target lies outside ``DIR``, are refused), GET and HEAD only. Everything refused
@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from .errors import D2SError
+from d2s_search.errors import D2SError
 
 # Explicit, not `mimetypes`: its table depends on the platform (e.g. no webp on older systems).
 CONTENT_TYPES = {

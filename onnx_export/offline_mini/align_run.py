@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from d2s_search.train.align import (
+from onnx_export.offline_mini.align import (
     AlignConfig,
     EvalSet,
     TrainSet,
@@ -26,14 +26,14 @@ from d2s_search.train.align import (
     projection_tensors,
     train_alignment,
 )
-from d2s_search.train.align_data import (
+from onnx_export.offline_mini.align_data import (
     VIEWS,
     Captioned,
     flickr_photos,
     openclipart_items,
     split_photos,
 )
-from d2s_search.train.align_features import Backbones, image_features, text_features
+from onnx_export.offline_mini.align_features import Backbones, image_features, text_features
 
 CLIPART_VIEWS = ("full", "full-flip")  # drawings: keep the whole picture
 
@@ -85,7 +85,7 @@ def _train_set(bb: Backbones, items: list[Captioned], clip: list[Captioned], vie
 
 
 def class_embeddings(bb: Backbones, cache: Path) -> torch.Tensor:
-    from onnx_export.offline_parts import class_prompts
+    from onnx_export.offline_mini.parts import class_prompts
 
     return torch.from_numpy(text_features(bb, class_prompts(), cache, "classes"))
 
@@ -99,7 +99,7 @@ def run_alignment(
     progress=None,
     log=None,
 ) -> dict:
-    from onnx_export.offline_parts import save_tensors
+    from onnx_export.offline_mini.parts import save_tensors
 
     torch.set_num_threads(min(torch.get_num_threads(), 2))
     bb = Backbones(model_config)

@@ -1,46 +1,68 @@
-"""OpenSearch parts of ``d2s-search index``: create, reindex, and the extra stats fields.
-
-The lead registers these in ``cli.py`` (inside the ``index`` group)::
-
-    from .cli_opensearch import index_create, index_reindex
-    index.add_command(index_create)
-    index.add_command(index_reindex)
-
-Both take the same connection options as the other commands (``--url`` or
-``D2S_OPENSEARCH_URL``; credentials only from ``D2S_OPENSEARCH_USER`` /
-``D2S_OPENSEARCH_PASSWORD`` / ``D2S_OPENSEARCH_API_KEY`` and ``D2S_OPENSEARCH_CA_FILE``).
-"""
+"""``d2s-search index``: create, inspect, reindex or delete an index (local or OpenSearch)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import click
 
-from .backends.base import Document
-from .cli_output import emit as _emit
-from .errors import EXIT_OK, ImageRejected
+from d2s_search.backends.base import Document
+from d2s_search.cli.options import (
+    backend_options,
+    connection_options,
+    json_option,
+    load_bundle,
+    make_backend,
+    opensearch_backend,
+)
+from d2s_search.cli.output import emit as _emit
+from d2s_search.cli.output import emit_json as _emit_json
+from d2s_search.errors import EXIT_FAILED, EXIT_OK, D2SError, ImageRejected
 
-_ENV = {
-    "user": "D2S_OPENSEARCH_USER",
-    "password": "D2S_OPENSEARCH_PASSWORD",
-    "api_key": "D2S_OPENSEARCH_API_KEY",
-    "ca_file": "D2S_OPENSEARCH_CA_FILE",
-}
+
+@click.group()
+def index() -> None:
+    """Create, inspect, reindex or delete an index."""
 
 
-def connection_options(f):
-    for option in reversed([
-        click.option("--url", envvar="D2S_OPENSEARCH_URL", show_envvar=True, help="OpenSearch URL."),
-        click.option("--index-name", envvar="D2S_OPENSEARCH_INDEX", default="d2s", show_default=True,
-                     help="OpenSearch index (an alias over <name>-000001, <name>-000002, ...)."),
-        click.option("--insecure", is_flag=True, envvar="D2S_OPENSEARCH_INSECURE",
-                     help="Do not verify the server's TLS certificate (local demo certificates only)."),
-    ]):
-        f = option(f)
-    return f
+@index.command("stats")
+@backend_options
+@json_option
+def index_stats(backend, index, url, index_name, as_json) -> int:
+    """Documents, terms, bundle and size of the index."""
+    store = make_backend(backend, index, url, index_name)
+    try:
+        store.open(None, create=False)
+        stats = store.stats()
+    finally:
+        store.close()
+    if as_json:
+        _emit_json(stats)
+    else:
+        for key, value in stats.items():
+            click.echo(f"{key:26s} {value}")
+    return EXIT_OK
+
+
+@index.command("delete")
+@backend_options
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+def index_delete(backend, index, url, index_name, yes, as_json) -> int:
+    """Delete the whole index (the images themselves are not touched)."""
+    store = make_backend(backend, index, url, index_name)
+    if not store.exists():
+        raise D2SError(f"no index to delete at {url or index}")
+    where = f"{url}/{index_name}" if url and (backend or "opensearch") == "opensearch" else index
+    if not yes and not click.confirm(f"delete the index at {where}?", err=True):
+        return EXIT_FAILED
+    store.drop()
+    if as_json:
+        _emit_json({"deleted": where})
+    else:
+        click.echo(f"deleted {where}")
+    return EXIT_OK
 
 
 def mapping_options(f):
@@ -55,19 +77,7 @@ def mapping_options(f):
     return f
 
 
-def opensearch_backend(url: str | None, index_name: str, insecure: bool = False):
-    """The backend from flags and D2S_OPENSEARCH_* variables (secrets only from the environment)."""
-    from .backends.opensearch import OpenSearchBackend
-
-    if not url:
-        raise click.UsageError("needs --url or D2S_OPENSEARCH_URL")
-    options = {k: os.environ[v] for k, v in _ENV.items() if os.environ.get(v)}
-    return OpenSearchBackend(url, index_name=index_name, verify=not insecure, **options)
-
-
-
-
-@click.command("create")
+@index.command("create")
 @click.option("--bundle", envvar="D2S_BUNDLE", type=click.Path(file_okay=False),
               help="Model bundle whose fingerprint and dense size the index records (default: the last exported).")
 @connection_options
@@ -77,8 +87,6 @@ def opensearch_backend(url: str | None, index_name: str, insecure: bool = False)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def index_create(bundle, url, index_name, insecure, engine, shards, replicas, pipelines, as_json) -> int:
     """Create the OpenSearch index (mappings/index.json) and its hybrid search pipelines."""
-    from .cli import load_bundle
-
     identity = load_bundle(bundle).identity()
     store = opensearch_backend(url, index_name, insecure)
     try:
@@ -103,7 +111,7 @@ def index_create(bundle, url, index_name, insecure, engine, shards, replicas, pi
     return EXIT_OK
 
 
-@click.command("reindex")
+@index.command("reindex")
 @click.option("--bundle", envvar="D2S_BUNDLE", type=click.Path(file_okay=False),
               help="Move to this bundle: every image is read again from its stored path and re-encoded.")
 @connection_options
@@ -122,8 +130,6 @@ def index_reindex(bundle, url, index_name, insecure, engine, shards, replicas, k
         store.open(None, create=False)
         identity, reencode = None, None
         if bundle:
-            from .cli import load_bundle
-
             loaded = load_bundle(bundle)
             identity = loaded.identity()
             if store.identity and identity.fingerprint != store.identity.fingerprint:
@@ -138,8 +144,8 @@ def index_reindex(bundle, url, index_name, insecure, engine, shards, replicas, k
 
 def make_reencoder(bundle, device: str = "auto") -> Callable[[Document], Document | None]:
     """Document -> the same image encoded with ``bundle``; None when its file is gone or changed."""
-    from .encoder import Encoder
-    from .images import content_id, decode, read_bytes
+    from d2s_search.encoder import Encoder
+    from d2s_search.images import content_id, decode, read_bytes
 
     encoder = Encoder(bundle, device=device)
     draft = int(bundle.image_settings["size"]) * 2

@@ -21,10 +21,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-from d2s_search.backends import opensearch_queries as q
 from d2s_search.backends.base import Document, Hit, IndexIdentity, SparseVector
-from d2s_search.backends.opensearch_features import decode_features, matched_terms
-from d2s_search.backends.opensearch_http import OpenSearchHTTP, Reply
+from d2s_search.backends.opensearch import queries as q
+from d2s_search.backends.opensearch.client import OpenSearchHTTP, Reply
+from d2s_search.backends.opensearch.features import decode_features, matched_terms
 from d2s_search.errors import (
     BackendUnavailableError,
     BundleMismatchError,
