@@ -15,8 +15,16 @@ from pathlib import Path
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from .errors import ImageRejected
+from .regular_files import NotRegularFile, check_regular, open_regular
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".jpe", ".png", ".webp", ".gif", ".bmp", ".dib", ".tif", ".tiff"})
+# Picture formats we do not decode: reported as skipped ("format not supported"), not ignored
+# silently like other files (a phone's .heic photos would otherwise just be missing).
+UNSUPPORTED_IMAGE_SUFFIXES = frozenset({
+    ".heic", ".heif", ".hif", ".avif", ".jxl", ".jp2", ".j2k", ".svg", ".dng", ".cr2", ".cr3", ".nef", ".arw",
+    ".orf", ".raf", ".rw2",
+})
+FORMAT_NOT_SUPPORTED = "format not supported"
 DEFAULT_MAX_PIXELS = 120_000_000  # ~ a 108 MP phone photo; larger is refused as a likely bomb
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 
@@ -67,7 +75,9 @@ def discover(paths: Iterable[str | Path]) -> tuple[list[Path], list[tuple[Path, 
             for file in _walk(path, seen_dirs, problems):
                 add(file)
         elif path.is_file() or path.is_symlink():
-            add(path)
+            add(path)  # read_bytes refuses it with its reason if it is not a regular file
+        elif path.exists():
+            problems.append((path, _not_regular_reason(path)))
         else:
             problems.append((path, "no such file or folder"))
     return found, problems
@@ -94,20 +104,44 @@ def _walk(root: Path, seen_dirs: set[tuple[int, int]], problems: list[tuple[Path
             is_dir = entry.is_dir(follow_symlinks=True)
         except OSError:
             is_dir = False
+        suffix = path.suffix.lower()
         if is_dir:
             yield from _walk(path, seen_dirs, problems)
-        elif path.suffix.lower() in IMAGE_SUFFIXES:
+        elif suffix in IMAGE_SUFFIXES:
+            try:
+                check_regular(entry.stat(follow_symlinks=True))
+            except NotRegularFile as exc:
+                problems.append((path, str(exc)))
+                continue
+            except OSError:
+                pass  # a broken link: read_bytes reports it
             yield path
+        elif suffix in UNSUPPORTED_IMAGE_SUFFIXES:
+            problems.append((path, f"{FORMAT_NOT_SUPPORTED} ({suffix[1:]})"))
+
+
+def _not_regular_reason(path: Path) -> str:
+    try:
+        check_regular(path.stat())
+    except OSError as exc:
+        return str(exc) if isinstance(exc, NotRegularFile) else f"cannot open: {exc.strerror or exc}"
+    return "not a regular file"
 
 
 def read_bytes(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """The bytes of ``path``, a regular file (never blocks on a FIFO or device)."""
     try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise ImageRejected(f"file is {size / 2**20:.0f} MiB, over the {max_bytes / 2**20:.0f} MiB limit")
-        data = path.read_bytes()
+        with open_regular(path) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > max_bytes:
+                raise ImageRejected(f"file is {size / 2**20:.0f} MiB, over the {max_bytes / 2**20:.0f} MiB limit")
+            data = fh.read(max_bytes + 1)
+        if len(data) > max_bytes:  # grew while we read it
+            raise ImageRejected(f"file is over the {max_bytes / 2**20:.0f} MiB limit")
     except ImageRejected:
         raise
+    except NotRegularFile as exc:
+        raise ImageRejected(str(exc)) from None
     except FileNotFoundError:
         raise ImageRejected("file not found (broken link or removed)") from None
     except PermissionError:

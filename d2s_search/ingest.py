@@ -20,6 +20,7 @@ from .backends.base import Backend, Document
 from .encoder import Encoder
 from .errors import DocumentsRejectedError, ImageRejected, NoInputError
 from .images import DEFAULT_MAX_PIXELS, content_id, decode, discover, read_bytes
+from .pathtext import path_to_text
 
 
 @dataclass
@@ -82,10 +83,11 @@ def ingest(
     start = time.perf_counter()
     report = IngestReport()
     files, problems = discover(paths)
-    report.rejected.extend((str(p), reason) for p, reason in problems)
+    # Paths are kept as lossless text: names that are not UTF-8 show as \xNN escapes.
+    report.rejected.extend((path_to_text(p), reason) for p, reason in problems)
     report.found = len(files)
     if not files:
-        where = ", ".join(str(p) for p in paths)
+        where = ", ".join(path_to_text(p) for p in paths)
         if problems:
             return report
         raise NoInputError(f"no images found under {where} (looked for .jpg .png .webp .gif .bmp .tif)")
@@ -98,7 +100,7 @@ def ingest(
     done = 0
 
     def reject(path: Path, reason: str) -> None:
-        report.rejected.append((str(path), reason))
+        report.rejected.append((path_to_text(path), reason))
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
 
@@ -122,7 +124,7 @@ def ingest(
                 docs = [
                     Document(
                         id=d.item.id,
-                        path=str(d.item.path.absolute()),
+                        path=path_to_text(d.item.path.absolute()),
                         url=url_for(d.item.path) if url_for else None,
                         size_bytes=len(d.item.data),
                         width=d.width,
@@ -139,7 +141,8 @@ def ingest(
                 except DocumentsRejectedError as exc:  # the backend refused some; the rest are stored
                     by_id = {d.id: d for d in docs}
                     for doc_id, reason in exc.failures.items():
-                        reject(Path(by_id[doc_id].path) if doc_id in by_id else Path(doc_id), f"refused by the index: {reason}")
+                        shown = by_id[doc_id].path if doc_id in by_id else doc_id  # already text
+                        report.rejected.append((shown, f"refused by the index: {reason}"))
                     report.stored += len(docs) - len(exc.failures)
             done += len(batch)
             if on_progress:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import click
 
@@ -146,13 +145,14 @@ def make_reencoder(bundle, device: str = "auto") -> Callable[[Document], Documen
     """Document -> the same image encoded with ``bundle``; None when its file is gone or changed."""
     from d2s_search.encoder import Encoder
     from d2s_search.images import content_id, decode, read_bytes
+    from d2s_search.pathtext import stored_path
 
     encoder = Encoder(bundle, device=device)
     draft = int(bundle.image_settings["size"]) * 2
 
     def reencode(doc: Document) -> Document | None:
         try:
-            data = read_bytes(Path(doc.path))
+            data = read_bytes(stored_path(doc.path))
             if content_id(data) != doc.id:
                 return None  # the file changed since ingest: `ingest` stores it under its new id
             image, width, height = decode(data, draft_size=draft)

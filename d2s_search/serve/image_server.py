@@ -18,9 +18,10 @@ from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote_to_bytes, urlsplit
 
 from d2s_search.errors import D2SError
+from d2s_search.regular_files import open_regular
 
 # Explicit, not `mimetypes`: its table depends on the platform (e.g. no webp on older systems).
 CONTENT_TYPES = {
@@ -36,6 +37,15 @@ CONTENT_TYPES = {
     ".tiff": "image/tiff",
 }
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})  # what a Host header may name
+
+
+def host_name(header: str) -> str:
+    """``Host`` header -> host name without port (``[::1]:8765`` -> ``::1``), lowercased."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 class ImageServerError(D2SError):
@@ -52,10 +62,8 @@ def resolve_request_path(root: Path, target: str) -> Path | None:
     path = urlsplit(target).path
     if not path.startswith("/"):
         return None
-    try:
-        decoded = unquote(path, errors="strict")
-    except UnicodeDecodeError:
-        return None
+    # Bytes, like the file system: a name that is not UTF-8 is reachable by its %XX escapes.
+    decoded = os.fsdecode(unquote_to_bytes(path))
     if "\x00" in decoded or "\\" in decoded:
         return None
     parts = [p for p in decoded.split("/") if p]
@@ -97,12 +105,15 @@ class _Handler(BaseHTTPRequestHandler):
     do_POST = do_PUT = do_DELETE = do_PATCH = _refuse_method
 
     def _serve(self, send_body: bool) -> None:
+        if not self._host_allowed():
+            self._refuse_host(send_body)
+            return
         file = resolve_request_path(self.server.root, self.path)
         if file is None:
             self._not_found(send_body)
             return
         try:
-            fh = open(file, "rb")  # noqa: SIM115 -- closed in the finally below
+            fh = open_regular(file)  # never hangs on a FIFO swapped in after the check
         except OSError:
             self._not_found(send_body)
             return
@@ -134,6 +145,24 @@ class _Handler(BaseHTTPRequestHandler):
             return False
         return when is not None and int(mtime) <= when.timestamp()
 
+    def _host_allowed(self) -> bool:
+        """DNS-rebinding guard (as ``serve``): on loopback, only loopback names in ``Host``."""
+        allowed = self.server.allowed_hosts
+        if allowed is None:
+            return True
+        return host_name(self.headers.get("Host", "")) in allowed
+
+    def _refuse_host(self, send_body: bool) -> None:
+        body = b"Invalid host header\n"
+        self.send_response(HTTPStatus.BAD_REQUEST)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        if send_body:
+            self.wfile.write(body)
+
     def _not_found(self, send_body: bool) -> None:
         body = b"not found\n"
         self.send_response(HTTPStatus.NOT_FOUND)
@@ -160,6 +189,8 @@ class ImageServer(ThreadingHTTPServer):
             raise ImageServerError(f"cannot serve {folder}: not a folder")
         self.root = folder.resolve(strict=True)
         self.log = log
+        # Bound to loopback: a page elsewhere must not reach us through a rebound DNS name.
+        self.allowed_hosts = LOOPBACK_NAMES if host in LOOPBACK_HOSTS else None
         if ":" in host:
             self.address_family = socket.AF_INET6
         try:

@@ -37,8 +37,12 @@ def normalize_url_base(url_base: str) -> str:
 
 
 def quote_relative(relative: PurePath) -> str:
-    """``a b/ü.jpg`` -> ``a%20b/%C3%BC.jpg`` (every segment quoted, ``/`` kept as separator)."""
-    return "/".join(quote(part, safe="") for part in relative.parts)
+    """``a b/ü.jpg`` -> ``a%20b/%C3%BC.jpg`` (every segment quoted, ``/`` kept as separator).
+
+    Segments are quoted as the file system's bytes, so a name that is not UTF-8 still gets a
+    URL (``bad\xff.jpg`` -> ``bad%FF.jpg``) that ``serve-images`` maps back to the same file.
+    """
+    return "/".join(quote(os.fsencode(part), safe="") for part in relative.parts)
 
 
 def image_url(url_base: str, root: str | Path, file: str | Path) -> str:

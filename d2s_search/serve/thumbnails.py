@@ -20,6 +20,7 @@ from PIL import Image
 from ..backends.base import Document
 from ..errors import ImageRejected
 from ..images import content_id, decode, read_bytes
+from ..pathtext import stored_path
 
 DOC_ID = re.compile(r"^[0-9a-f]{64}$")
 SIZES = {"thumbnail": 320, "preview": 1024}  # longest side in pixels (never upscaled)
@@ -77,7 +78,7 @@ class PictureCache:
         if not doc.path:
             raise PictureUnavailable("the document has no file path on this machine")
         try:
-            data = read_bytes(Path(doc.path))
+            data = read_bytes(stored_path(doc.path))  # regular files only, never blocks
         except ImageRejected as exc:
             raise PictureUnavailable(f"the image file is not readable here ({exc})") from None
         if content_id(data) != doc.id:
