@@ -11,7 +11,7 @@ import traceback
 
 import click
 
-from d2s_search import settings
+from d2s_search import redact, settings
 
 # The command modules stay attributes of this package under their own names (a command named like
 # its module, e.g. `serve`, must not hide the module).
@@ -59,6 +59,6 @@ def main(argv: list[str] | None = None) -> None:
     except D2SError as exc:
         if _DEBUG["on"]:
             traceback.print_exc()
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {redact.scrub(str(exc))}", err=True)  # server text may carry secrets
         sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else EXIT_OK)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import click
 
+from d2s_search import redact
 from d2s_search.backends.base import Document
 from d2s_search.cli.options import (
     backend_options,
@@ -18,6 +19,7 @@ from d2s_search.cli.options import (
 from d2s_search.cli.output import emit as _emit
 from d2s_search.cli.output import emit_json as _emit_json
 from d2s_search.errors import EXIT_FAILED, EXIT_OK, D2SError, ImageRejected
+from d2s_search.pathtext import path_to_text
 
 
 @click.group()
@@ -51,16 +53,24 @@ def index_stats(backend, index, url, index_name, as_json) -> int:
 def index_delete(backend, index, url, index_name, yes, as_json) -> int:
     """Delete the whole index (the images themselves are not touched)."""
     store = make_backend(backend, index, url, index_name)
-    if not store.exists():
-        raise D2SError(f"no index to delete at {url or index}")
-    where = f"{url}/{index_name}" if url and (backend or "opensearch") == "opensearch" else index
-    if not yes and not click.confirm(f"delete the index at {where}?", err=True):
-        return EXIT_FAILED
-    store.drop()
-    if as_json:
-        _emit_json({"deleted": where})
+    # Shown in the prompt, the result and errors: never with the URL's credentials.
+    if store.name == "opensearch":
+        where = redact.strip_url_credentials(f"{store.url}/{index_name}")
     else:
-        click.echo(f"deleted {where}")
+        where = path_to_text(index)
+    try:
+        if not store.exists():
+            raise D2SError(f"no index to delete at {where}")
+        if not yes and not click.confirm(f"delete the index at {where}?", err=True):
+            return EXIT_FAILED
+        dropped = store.drop()
+        # Success only when the index is really gone (a proxy may answer 200 and do nothing).
+        if (isinstance(dropped, list) and not dropped) or store.exists():
+            raise D2SError(f"nothing was deleted at {where}: the index is still there")
+    finally:
+        store.close()
+    payload = {"deleted": where} | ({"indices": dropped} if isinstance(dropped, list) else {})
+    _emit(payload, as_json, [f"deleted {where}"])
     return EXIT_OK
 
 

@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .. import redact
 from ..errors import (
     BackendUnavailableError,
     BundleMismatchError,
@@ -33,7 +34,8 @@ class BadRequest(Exception):
 
 
 def problem(status: int, detail: str, field: str | None = None) -> JSONResponse:
-    return JSONResponse({"detail": detail, "field": field}, status_code=status)
+    # Details can quote a cluster's error text: never let a credential through.
+    return JSONResponse({"detail": redact.scrub(detail), "field": field}, status_code=status)
 
 
 def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from d2s_search import redact
 from d2s_search.backends.base import Document, Hit, IndexIdentity, SparseVector
 from d2s_search.backends.opensearch import queries as q
 from d2s_search.backends.opensearch.client import OpenSearchHTTP, Reply
@@ -158,12 +159,17 @@ class OpenSearchBackend:
         self.identity = identity
         return concrete
 
-    def drop(self) -> None:
+    def drop(self) -> list[str]:
+        """Delete the index (every concrete index behind the alias); returns those deleted."""
+        deleted = []
         for concrete in self._concrete_indices():
             reply = self.http.request("DELETE", f"/{concrete}")
             if not reply.ok and reply.status != 404:
                 raise IndexStoreError(f"cannot delete index {concrete}: {reply.error_reason()}")
+            if reply.ok:
+                deleted.append(concrete)
         self.identity = None
+        return deleted
 
     def close(self) -> None:
         self.http.close()
@@ -520,7 +526,7 @@ class OpenSearchBackend:
                 )
                 self._raise_for(reply, "reindex")
                 if reply.body.get("failures"):
-                    raise IndexStoreError(f"reindex failed: {str(reply.body['failures'][0])[:300]}")
+                    raise IndexStoreError(f"reindex failed: {redact.one_line(str(reply.body['failures'][0]))}")
             else:
                 lost = self._copy_reencoded(old_index, target, new_identity, reencode, page)
             after = self._count(target)
@@ -673,8 +679,8 @@ def _item_reason(result: Mapping[str, Any]) -> str:
         text = f"{err.get('type', 'error')}: {err.get('reason', '')}"
         if cause:
             text += f" ({cause.get('reason', '')})"
-        return text[:300]
-    return f"status {result.get('status')}: {err or 'unknown error'}"[:300]
+        return redact.one_line(text)
+    return redact.one_line(f"status {result.get('status')}: {err or 'unknown error'}")
 
 
 def _next_generation(alias: str, current: str) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from d2s_search import redact
 from d2s_search.errors import BackendUnavailableError
 
 log = logging.getLogger("d2s_search.opensearch")
@@ -47,14 +48,15 @@ class Reply:
         return 200 <= self.status < 300
 
     def error_reason(self) -> str:
-        """One line from an OpenSearch error body: ``type: reason``."""
+        """One line from an OpenSearch error body: ``type: reason``, scrubbed of credentials
+        (a proxy may reflect the request's Authorization header into its error page)."""
         err = self.body.get("error") if isinstance(self.body, dict) else None
         if isinstance(err, dict):
             root = (err.get("root_cause") or [err])[0]
             if isinstance(root, dict):
-                return f"{root.get('type', 'error')}: {root.get('reason', '')}".strip()
+                return redact.one_line(f"{root.get('type', 'error')}: {root.get('reason', '')}".strip())
         text = err if isinstance(err, str) else str(self.body)
-        return text.replace("\n", " ")[:300]
+        return redact.one_line(text) or f"status {self.status}"
 
 
 def split_url(url: str) -> tuple[str, str | None, str | None]:
@@ -103,6 +105,8 @@ class OpenSearchHTTP:
         user = user or url_user
         password = password or url_password
         self.user = user
+        redact.remember(password, user=user)  # masked in every message, also as Basic auth
+        redact.remember(api_key)
         self._has_password = bool(password)
         self._has_api_key = bool(api_key)
         self.retries = max(0, int(retries))
@@ -167,8 +171,8 @@ class OpenSearchHTTP:
             except RETRY_EXCEPTIONS as exc:
                 if _is_tls_failure(exc):
                     raise BackendUnavailableError(
-                        f"TLS certificate of {self.url} is not trusted: pass its CA with "
-                        "--ca-file or D2S_OPENSEARCH_CA_FILE"
+                        f"TLS certificate of {self.url} is not trusted: set D2S_OPENSEARCH_CA_FILE to "
+                        "its CA certificate (PEM), or D2S_OPENSEARCH_INSECURE=1 for a local demo certificate"
                     ) from None
                 if attempt >= self.retries:
                     raise BackendUnavailableError(
@@ -183,6 +187,13 @@ class OpenSearchHTTP:
                 attempt += 1
                 continue
             reply = Reply(resp.status_code, _decode(resp))
+            if reply.ok and isinstance(reply.body, str) and method != "HEAD":
+                # e.g. a login page or a proxy's HTML: never treat it as an OpenSearch answer.
+                kind = resp.headers.get("Content-Type", "").split(";")[0].strip() or "a body"
+                raise BackendUnavailableError(
+                    f"{self.url} answered {method} {path} with {kind}, not JSON: is this the OpenSearch "
+                    f"URL (and not a proxy or login page)? ({reply.error_reason()[:80]})"
+                )
             if resp.status_code in RETRY_STATUSES:
                 raise BackendUnavailableError(
                     f"OpenSearch at {self.url} answered {resp.status_code} "
@@ -212,7 +223,7 @@ def _decode(resp: httpx.Response) -> Any:
 
 
 def _describe(exc: Exception) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else ""
+    text = redact.scrub(str(exc).splitlines()[0]) if str(exc) else ""
     return f"{type(exc).__name__}{': ' + text[:200] if text else ''}"
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from d2s_search import redact
 from d2s_search.backends.opensearch.client import tls_verify
 from d2s_search.backends.opensearch.dashboards_objects import (
     parse_ndjson,
@@ -93,6 +94,7 @@ class DashboardsClient:
             )
         user = user or parsed.username or None
         password = password or parsed.password or None
+        redact.remember(password, user=user)
         self.url = str(parsed.copy_with(username=None, password=None, query=None, fragment=None)).rstrip("/")
         self.tenant = tenant or None
         self.retries = max(0, retries)
@@ -187,7 +189,7 @@ class DashboardsClient:
 
     def _http_error(self, status: int, body: Any) -> str:
         message = body.get("message") if isinstance(body, dict) else None
-        text = str(message or body)[:300].replace("\n", " ")
+        text = redact.one_line(str(message or body))
         if status == 401:
             return (f"OpenSearch Dashboards at {self.url} refused the credentials (401): set "
                     "D2S_DASHBOARDS_USER and D2S_DASHBOARDS_PASSWORD (or D2S_OPENSEARCH_USER/_PASSWORD)")
