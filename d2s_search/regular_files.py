@@ -14,7 +14,7 @@ from typing import BinaryIO
 
 _KINDS = (
     (stat.S_ISDIR, "a folder"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
     (stat.S_ISSOCK, "a socket"),
     (stat.S_ISCHR, "a character device"),
     (stat.S_ISBLK, "a block device"),
@@ -35,7 +35,7 @@ def kind_of(mode: int) -> str:
 def check_regular(st: os.stat_result) -> None:
     if not stat.S_ISREG(st.st_mode):
         kind = kind_of(st.st_mode)
-        raise NotRegularFile(f"not a regular file ({kind})" if kind != "not a regular file" else kind)
+        raise NotRegularFile(f"not a regular file: {kind}" if kind != "not a regular file" else kind)
 
 
 def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
