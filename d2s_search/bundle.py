@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
+from . import bundle_stamp
 from .backends.base import IndexIdentity
 from .errors import BundleError
+from .regular_files import open_regular
 
 BUNDLE_FORMAT = "d2s-bundle/1"
 BUNDLE_FILES = ("image.onnx", "text.onnx", "tokenizer.json", "vocab.txt")
@@ -31,7 +34,7 @@ FINGERPRINT_KEYS = ("format", "model", "dense_dim", "vocab_size", "text", "image
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         while block := fh.read(chunk):
             digest.update(block)
     return digest.hexdigest()
@@ -50,8 +53,9 @@ class Bundle:
 
     @classmethod
     def load(cls, path: str | Path, verify_hashes: bool = False) -> Bundle:
-        """Open and validate a bundle. ``verify_hashes`` re-hashes every file (catches
-        tampering with same-size files); without it sizes are checked, which is instant."""
+        """Open and validate a bundle: sizes, the manifest's fingerprint, and every file's
+        hash. Hashes are checked once and remembered in a stamp (see :mod:`.bundle_stamp`),
+        so later loads are instant until a file changes; ``verify_hashes`` always re-hashes."""
         path = Path(path).expanduser()
         manifest_path = path / "manifest.json"
         if not path.is_dir():
@@ -70,19 +74,34 @@ class Bundle:
 
     def validate(self, verify_hashes: bool) -> None:
         files = self.manifest.get("files", {})
+        states: dict[str, tuple] = {}
         for name in BUNDLE_FILES:
             entry = files.get(name)
             file = self.path / name
-            if entry is None:
+            if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
                 raise BundleError(f"{self.path}: manifest lists no {name}")
             if not file.is_file():
                 raise BundleError(f"{self.path}: {name} is missing")
-            if file.stat().st_size != entry["bytes"]:
+            st = file.stat()
+            if st.st_size != entry.get("bytes"):
                 raise BundleError(f"{self.path}: {name} has changed since export (size differs); re-export the bundle")
-            if verify_hashes and sha256_file(file) != entry["sha256"]:
-                raise BundleError(f"{self.path}: {name} has changed since export (hash differs); re-export the bundle")
-        if compute_fingerprint(self.manifest) != self.manifest.get("fingerprint"):
+            states[name] = (st, entry["sha256"])
+        fingerprint = self.manifest.get("fingerprint")
+        if compute_fingerprint(self.manifest) != fingerprint:
             raise BundleError(f"{self.path}: manifest.json was edited (fingerprint does not match); re-export the bundle")
+        if not verify_hashes and bundle_stamp.is_verified(self.path, fingerprint, states):
+            return
+        for name, (_, sha) in states.items():
+            try:
+                actual = sha256_file(self.path / name)
+            except OSError as exc:
+                raise BundleError(f"{self.path}: cannot read {name}: {exc.strerror or exc}") from None
+            if actual != sha:
+                raise BundleError(f"{self.path}: {name} has changed since export (hash differs); re-export the bundle")
+        # Remember the check only if no file changed while it was hashed.
+        now = {name: (os.stat(self.path / name), sha) for name, (_, sha) in states.items()}
+        if all(bundle_stamp.file_state(now[n][0]) == bundle_stamp.file_state(states[n][0]) for n in states):
+            bundle_stamp.write_stamp(self.path, fingerprint, now)
 
     # -- properties the runtime needs ---------------------------------------------------
 
