@@ -159,12 +159,16 @@ def content_id(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def decode(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, draft_size: int | None = None) -> tuple[Image.Image, int, int]:
+def decode(
+    data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, draft_size: int | None = None, shrink_to: int | None = None
+) -> tuple[Image.Image, int, int]:
     """Bytes -> (RGB image, width, height). Applies EXIF orientation; flattens alpha on white;
     takes the first frame of animations; refuses images over ``max_pixels`` before decoding.
 
     ``draft_size`` lets JPEG decode at a reduced scale (much faster for big photos) when
-    the model only needs a small input anyway.
+    the model only needs a small input anyway. ``shrink_to`` (a query picture) brings the
+    longest side down to that many pixels right after decoding, before any conversion, so
+    a huge 16-bit PNG costs one decoded copy, not several full-size float ones.
     """
     import io
 
@@ -181,7 +185,12 @@ def decode(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, draft_size: int | 
             image.draft("RGB", (draft_size, draft_size))
         orientation = image.getexif().get(0x0112, 1)
         image.load()
-        image = ImageOps.exif_transpose(image)
+        if shrink_to and max(image.size) > shrink_to:
+            image = _shrink(image, shrink_to)
+            if orientation in _TRANSPOSE:  # the resized copy may not carry the EXIF block
+                image = image.transpose(_TRANSPOSE[orientation])
+        else:
+            image = ImageOps.exif_transpose(image)
         if orientation in (5, 6, 7, 8):  # rotated by 90 degrees: report the upright size
             width, height = height, width
         return _to_rgb(image), width, height
@@ -192,6 +201,27 @@ def decode(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, draft_size: int | 
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
         raise ImageRejected(f"corrupt or truncated image: {reason}") from None
+
+
+# EXIF orientation -> the transpose that makes the picture upright (as ImageOps.exif_transpose).
+_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+
+def _shrink(image: Image.Image, longest: int) -> Image.Image:
+    """Box-filter ``image`` down so its longest side is ``longest`` (never up)."""
+    width, height = image.size
+    if max(width, height) <= longest:
+        return image
+    scale = longest / max(width, height)
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    try:
+        return image.resize(size, Image.Resampling.BOX)
+    except ValueError:  # modes BOX cannot resample (palette, 1-bit): convert first
+        return _to_rgb(image).resize(size, Image.Resampling.BOX)
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:

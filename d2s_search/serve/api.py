@@ -21,6 +21,8 @@ K_MAX = 200  # results per page: a grid of pictures, not a bulk export (the CLI 
 QUERY_MAX_CHARS = 1000
 UPLOAD_MAX_BYTES = 20 * 1024 * 1024
 UPLOAD_MAX_PIXELS = 50_000_000  # a query picture is shrunk to the model's input anyway
+MULTIPART_OVERHEAD = 64 * 1024  # form boundaries and part headers around the picture
+DECODE_SLOTS = 2  # query pictures decoded at the same time (each may need one full-size copy)
 PICTURE_CACHE_HEADERS = {"Cache-Control": "public, max-age=31536000, immutable"}  # ids are content hashes
 
 ERRORS = {
@@ -78,6 +80,7 @@ async def search_text(
 @router.post("/search/image", response_model=schemas.SearchResponse, summary="Search by an uploaded picture",
              responses={413: {"model": schemas.Problem}, 415: {"model": schemas.Problem}})
 async def search_image(
+    request: Request,
     svc: Service,
     options: Options,
     image: Annotated[UploadFile, File(description="A JPEG, PNG, WebP, GIF, BMP or TIFF picture")],
@@ -87,8 +90,10 @@ async def search_image(
         raise BadRequest(f"the picture is over {UPLOAD_MAX_BYTES // 2**20} MiB; send a smaller one", 413, "image")
     if not data:
         raise BadRequest("the uploaded file is empty", field="image")
-    draft = int(svc.bundle.image_settings["size"]) * 2
-    picture, _, _ = await run_in_threadpool(decode, data, UPLOAD_MAX_PIXELS, draft)  # ImageRejected -> 415
+    # Decode at about twice the model's input: JPEG by draft, others shrunk right after decoding.
+    budget = int(svc.bundle.image_settings["size"]) * 2
+    async with request.app.state.decode_slots:
+        picture, _, _ = await run_in_threadpool(decode, data, UPLOAD_MAX_PIXELS, budget, budget)  # ImageRejected -> 415
     searched = await svc.run(svc.search_image, picture, options)
     return schemas.search_response(searched, schemas.QueryInfo(kind="image", filename=image.filename), options.k)
 

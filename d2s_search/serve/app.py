@@ -3,6 +3,7 @@ API under /api/, its OpenAPI docs at /docs, and the search page (static files) a
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,6 +18,7 @@ from ..backends.base import Backend
 from ..bundle import Bundle
 from ..encoder import Encoder
 from . import api, problems
+from .limits import BodyLimit
 from .service import SearchService
 from .thumbnails import PictureCache, default_cache_dir
 
@@ -57,6 +59,9 @@ def create_app(
     )
     app.state.service = service
     app.state.pictures = PictureCache(Path(thumbnail_dir) if thumbnail_dir else default_cache_dir())
+    # Decoding a query picture can take one full-size copy of it: a few at a time, not all at once.
+    app.state.decode_slots = asyncio.Semaphore(api.DECODE_SLOTS)
+    app.add_middleware(BodyLimit, max_bytes=api.UPLOAD_MAX_BYTES + api.MULTIPART_OVERHEAD)
     if allowed_hosts:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
     problems.install(app)
