@@ -24,11 +24,12 @@ import numpy as np
 from . import bundle_stamp
 from .backends.base import IndexIdentity
 from .errors import BundleError
-from .regular_files import open_regular
+from .regular_files import open_regular, read_regular
 
 BUNDLE_FORMAT = "d2s-bundle/1"
 BUNDLE_FILES = ("image.onnx", "text.onnx", "tokenizer.json", "vocab.txt")
 # Manifest keys that define the vectors; everything else (parity, timestamps) is report.
+MAX_TEXT_FILE = 64 * 1024 * 1024  # manifest.json and vocab.txt are far smaller
 FINGERPRINT_KEYS = ("format", "model", "dense_dim", "vocab_size", "text", "image", "head", "precision", "files")
 
 
@@ -63,7 +64,7 @@ class Bundle:
         if not manifest_path.is_file():
             raise BundleError(f"{path} is not a model bundle (no manifest.json)")
         try:
-            manifest = json.loads(manifest_path.read_text())
+            manifest = json.loads(read_regular(manifest_path, MAX_TEXT_FILE).decode("utf-8"))
         except (OSError, ValueError) as exc:
             raise BundleError(f"{manifest_path} is unreadable: {exc}") from None
         if manifest.get("format") != BUNDLE_FORMAT:
@@ -131,7 +132,10 @@ class Bundle:
 
     @cached_property
     def terms(self) -> list[str]:
-        terms = (self.path / "vocab.txt").read_text(encoding="utf-8").split("\n")
+        try:
+            terms = read_regular(self.path / "vocab.txt", MAX_TEXT_FILE).decode("utf-8").split("\n")
+        except (OSError, ValueError) as exc:
+            raise BundleError(f"{self.path}: vocab.txt is unreadable: {exc}") from None
         if terms and terms[-1] == "":
             terms.pop()
         if len(terms) != self.vocab_size:

@@ -54,3 +54,12 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def read_regular(path: str | os.PathLike[str], max_bytes: int) -> bytes:
+    """All of ``path`` (a regular file), refusing more than ``max_bytes`` with ``OSError``."""
+    with open_regular(path) as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise OSError(f"{os.fsdecode(path)} is over {max_bytes} bytes")
+    return data

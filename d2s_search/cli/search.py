@@ -143,11 +143,12 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
         if image_path:
             from d2s_search.errors import ImageRejected
             from d2s_search.images import load_image
+            from d2s_search.pathtext import path_to_text
 
             try:
                 vectors = encode_image_query(encoder, load_image(Path(image_path)).image)
             except ImageRejected as exc:
-                raise QueryError(f"cannot use {image_path} as a query: {exc}") from None
+                raise QueryError(f"cannot use {path_to_text(image_path)} as a query: {exc}") from None
         else:
             vectors = encode_text_query(encoder, text)
         result = run_query(store, vectors, options)
