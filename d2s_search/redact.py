@@ -28,14 +28,28 @@ _PATTERNS = (
     # Authorization: Basic dXNlcjpwYXNz / "authorization": "ApiKey abc" / authorization=...
     (re.compile(r"""(?i)((?:proxy-)?authori[sz]ation["']?\s*[:=]\s*["']?)(?:(?:basic|bearer|apikey|api-key|token|digest)\s+)?[^\s"',;}\]]+"""),
      r"\1" + MASK),
-    # A bare scheme + token anywhere (e.g. echoed header values without their name).
-    (re.compile(r"(?i)\b(basic|bearer|apikey)\s+[A-Za-z0-9+/=._~-]{6,}"), r"\1 " + MASK),
+    # A bare scheme + token anywhere (echoed header values without their name).
+    (re.compile(r"\b(Basic|Bearer|ApiKey|BASIC|BEARER)\s+([A-Za-z0-9+/=._~-]{8,})"), lambda m: _bare_token(m)),
     # password=..., "api_key": "...", secret: ..., token=...
     (re.compile(r"""(?i)((?:api[_-]?key|x-api-key|password|passwd|pwd|secret|(?:access[_-]?|auth[_-]?)?token)["']?\s*[:=]\s*["']?)[^\s"'&,;}\]]+"""),
      r"\1" + MASK),
     # scheme://user:password@host
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/@\"']+@"), r"\1" + MASK + "@"),
 )
+
+
+def _bare_token(match: re.Match) -> str:
+    """Mask ``Basic <base64 of user:password>`` and token-like Bearer/ApiKey values, but
+    leave prose alone ("Basic settings", "bearer of news")."""
+    scheme, token = match.group(1), match.group(2)
+    if scheme.lower() == "basic":
+        try:
+            looks_secret = b":" in base64.b64decode(token + "=" * (-len(token) % 4), validate=True)
+        except ValueError:
+            looks_secret = False
+    else:
+        looks_secret = len(token) >= 12 or any(c.isdigit() for c in token)
+    return f"{scheme} {MASK}" if looks_secret else match.group(0)
 
 
 def remember(*secrets: str | None, user: str | None = None) -> None:
