@@ -74,6 +74,8 @@ def discover(paths: Iterable[str | Path]) -> tuple[list[Path], list[tuple[Path, 
         if path.is_dir():
             for file in _walk(path, seen_dirs, problems):
                 add(file)
+        elif path.suffix.lower() in UNSUPPORTED_IMAGE_SUFFIXES and path.is_file():
+            problems.append((path, f"{FORMAT_NOT_SUPPORTED} ({path.suffix.lower()[1:]})"))
         elif path.is_file() or path.is_symlink():
             add(path)  # read_bytes refuses it with its reason if it is not a regular file
         elif path.exists():

@@ -156,3 +156,37 @@ def test_scrub_and_strip_cover_the_usual_shapes():
         assert "***" in scrub(text)
     for prose in ("no_shard_available: all shards failed", "Basic settings for a basic search", "bearer of news"):
         assert scrub(prose) == prose
+
+
+class _IgnoresDeletes(BaseHTTPRequestHandler):
+    """Acknowledges DELETE with 200 and deletes nothing (a caching or read-only proxy)."""
+
+    def _json(self, status: int, body: dict | None) -> None:
+        data = json.dumps(body).encode() if body is not None else b""
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def do_HEAD(self) -> None:
+        self._json(200, None)
+
+    def do_GET(self) -> None:
+        meta = {"fingerprint": "f" * 32, "dense_dim": 8, "model": "m", "d2s_mapping_version": 1}
+        self._json(200, {"kept-000001": {"mappings": {"_meta": meta}}})
+
+    def do_DELETE(self) -> None:
+        self._json(200, {"acknowledged": True})
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_delete_that_changes_nothing_is_not_reported_as_success(capsys):
+    for address in _serve(_IgnoresDeletes):
+        code, out, err = run_cli(["index", "delete", "--yes", "--url", f"http://admin:{PASSWORD}@{address}",
+                                  "--index-name", "kept", "--json"], capsys)
+        assert code == 1 and out == ""
+        assert err.strip().splitlines() == [f"error: nothing was deleted at http://{address}/kept: the index is still there"]

@@ -90,7 +90,7 @@ def test_ingest_reports_fifos_and_unsupported_formats_and_stores_the_rest(tmp_pa
     (folder / "notes.txt").write_text("not a picture and not reported")
     direct_fifo = tmp_path / "direct.jpg"
     os.mkfifo(direct_fifo)
-    run = cli(["ingest", folder, direct_fifo, "--bundle", tiny_blip_bundle, "--index", index, "--json"], tmp_path, timeout=120)
+    run = cli(["ingest", folder, direct_fifo, tmp_path / "before" / "kept.jpg", folder / "phone.heic", "--bundle", tiny_blip_bundle, "--index", index, "--json"], tmp_path, timeout=120)
     assert run.returncode == 3, run.stderr  # partial: some files skipped, the rest stored
     report = json.loads(run.stdout)
     reasons = {Path(r["path"]).name: r["reason"] for r in report["rejected"]}
@@ -102,7 +102,8 @@ def test_ingest_reports_fifos_and_unsupported_formats_and_stores_the_rest(tmp_pa
         "new.avif": "format not supported (avif)",
         "web.JXL": "format not supported (jxl)",
     }
-    assert report["stored"] == 3 and report["duplicates"] == 1
+    assert len(report["rejected"]) == 7  # phone.heic given directly is reported (once more), not decoded
+    assert report["stored"] == 3 and report["duplicates"] == 1 and report["already_stored"] == 1
     assert len(stored_names(index)) == 4  # the earlier image plus the three distinct good ones
     text = cli(["ingest", folder, "--bundle", tiny_blip_bundle, "--index", index], tmp_path, timeout=120)
     assert text.returncode == 3 and "Traceback" not in text.stderr
