@@ -177,3 +177,23 @@ def test_serve_images_checks_the_host_header(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_shrunk_query_pictures_are_the_full_decode_made_small(orientation, fmt):
+    """Shrinking right after decoding keeps the EXIF orientation and the picture itself."""
+    from d2s_search.images import decode
+    from tests.helpers import pattern_image
+
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buf = io.BytesIO()
+    pattern_image(orientation, (640, 360)).save(buf, fmt, exif=exif.tobytes())
+    full, width, height = decode(buf.getvalue())
+    small, small_width, small_height = decode(buf.getvalue(), shrink_to=160)
+    assert (small_width, small_height) == (width, height) == full.size  # sizes reported as before
+    assert max(small.size) == 160
+    assert (small.size[0] > small.size[1]) == (width > height)  # upright like the full decode
+    reference = np.asarray(full.resize(small.size, Image.Resampling.BOX), dtype=float)
+    assert np.abs(reference - np.asarray(small, dtype=float)).mean() < 1.0

@@ -168,3 +168,23 @@ def test_serve_images_refuses_a_fifo_at_once(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_fifo_swapped_in_after_the_check_is_refused_at_once(tmp_path, monkeypatch):
+    """The race: the path was a regular file when stat'ed, a FIFO when opened. A real file
+    system cannot show this on cue, so the first check is made to pass (fault injection)."""
+    from d2s_search import regular_files
+
+    os.mkfifo(tmp_path / "swapped.jpg")
+    real_check = regular_files.check_regular
+    calls = []
+
+    def first_check_passes(st):
+        calls.append(st)
+        if len(calls) > 1:  # the fstat of the opened descriptor
+            real_check(st)
+
+    monkeypatch.setattr(regular_files, "check_regular", first_check_passes)
+    with pytest.raises(regular_files.NotRegularFile, match="named pipe"):
+        within(10, regular_files.open_regular, tmp_path / "swapped.jpg")
+    assert len(calls) == 2
