@@ -19,11 +19,17 @@ SparseVector = dict[str, float]
 
 @dataclass
 class IndexIdentity:
-    """What an index must agree with: the bundle that fills it."""
+    """What an index must agree with: the bundle that fills it.
+
+    ``bundle_path`` is where that bundle was (absolute); an index records it so commands run
+    without ``--bundle`` use the bundle that filled it, not just the one exported last.
+    It is a hint, not part of the identity: only the fingerprint decides a match.
+    """
 
     fingerprint: str
     dense_dim: int
     model: str = ""
+    bundle_path: str = ""
 
 
 @dataclass
@@ -70,8 +76,14 @@ class Backend(Protocol):
 
     name: str
 
+    # After ``open``, ``identity`` is what the index records (with ``bundle_path`` when known).
+    identity: IndexIdentity | None
+
     def open(self, identity: IndexIdentity, create: bool = True) -> None:
-        """Open (or create) the index; refuse with BundleMismatchError if filled by another bundle."""
+        """Open (or create) the index; refuse with BundleMismatchError if filled by another bundle.
+
+        ``identity=None`` opens an existing index as it is and sets ``identity`` from its record.
+        """
 
     def exists(self) -> bool: ...
 
@@ -105,3 +117,12 @@ class Backend(Protocol):
         """Delete the whole index."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class PathListing(Protocol):
+    """Optional: every document's stored path, for ``index prune`` and the missing-file count
+    of ``index stats`` (``local`` has it; a cluster's files may live on other machines)."""
+
+    def document_paths(self) -> Iterable[tuple[str, str]]:
+        """(id, path) of every document."""
