@@ -70,11 +70,15 @@ def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url,
     bundle_obj = bundle_for_index(bundle, recorded_identity(backend, index, url, index_name), where)
     allowed = ["127.0.0.1", "localhost", "[::1]"] if host in LOOPBACK else None
     app = create_app(bundle_obj, store, device=device, thumbnail_dir=thumbnail_dir, allowed_hosts=allowed)
-    # Open the index and load the models before listening: a missing index or a bundle
-    # mismatch is a one-line error here, not a page that fails on every search.
-    app.state.service.start()
+    sock = listen_socket(host, port)  # a busy port fails before the models load
+    # Open the index and load the models before serving: a bundle mismatch or a broken index
+    # is a one-line error here, not a page that fails on every search.
+    try:
+        app.state.service.start()
+    except BaseException:
+        sock.close()
+        raise
     remember_index(store)
-    sock = listen_socket(host, port)
     address = page_address(host, sock.getsockname()[1])
     config = uvicorn.Config(app, log_level=log_level, access_log=log_level == "debug")
     server = uvicorn.Server(config)
