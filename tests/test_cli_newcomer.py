@@ -353,11 +353,14 @@ def _commands(group, path=("d2s-search",)):
             yield from _commands(command, (*path, name))
 
 
-def test_every_option_has_help_and_no_help_points_outside_the_repository():
+def test_every_option_has_help_every_command_json_and_no_help_points_outside_the_repository():
     from d2s_search.cli import cli
 
-    missing, outside = [], []
+    missing, outside, no_json = [], [], []
     for path, command in _commands(cli):
+        runs_itself = not isinstance(command, click.Group) or command.invoke_without_command
+        if runs_itself and not any(p.name == "as_json" for p in command.params):
+            no_json.append(" ".join(path))
         for param in command.params:
             if isinstance(param, click.Option) and not param.hidden and not param.help:
                 missing.append(f"{' '.join(path)} {param.opts[0]}")
@@ -368,6 +371,7 @@ def test_every_option_has_help_and_no_help_points_outside_the_repository():
                 outside.append(f"{' '.join(path)}: {bad}")
     assert missing == []
     assert outside == []
+    assert no_json == []  # "every command takes --json"
 
 
 def test_align_wants_its_data_named(capsys):

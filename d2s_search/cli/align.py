@@ -96,7 +96,8 @@ def align(ctx, data, out, cache, model, test_photos, val_photos, split_seed, aug
 
 @align.command("vocab")
 @click.option("--out", type=click.Path(dir_okay=False), required=True, help="Matrix file (.npy) for `d2s-search train --vocab-init`.")
-def vocab(out) -> int:
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def vocab(out, as_json) -> int:
     """Write MiniLM's word-embedding matrix with every row but whole, non-stop words zeroed:
     a head trained on it with --freeze-vocab outputs only such words (`output_terms: words`)."""
     import numpy as np
@@ -109,7 +110,10 @@ def vocab(out) -> int:
     keep = word_terms_mask(bert_base_uncased_tokenizer()[0], w2.shape[0])
     w2[~keep] = 0.0
     np.save(out, w2.numpy())
-    click.echo(f"wrote {out}: {int(keep.sum())} of {len(keep)} terms kept")
+    if as_json:
+        _emit({"out": str(out), "terms_kept": int(keep.sum()), "terms": len(keep)})
+    else:
+        click.echo(f"wrote {out}: {int(keep.sum())} of {len(keep)} terms kept")
     return EXIT_OK
 
 
