@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .backends.base import Backend, Document
+from .backends.base import Backend, Document, PathListing
 from .encoder import Encoder
 from .errors import DocumentsRejectedError, ImageRejected, NoInputError
 from .images import DEFAULT_MAX_PIXELS, content_id, decode, discover, read_bytes
@@ -198,17 +198,20 @@ def _update_moved(known: list[_Hashed], backend: Backend, url_for, report: Inges
     """Point stored documents whose file is gone at the place the same bytes are now."""
     if not known:
         return
-    stored = {doc.id: doc for doc in backend.get([item.id for item in known])}
-    moved: list[Document] = []
-    for item in known:
-        doc = stored.get(item.id)
-        here = stored_path(item.path)
-        if doc is None or doc.path == here or Path(doc.path).is_file():
-            continue  # still where it was: this file is a copy, not a move
-        doc.path = here
+    ids = [item.id for item in known]
+    if isinstance(backend, PathListing):
+        paths = backend.paths_of(ids)  # no vectors decoded: most known files did not move
+    else:
+        paths = {doc.id: doc.path for doc in backend.get(ids)}
+    gone = {item.id: item for item in known
+            if item.id in paths and paths[item.id] != stored_path(item.path) and not Path(paths[item.id]).is_file()}
+    if not gone:
+        return  # still where they were (a file elsewhere with the same bytes is a copy, not a move)
+    moved = backend.get(list(gone))
+    for doc in moved:
+        doc.path = stored_path(gone[doc.id].path)
         if url_for:
-            doc.url = url_for(item.path)
-        moved.append(doc)
+            doc.url = url_for(gone[doc.id].path)
     if moved:
         try:
             backend.upsert(moved)

@@ -121,8 +121,12 @@ class Backend(Protocol):
 
 @runtime_checkable
 class PathListing(Protocol):
-    """Optional: every document's stored path, for ``index prune`` and the missing-file count
-    of ``index stats`` (``local`` has it; a cluster's files may live on other machines)."""
+    """Optional: stored paths without the vectors, for ``index prune``, the missing-file count
+    of ``index stats`` and moved files in ``ingest`` (``local`` has it; other backends fall
+    back to ``get`` where they can)."""
 
     def document_paths(self) -> Iterable[tuple[str, str]]:
         """(id, path) of every document."""
+
+    def paths_of(self, ids: Iterable[str]) -> dict[str, str]:
+        """id -> stored path of the given ids that are stored (cheaper than ``get``)."""

@@ -156,6 +156,14 @@ class LocalBackend:
         """(id, path) of every document, in ingest order."""
         return self._connect(False).execute("SELECT id, path FROM docs ORDER BY seq").fetchall()
 
+    def paths_of(self, ids: Iterable[str]) -> dict[str, str]:
+        """id -> stored path for the given ids that are stored (no vectors decoded)."""
+        db = self._connect(False)
+        found: dict[str, str] = {}
+        for chunk in _chunks(list(ids), 500):
+            found.update(db.execute(f"SELECT id, path FROM docs WHERE id IN ({','.join('?' * len(chunk))})", chunk))
+        return found
+
     def remove_created(self, keep_folder: bool) -> None:
         """Undo the creation of an index that stayed empty: its SQLite files, and the folder
         too when it was made for the index (only if nothing else is in it)."""

@@ -17,7 +17,7 @@ from d2s_search.cli.options import (
 )
 from d2s_search.cli.output import emit_json as _emit_json
 from d2s_search.cli.output import fit_path
-from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
+from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, D2SError
 
 
 @click.command()
@@ -95,13 +95,17 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
 
 
 def _discard_new_index(store, folder_existed: bool) -> None:
-    """Remove an index this run created and left empty (only what the run made)."""
-    if store.stats().get("documents"):
-        return  # someone else stored documents meanwhile
-    if store.name == "local":
-        store.remove_created(keep_folder=folder_existed)
-    else:
-        store.drop()
+    """Remove an index this run created and left empty (only what the run made). Best effort:
+    runs while another error may be on its way out, which must not be hidden."""
+    try:
+        if store.stats().get("documents") != 0:
+            return  # someone else stored documents meanwhile, or the count is unknown
+        if store.name == "local":
+            store.remove_created(keep_folder=folder_existed)
+        else:
+            store.drop()
+    except (D2SError, OSError):
+        pass
 
 
 def _report_ingest(report, as_json: bool) -> int:
