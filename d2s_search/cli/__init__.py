@@ -32,6 +32,9 @@ def cli(debug: bool) -> None:
     d2s-search export-onnx                 # build the model bundle
     d2s-search ingest ./images             # encode and index a folder
     d2s-search query "dogs in a car"       # search it
+    d2s-search serve                       # the search page at http://127.0.0.1:8000/
+
+    Exit codes: 0 ok, 1 failed, 2 usage, 3 partial (some inputs rejected, the rest stored).
     """
     if debug:
         _DEBUG["on"] = True
