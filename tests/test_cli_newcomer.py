@@ -138,6 +138,14 @@ def test_opensearch_index_records_the_bundle_path_in_meta(osmem_url, tiny_blip_b
     assert code == 0 and result["results"]
     code, out, _ = run_cli(["query", "a dog", *where, "--bundle", tiny_clip_bundle, "--json"], capsys)
     assert code == 1 and str(tiny_blip_bundle.resolve()) in json_error(out)["message"]
+    # The same bundle from another place: an ingest records where it is now.
+    copy = tmp_path / "bundle-copy"
+    shutil.copytree(tiny_blip_bundle, copy)
+    code, report = run_cli_json(["ingest", tmp_path / "photos", "--bundle", copy, *where], capsys)
+    assert code == 0 and report["already_stored"] == 4
+    mapping = httpx.get(f"{osmem_url}/newcomer/_mapping", timeout=10).json()
+    (meta,) = [m["mappings"]["_meta"] for m in mapping.values()]
+    assert meta["bundle_path"] == str(copy.resolve()) and meta["fingerprint"]
 
 
 # --- files move, files go ---------------------------------------------------------------
@@ -434,7 +442,8 @@ def test_serve_json_says_when_ready_and_the_address_is_printed_once(tmp_path, ti
         assert httpx.get(f"{ready['address']}api/status", timeout=10).json()["documents"] == 3
     finally:
         code, out, err = _stop(proc)
-    assert code == 0 and out == "" and err == ""  # one JSON line, nothing else
+    assert code == 0 and out == ""  # one JSON line on stdout, nothing else
+    assert "http://" not in err and "Uvicorn" not in err  # the address once, in the JSON line
 
     proc = subprocess.Popen(base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
