@@ -150,7 +150,8 @@ class Bundle:
         return mask
 
     def identity(self) -> IndexIdentity:
-        return IndexIdentity(fingerprint=self.fingerprint, dense_dim=self.dense_dim, model=self.model_name)
+        return IndexIdentity(fingerprint=self.fingerprint, dense_dim=self.dense_dim, model=self.model_name,
+                             bundle_path=str(self.path.resolve()))
 
     def summary(self) -> dict:
         m = self.manifest

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .backends.base import Backend, Document
+from .backends.base import Backend, Document, PathListing
 from .encoder import Encoder
 from .errors import DocumentsRejectedError, ImageRejected, NoInputError
 from .images import DEFAULT_MAX_PIXELS, content_id, decode, discover, read_bytes
-from .pathtext import path_to_text
+from .pathtext import path_to_text, stored_path
 
 
 @dataclass
@@ -29,6 +29,7 @@ class IngestReport:
     stored: int = 0
     already_stored: int = 0
     duplicates: int = 0  # same bytes as another file in this run
+    moved: int = 0  # already stored, but the stored file was gone: its path now points here
     rejected: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -42,6 +43,7 @@ class IngestReport:
             "stored": self.stored,
             "already_stored": self.already_stored,
             "duplicates": self.duplicates,
+            "moved": self.moved,
             "rejected": [{"path": p, "reason": r} for p, r in self.rejected],
             "seconds": round(self.seconds, 3),
             "images_per_second": round(self.images_per_second, 2),
@@ -124,7 +126,7 @@ def ingest(
                 docs = [
                     Document(
                         id=d.item.id,
-                        path=path_to_text(d.item.path.absolute()),
+                        path=index_path(d.item.path),
                         url=url_for(d.item.path) if url_for else None,
                         size_bytes=len(d.item.data),
                         width=d.width,
@@ -150,7 +152,8 @@ def ingest(
 
         previous: list[tuple[_Hashed, Future]] | None = None
         for n_files, hashed in _hashed_batches(files, batch_size, pool, reject):
-            new_items = _select_new(hashed, backend, seen, report)
+            new_items, known = _select_new(hashed, backend, seen, report)
+            _update_moved(known, backend, url_for, report)
             done += n_files - len(new_items)  # skipped and rejected files count as done
             current = [(item, pool.submit(decode_one, item)) for item in new_items]
             if previous:
@@ -188,16 +191,55 @@ def _hashed_batches(
         yield len(batch), items
 
 
-def _select_new(items: list[_Hashed], backend: Backend, seen: set[str], report: IngestReport) -> list[_Hashed]:
-    """Drop files already stored or repeated in this run (same bytes = same document)."""
+def index_path(path: Path) -> str:
+    """The path an index stores: absolute, its folders resolved (no ``..``), the file's own
+    name kept as found (a symlinked picture keeps the name it was found under), as text that
+    keeps undecodable bytes (``pathtext``)."""
+    return path_to_text(path.parent.resolve() / path.name)
+
+
+def _update_moved(known: list[_Hashed], backend: Backend, url_for, report: IngestReport) -> None:
+    """Point stored documents whose file is gone at the place the same bytes are now."""
+    if not known:
+        return
+    ids = [item.id for item in known]
+    if isinstance(backend, PathListing):
+        paths = backend.paths_of(ids)  # no vectors decoded: most known files did not move
+    else:
+        paths = {doc.id: doc.path for doc in backend.get(ids)}
+    gone = {item.id: item for item in known
+            if item.id in paths and paths[item.id] != index_path(item.path) and not stored_path(paths[item.id]).is_file()}
+    if not gone:
+        return  # still where they were (a file elsewhere with the same bytes is a copy, not a move)
+    moved = backend.get(list(gone))
+    for doc in moved:
+        doc.path = index_path(gone[doc.id].path)
+        if url_for:
+            doc.url = url_for(gone[doc.id].path)
+    if moved:
+        try:
+            backend.upsert(moved)
+            report.moved += len(moved)
+        except DocumentsRejectedError as exc:
+            report.moved += len(moved) - len(exc.failures)
+            report.rejected.extend((d.path, f"refused by the index: {exc.failures[d.id]}")
+                                   for d in moved if d.id in exc.failures)
+
+
+def _select_new(
+    items: list[_Hashed], backend: Backend, seen: set[str], report: IngestReport
+) -> tuple[list[_Hashed], list[_Hashed]]:
+    """(new files, files already stored); files repeated in this run are dropped (same bytes =
+    same document)."""
     present = backend.ids_present([i.id for i in items]) if items else set()
-    new = []
+    new, known = [], []
     for item in items:
         if item.id in present:
             report.already_stored += 1
+            known.append(item)
         elif item.id in seen:
             report.duplicates += 1
         else:
             seen.add(item.id)
             new.append(item)
-    return new
+    return new, known

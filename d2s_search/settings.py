@@ -4,7 +4,8 @@ Click gives flags and environment variables; the config file becomes click's
 ``default_map``. The config file is ``./d2s-search.toml`` if present, else
 ``<config dir>/config.toml``; the config dir is ``$D2S_CONFIG_DIR`` or
 ``$XDG_CONFIG_HOME/d2s-search`` (``~/.config/d2s-search``). It also keeps a small state file
-remembering the bundle exported last, the default for ``--bundle``.
+remembering the bundle exported last, the default for ``--bundle`` when the index does not
+name its own, and the local index used last (named when there is no index where one is asked for).
 """
 
 from __future__ import annotations
@@ -68,25 +69,44 @@ def _state_file() -> Path:
     return config_dir() / "state.json"
 
 
-def remember_bundle(path: Path) -> None:
+def _remember(key: str, path: Path) -> None:
     state_file = _state_file()
     try:
         state_file.parent.mkdir(parents=True, exist_ok=True)
         state = json.loads(state_file.read_text()) if state_file.is_file() else {}
-        state["last_bundle"] = str(Path(path).resolve())
-        tmp = state_file.with_suffix(".tmp")
+        if state.get(key) == str(Path(path).resolve()):
+            return
+        state[key] = str(Path(path).resolve())
+        tmp = state_file.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(state_file)
     except (OSError, ValueError):
-        pass  # remembering is a convenience; never fail an export over it
+        pass  # remembering is a convenience; never fail a command over it
+
+
+def _remembered(key: str) -> Path | None:
+    try:
+        value = json.loads(_state_file().read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return Path(value) if isinstance(value, str) and value else None
+
+
+def remember_bundle(path: Path) -> None:
+    _remember("last_bundle", path)
 
 
 def last_bundle() -> Path | None:
-    try:
-        value = json.loads(_state_file().read_text()).get("last_bundle")
-    except (OSError, ValueError):
-        return None
-    return Path(value) if value else None
+    return _remembered("last_bundle")
+
+
+def remember_index(path: Path) -> None:
+    """The local index used last, named by "no index here" errors elsewhere."""
+    _remember("last_index", path)
+
+
+def last_index() -> Path | None:
+    return _remembered("last_index")
 
 
 def resolve_bundle_path(given: str | None) -> Path:

@@ -19,11 +19,17 @@ SparseVector = dict[str, float]
 
 @dataclass
 class IndexIdentity:
-    """What an index must agree with: the bundle that fills it."""
+    """What an index must agree with: the bundle that fills it.
+
+    ``bundle_path`` is where that bundle was (absolute); an index records it so commands run
+    without ``--bundle`` use the bundle that filled it, not just the one exported last.
+    It is a hint, not part of the identity: only the fingerprint decides a match.
+    """
 
     fingerprint: str
     dense_dim: int
     model: str = ""
+    bundle_path: str = ""
 
 
 @dataclass
@@ -70,8 +76,14 @@ class Backend(Protocol):
 
     name: str
 
+    # After ``open``, ``identity`` is what the index records (with ``bundle_path`` when known).
+    identity: IndexIdentity | None
+
     def open(self, identity: IndexIdentity, create: bool = True) -> None:
-        """Open (or create) the index; refuse with BundleMismatchError if filled by another bundle."""
+        """Open (or create) the index; refuse with BundleMismatchError if filled by another bundle.
+
+        ``identity=None`` opens an existing index as it is and sets ``identity`` from its record.
+        """
 
     def exists(self) -> bool: ...
 
@@ -105,3 +117,16 @@ class Backend(Protocol):
         """Delete the whole index."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class PathListing(Protocol):
+    """Optional: stored paths without the vectors, for ``index prune``, the missing-file count
+    of ``index stats`` and moved files in ``ingest`` (``local`` has it; other backends fall
+    back to ``get`` where they can)."""
+
+    def document_paths(self) -> Iterable[tuple[str, str]]:
+        """(id, path) of every document."""
+
+    def paths_of(self, ids: Iterable[str]) -> dict[str, str]:
+        """id -> stored path of the given ids that are stored (cheaper than ``get``)."""

@@ -128,19 +128,50 @@ class LocalBackend:
                         ("dense_dim", str(identity.dense_dim)),
                         ("created_at", str(time.time())),
                         ("mutations", "0"),
+                        ("bundle_path", identity.bundle_path),
                     ):
                         db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
             elif recorded != identity.fingerprint:
+                at = f" at {meta['bundle_path']}" if meta.get("bundle_path") else ""
                 raise BundleMismatchError(
-                    f"index {self.path} was filled with bundle {recorded[:12]} ({meta.get('bundle_model', '?')}), "
+                    f"index {self.path} was filled with bundle {recorded[:12]} ({meta.get('bundle_model', '?')}){at}, "
                     f"not {identity.fingerprint[:12]} ({identity.model}): use that bundle, or another --index"
                 )
+            elif create and identity.bundle_path and meta.get("bundle_path") != identity.bundle_path:
+                self.record_bundle_path(identity.bundle_path)  # the same bundle, moved or copied
         self.identity = identity or (
-            IndexIdentity(meta["bundle_fingerprint"], int(meta["dense_dim"]), meta.get("bundle_model", ""))
+            IndexIdentity(meta["bundle_fingerprint"], int(meta["dense_dim"]), meta.get("bundle_model", ""),
+                          meta.get("bundle_path", ""))
             if "bundle_fingerprint" in meta
             else None
         )
         self._load_terms()
+
+    def record_bundle_path(self, path: str) -> None:
+        """Remember where the bundle that fills this index lives (a hint for commands without --bundle)."""
+        with _transaction(self._connect(False)) as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('bundle_path', ?)", (path,))
+
+    def document_paths(self) -> list[tuple[str, str]]:
+        """(id, path) of every document, in ingest order."""
+        return self._connect(False).execute("SELECT id, path FROM docs ORDER BY seq").fetchall()
+
+    def paths_of(self, ids: Iterable[str]) -> dict[str, str]:
+        """id -> stored path for the given ids that are stored (no vectors decoded)."""
+        db = self._connect(False)
+        found: dict[str, str] = {}
+        for chunk in _chunks(list(ids), 500):
+            found.update(db.execute(f"SELECT id, path FROM docs WHERE id IN ({','.join('?' * len(chunk))})", chunk))
+        return found
+
+    def remove_created(self, keep_folder: bool) -> None:
+        """Undo the creation of an index that stayed empty: its SQLite files, and the folder
+        too when it was made for the index (only if nothing else is in it)."""
+        self.close()
+        for name in ("index.sqlite", "index.sqlite-wal", "index.sqlite-shm"):
+            (self.path / name).unlink(missing_ok=True)
+        if not keep_folder and self.path.is_dir() and not any(self.path.iterdir()):
+            self.path.rmdir()  # made for the index and still empty
 
     def close(self) -> None:
         if self._db is not None:

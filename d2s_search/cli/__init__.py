@@ -5,6 +5,7 @@ Each module here holds one command family and imports only ``cli.options`` / ``c
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
@@ -16,7 +17,7 @@ from d2s_search import redact, settings
 # The command modules stay attributes of this package under their own names (a command named like
 # its module, e.g. `serve`, must not hide the module).
 from d2s_search.cli import align, cluster, export, index, search, serve, train
-from d2s_search.errors import EXIT_OK, EXIT_USAGE, D2SError
+from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, D2SError
 
 _DEBUG = {"on": os.environ.get("D2S_DEBUG") == "1"}
 
@@ -31,6 +32,9 @@ def cli(debug: bool) -> None:
     d2s-search export-onnx                 # build the model bundle
     d2s-search ingest ./images             # encode and index a folder
     d2s-search query "dogs in a car"       # search it
+    d2s-search serve                       # the search page at http://127.0.0.1:8000/
+
+    Exit codes: 0 ok, 1 failed, 2 usage, 3 partial (some inputs rejected, the rest stored).
     """
     if debug:
         _DEBUG["on"] = True
@@ -43,22 +47,46 @@ for _command in (export.export_onnx, search.ingest, search.query, index.index, s
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI: one-line errors, documented exit codes (0 ok, 1 failed, 2 usage, 3 partial)."""
+    """Run the CLI: one-line errors, documented exit codes (0 ok, 1 failed, 2 usage, 3 partial).
+
+    With ``--json`` an error is a JSON object on stdout, ``{"error": {"type", "message"}}``,
+    with the same exit code.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
     try:
         flat = settings.load_config()
-        code = cli.main(args=argv, prog_name="d2s-search", standalone_mode=False,
+        code = cli.main(args=args, prog_name="d2s-search", standalone_mode=False,
                         default_map=settings.default_map_for(cli, flat))
-    except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
-        click.echo("interrupted: everything stored so far is kept; run the same command again to continue", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt:
+        _interrupted()
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__cause__, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+            _interrupted()
+        _fail("Aborted", "aborted: nothing was changed", EXIT_FAILED, as_json)  # e.g. a declined prompt
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
+        code = exc.exit_code if exc.exit_code else EXIT_USAGE
+        if as_json:
+            _fail(type(exc).__name__, exc.format_message(), code, as_json)
         exc.show()
-        sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)
+        sys.exit(code)
     except D2SError as exc:
         if _DEBUG["on"]:
             traceback.print_exc()
-        click.echo(f"error: {redact.scrub(str(exc))}", err=True)  # server text may carry secrets
-        sys.exit(exc.exit_code)
+        _fail(type(exc).__name__, redact.scrub(str(exc)), exc.exit_code, as_json)  # server text may carry secrets
     sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+
+def _interrupted() -> None:
+    click.echo("interrupted: everything stored so far is kept; run the same command again to continue", err=True)
+    sys.exit(130)
+
+
+def _fail(kind: str, message: str, code: int, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"error": {"type": kind, "message": message}}, ensure_ascii=False))
+    else:
+        click.echo(f"error: {message}", err=True)
+    sys.exit(code)

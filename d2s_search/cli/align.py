@@ -13,16 +13,15 @@ import click
 
 from d2s_search.errors import EXIT_OK
 
-DEFAULT_DATA = "../shared/data/flickr8k-800"
-
 
 def _emit(payload: dict) -> None:
     click.echo(json.dumps(payload, indent=2, default=str))
 
 
 @click.group(invoke_without_command=True)
-@click.option("--data", type=click.Path(file_okay=False), default=DEFAULT_DATA, show_default=True,
-              help="Captioned photos: a folder with captions.txt (image,caption) and images/.")
+@click.option("--data", type=click.Path(file_okay=False),
+              help="Captioned photos (required): a folder with captions.txt (image,caption) and images/, "
+              "e.g. a Flickr8k subset.")
 @click.option("--out", type=click.Path(file_okay=False), default="./d2s-align/run", show_default=True,
               help="Run directory: projections.safetensors, align.json, embeddings/ (input of `d2s-search train`).")
 @click.option("--cache", type=click.Path(file_okay=False), default="./d2s-align/cache", show_default=True,
@@ -30,27 +29,28 @@ def _emit(payload: dict) -> None:
 @click.option("--model", default="offline-mini", show_default=True, help="Model config whose towers are aligned.")
 @click.option("--test-photos", type=click.IntRange(1), default=200, show_default=True, help="Held-out photos (never trained on or selected by).")
 @click.option("--val-photos", type=click.IntRange(1), default=100, show_default=True, help="Photos for model selection.")
-@click.option("--split-seed", type=int, default=0, show_default=True)
+@click.option("--split-seed", type=int, default=0, show_default=True, help="Seed of the test/val/train photo split.")
 @click.option("--augment/--no-augment", default=True, show_default=True, help="Train on 4 views per photo (center crop, whole photo, and their mirror images).")
 @click.option("--clipart", type=click.IntRange(0), default=0, show_default=True, help="Also train on N drawings of Debian's openclipart-png (0 = none).")
 @click.option("--clipart-categories", default="", help="Comma-separated openclipart top-level folders to use (e.g. animals,people); default all.")
 @click.option("--clipart-root", type=click.Path(file_okay=False), help="openclipart PNG folder (default /usr/share/openclipart/png).")
 @click.option("--bridge/--no-bridge", default=True, show_default=True, help="ImageNet class-name bridge in the image projection.")
 @click.option("--dim", type=click.IntRange(8), default=384, show_default=True, help="Shared space width (384 = MiniLM's, keeps the text side near identity).")
-@click.option("--epochs", type=click.IntRange(1), default=40, show_default=True)
-@click.option("--batch-size", type=click.IntRange(2), default=128, show_default=True)
+@click.option("--epochs", type=click.IntRange(1), default=40, show_default=True, help="Passes over the training photos.")
+@click.option("--batch-size", type=click.IntRange(2), default=128, show_default=True,
+              help="Image-caption pairs per step (InfoNCE negatives).")
 @click.option("--lr", type=float, default=1e-3, show_default=True, help="Image projection and temperature.")
 @click.option("--text-lr", type=float, default=1e-4, show_default=True, help="Text projection (identity-initialised).")
-@click.option("--weight-decay", type=float, default=0.05, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--weight-decay", type=float, default=0.05, show_default=True, help="AdamW weight decay.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of initialisation and batch order.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
 def align(ctx, data, out, cache, model, test_photos, val_photos, split_seed, augment, clipart, clipart_categories, clipart_root, bridge,
           dim, epochs, batch_size, lr, text_lr, weight_decay, seed, as_json) -> int:
     """Align EfficientNet-Lite0 and MiniLM on captioned photos (frozen towers, InfoNCE).
 
     \b
-    d2s-search align --out runs/align                      # flickr8k-800, 500/100/200 photos
+    d2s-search align --data flickr8k-800 --out runs/align  # 500/100/200 photos
     d2s-search align vocab --out runs/w2_words.npy
     d2s-search train --data runs/align/embeddings --freeze-vocab --vocab-init runs/w2_words.npy ...
     d2s-search align ship --run runs/align --head runs/head-cw/head.pt
@@ -59,6 +59,8 @@ def align(ctx, data, out, cache, model, test_photos, val_photos, split_seed, aug
     """
     if ctx.invoked_subcommand is not None:
         return EXIT_OK
+    if not data:
+        raise click.UsageError("--data is required: a folder with captions.txt (image,caption) and images/")
     from rich.console import Console
     from rich.progress import Progress
 
@@ -94,7 +96,8 @@ def align(ctx, data, out, cache, model, test_photos, val_photos, split_seed, aug
 
 @align.command("vocab")
 @click.option("--out", type=click.Path(dir_okay=False), required=True, help="Matrix file (.npy) for `d2s-search train --vocab-init`.")
-def vocab(out) -> int:
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def vocab(out, as_json) -> int:
     """Write MiniLM's word-embedding matrix with every row but whole, non-stop words zeroed:
     a head trained on it with --freeze-vocab outputs only such words (`output_terms: words`)."""
     import numpy as np
@@ -107,7 +110,10 @@ def vocab(out) -> int:
     keep = word_terms_mask(bert_base_uncased_tokenizer()[0], w2.shape[0])
     w2[~keep] = 0.0
     np.save(out, w2.numpy())
-    click.echo(f"wrote {out}: {int(keep.sum())} of {len(keep)} terms kept")
+    if as_json:
+        _emit({"out": str(out), "terms_kept": int(keep.sum()), "terms": len(keep)})
+    else:
+        click.echo(f"wrote {out}: {int(keep.sum())} of {len(keep)} terms kept")
     return EXIT_OK
 
 
@@ -116,7 +122,7 @@ def vocab(out) -> int:
 @click.option("--head", "head_path", type=click.Path(dir_okay=False, exists=True), required=True,
               help="head.pt from `d2s-search train --data <run>/embeddings --freeze-vocab`.")
 @click.option("--model", default="offline-mini", show_default=True, help="Built-in model whose weights are replaced.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def ship(run_dir, head_path, model, as_json) -> int:
     """Store a run's projections and a head's small layers as the model's shipped weights
     and record their SHA-256 in its config (W2 stays MiniLM's word embeddings)."""

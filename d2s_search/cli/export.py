@@ -18,7 +18,8 @@ from d2s_search.errors import EXIT_OK, HubUnreachableError
 @click.option("--head", type=click.Path(dir_okay=False, exists=True), help="Trained sparse head checkpoint "
               "(default: untrained head initialised from the vocabulary projection).")
 @click.option("--out", type=click.Path(file_okay=False), help="Bundle directory (default: ./d2s-bundles/<model>).")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True)
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
+              help="Weights of the exported graphs: fp32 (parity-checked), fp16, or int8 (dynamic quantisation).")
 @click.option("--tolerance", type=float, default=1e-4, show_default=True, help="Max abs difference allowed vs torch (fp32).")
 @click.option("--list-models", is_flag=True, help="List the built-in model names and exit.")
 @json_option

@@ -6,63 +6,109 @@ from collections.abc import Callable
 
 import click
 
-from d2s_search import redact
-from d2s_search.backends.base import Document
+from d2s_search.backends.base import Document, PathListing
 from d2s_search.cli.options import (
     backend_options,
     connection_options,
+    index_location,
     json_option,
     load_bundle,
     make_backend,
     opensearch_backend,
+    remember_index,
+    require_index,
 )
 from d2s_search.cli.output import emit as _emit
 from d2s_search.cli.output import emit_json as _emit_json
-from d2s_search.errors import EXIT_FAILED, EXIT_OK, D2SError, ImageRejected
-from d2s_search.pathtext import path_to_text
+from d2s_search.errors import EXIT_OK, D2SError, ImageRejected
+from d2s_search.pathtext import stored_path
 
 
 @click.group()
 def index() -> None:
-    """Create, inspect, reindex or delete an index."""
+    """Create, inspect, prune, reindex or delete an index."""
 
 
 @index.command("stats")
 @backend_options
 @json_option
 def index_stats(backend, index, url, index_name, as_json) -> int:
-    """Documents, terms, bundle and size of the index."""
+    """Documents, terms, bundle, size, and how many stored files are missing."""
     store = make_backend(backend, index, url, index_name)
+    require_index(store)
     try:
         store.open(None, create=False)
         stats = store.stats()
+        stats["location"] = index_location(store)
+        stats["bundle_path"] = store.identity.bundle_path if store.identity else None
+        if isinstance(store, PathListing):
+            stats["missing_files"] = len(_missing(store))
     finally:
         store.close()
+    remember_index(store)
     if as_json:
         _emit_json(stats)
     else:
         for key, value in stats.items():
             click.echo(f"{key:26s} {value}")
+        if stats.get("missing_files"):
+            click.echo(f"{stats['missing_files']} stored file(s) are gone: `d2s-search index prune` removes them "
+                       "(re-ingest moved folders first: moved pictures keep their documents)", err=True)
+    return EXIT_OK
+
+
+def _missing(store) -> list[tuple[str, str]]:
+    """(id, path) of the documents whose file is no longer a regular file at its stored path."""
+    return [(doc_id, path) for doc_id, path in store.document_paths() if not stored_path(path).is_file()]
+
+
+@index.command("prune")
+@backend_options
+@click.option("--dry-run", is_flag=True, help="Only list the documents whose file is gone; remove nothing.")
+@click.option("--yes", is_flag=True, help="Also prune when every stored file is gone (e.g. an unmounted drive).")
+@json_option
+def index_prune(backend, index, url, index_name, dry_run, yes, as_json) -> int:
+    """Remove the documents whose image file is gone (re-ingest moved folders first)."""
+    store = make_backend(backend, index, url, index_name)
+    require_index(store)
+    if not isinstance(store, PathListing):
+        raise click.UsageError(f"index prune needs a backend that lists stored paths (local); not {store.name}")
+    try:
+        store.open(None, create=False)
+        total = store.stats()["documents"]
+        missing = _missing(store)
+        if missing and len(missing) == total and not dry_run and not yes:
+            raise D2SError(f"every one of the {total} stored files is gone (an unmounted drive or a moved folder?): "
+                           "nothing removed; re-ingest the folder at its new place, or pass --yes to prune them all")
+        removed = 0 if dry_run else store.delete([doc_id for doc_id, _ in missing])
+    finally:
+        store.close()
+    payload = {"location": index_location(store), "documents": total, "missing": [p for _, p in missing],
+               "removed": removed, "dry_run": dry_run}
+    verb = "would remove" if dry_run else "removed"
+    _emit(payload, as_json, [f"gone: {p}" for _, p in missing]
+          + [f"{verb} {len(missing) if dry_run else removed} of {total} document(s) whose file is gone"])
     return EXIT_OK
 
 
 @index.command("delete")
 @backend_options
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (needed when not run from a terminal).")
 @json_option
 def index_delete(backend, index, url, index_name, yes, as_json) -> int:
     """Delete the whole index (the images themselves are not touched)."""
+    import sys
+
     store = make_backend(backend, index, url, index_name)
-    # Shown in the prompt, the result and errors: never with the URL's credentials.
-    if store.name == "opensearch":
-        where = redact.strip_url_credentials(f"{store.url}/{index_name}")
-    else:
-        where = path_to_text(index)
+    where = index_location(store)  # never with the URL's credentials
     try:
         if not store.exists():
             raise D2SError(f"no index to delete at {where}")
-        if not yes and not click.confirm(f"delete the index at {where}?", err=True):
-            return EXIT_FAILED
+        if not yes:
+            if not sys.stdin.isatty():
+                raise click.UsageError(f"not asking without a terminal: pass --yes to delete the index at {where}")
+            if not click.confirm(f"delete the index at {where}?", err=True):
+                raise D2SError(f"not deleted: the index at {where} is unchanged")
         dropped = store.drop()
         # Success only when the index is really gone (a proxy may answer 200 and do nothing).
         if (isinstance(dropped, list) and not dropped) or store.exists():
@@ -78,7 +124,8 @@ def mapping_options(f):
     for option in reversed([
         click.option("--engine", type=click.Choice(["faiss", "lucene"]), default="faiss", show_default=True,
                      help="k-NN engine of the dense HNSW field."),
-        click.option("--shards", type=click.IntRange(1), default=1, show_default=True),
+        click.option("--shards", type=click.IntRange(1), default=1, show_default=True,
+                     help="Primary shards of the new index."),
         click.option("--replicas", type=click.IntRange(0), default=0, show_default=True,
                      help="0 suits a single node; use 1 or more on a cluster."),
     ]):
@@ -93,7 +140,7 @@ def mapping_options(f):
 @mapping_options
 @click.option("--pipelines/--no-pipelines", default=True, show_default=True,
               help="Also install the hybrid search pipelines (needs the neural-search plugin).")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@json_option
 def index_create(bundle, url, index_name, insecure, engine, shards, replicas, pipelines, as_json) -> int:
     """Create the OpenSearch index (mappings/index.json) and its hybrid search pipelines."""
     identity = load_bundle(bundle).identity()
@@ -126,8 +173,9 @@ def index_create(bundle, url, index_name, insecure, engine, shards, replicas, pi
 @connection_options
 @mapping_options
 @click.option("--keep-old", is_flag=True, help="Keep the previous index (the alias moves either way).")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="ONNX Runtime device for re-encoding (CUDA when it really loads).")
+@json_option
 def index_reindex(bundle, url, index_name, insecure, engine, shards, replicas, keep_old, device, as_json) -> int:
     """Copy the index into a new one (new mapping and/or bundle), then swap the alias.
 
@@ -155,7 +203,6 @@ def make_reencoder(bundle, device: str = "auto") -> Callable[[Document], Documen
     """Document -> the same image encoded with ``bundle``; None when its file is gone or changed."""
     from d2s_search.encoder import Encoder
     from d2s_search.images import content_id, decode, read_bytes
-    from d2s_search.pathtext import stored_path
 
     encoder = Encoder(bundle, device=device)
     draft = int(bundle.image_settings["size"]) * 2

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import click
 
 from d2s_search import settings
+from d2s_search.errors import BundleError, BundleMismatchError, IndexStoreError
 
 
 def console(stderr: bool = False):
@@ -18,7 +21,7 @@ def console(stderr: bool = False):
 def bundle_option(f):
     return click.option(
         "--bundle", envvar="D2S_BUNDLE", show_envvar=True, type=click.Path(file_okay=False),
-        help="Model bundle directory (default: the bundle exported last).",
+        help="Model bundle directory (default: the bundle that filled the index, else the one exported last).",
     )(f)
 
 
@@ -38,7 +41,8 @@ def backend_options(f):
 
 
 def json_option(f):
-    return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")(f)
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print machine-readable JSON (errors too: {\"error\": {\"type\", \"message\"}}).")(f)
 
 
 def device_option(f):
@@ -64,6 +68,109 @@ def load_bundle(path: str | None, verify: bool = False):
     from d2s_search.bundle import Bundle
 
     return Bundle.load(settings.resolve_bundle_path(path), verify_hashes=verify)
+
+
+# --- the index and the bundle that filled it ---------------------------------------------
+
+def index_location(store) -> str:
+    """Where an index lives, absolute: a folder for ``local``, URL/name for OpenSearch; safe to
+    print (undecodable bytes escaped, no credentials)."""
+    from d2s_search import redact
+    from d2s_search.pathtext import path_to_text
+
+    if store.name == "local":
+        return path_to_text(os.path.abspath(store.path))
+    return redact.strip_url_credentials(f"{store.url}/{store.index_name}")
+
+
+def require_index(store) -> None:
+    """Refuse early when there is no local index here, naming the one used last."""
+    if store.name != "local" or store.exists():
+        return
+    where = Path(os.path.abspath(store.path))
+    message = f"no index at {where}: ingest some images first (`d2s-search ingest PATH`)"
+    last = settings.last_index()
+    if last is not None and last != where.resolve() and (last / "index.sqlite").is_file():
+        message += f"; the index used last is {last} (pass --index {last} or set D2S_INDEX)"
+    raise IndexStoreError(message)
+
+
+def remember_index(store) -> None:
+    if store.name == "local":
+        settings.remember_index(Path(store.path))
+
+
+def recorded_identity(backend, index, url, index_name):
+    """What an existing index records about the bundle that filled it (None: no index, or empty)."""
+    peek = make_backend(backend, index, url, index_name)
+    try:
+        if not peek.exists():
+            return None
+        peek.open(None, create=False)
+        return peek.identity
+    finally:
+        peek.close()
+
+
+def bundle_for_index(given: str | None, recorded, where: str, verify: bool = False):
+    """The bundle to use with an index: ``given`` if it matches the index; without one, the
+    bundle that filled the index (its recorded path), else the one exported last."""
+    from d2s_search.bundle import Bundle
+
+    if given:
+        bundle = load_bundle(given, verify)
+        if recorded is not None and recorded.fingerprint and recorded.fingerprint != bundle.fingerprint:
+            raise BundleMismatchError(
+                f"index {where} was filled with bundle {_describe(recorded)}, not with {bundle.path.resolve()} "
+                f"({bundle.fingerprint[:12]}, {bundle.model_name}): leave out --bundle to use the recorded one, "
+                "or pass another --index"
+            )
+        return bundle
+    if recorded is not None and recorded.bundle_path:
+        try:
+            bundle = Bundle.load(recorded.bundle_path, verify_hashes=verify)
+        except BundleError:
+            bundle = None
+        if bundle is not None and bundle.fingerprint == recorded.fingerprint:
+            return bundle
+    bundle = load_bundle(None, verify)
+    if recorded is not None and recorded.fingerprint and recorded.fingerprint != bundle.fingerprint:
+        gone = ", which is gone or now holds another bundle" if recorded.bundle_path else ""
+        raise BundleMismatchError(
+            f"index {where} was filled with bundle {_describe(recorded)}{gone}; the bundle exported last "
+            f"({bundle.path.resolve()}, {bundle.fingerprint[:12]}) is another one: pass --bundle with the original, "
+            "or use another --index"
+        )
+    return bundle
+
+
+def _describe(identity) -> str:
+    model = f", {identity.model}" if identity.model else ""
+    at = f" at {identity.bundle_path}" if identity.bundle_path else ""
+    return f"{identity.fingerprint[:12]}{model}{at}"
+
+
+class OpenedIndex(NamedTuple):
+    bundle: Any
+    store: Any
+    created: bool  # this call created the index (it did not exist before)
+
+
+def open_index(backend, index, url, index_name, bundle: str | None, *, create: bool, verify: bool = False) -> OpenedIndex:
+    """The index at the given place, opened, with the bundle that belongs to it."""
+    store = make_backend(backend, index, url, index_name)
+    if not create:
+        require_index(store)
+    recorded = recorded_identity(backend, index, url, index_name)
+    chosen = bundle_for_index(bundle, recorded, index_location(store), verify)
+    existed = store.exists()
+    try:
+        store.open(chosen.identity(), create=create)
+    except BaseException:
+        store.close()
+        raise
+    remember_index(store)
+    return OpenedIndex(chosen, store, not existed)
 
 
 # --- OpenSearch connection (index create/reindex, register-model) ------------------------

@@ -19,3 +19,15 @@ def emit(payload: dict, as_json: bool, lines: Iterable[str]) -> None:
     else:
         for line in lines:
             click.echo(line)
+
+
+def fit_path(path: str, width: int, sep: str = "/") -> str:
+    """``path`` in about ``width`` characters: whole folders are dropped from the left
+    (shown as ``…``), the file name is never cut."""
+    if len(path) <= width or sep not in path:
+        return path
+    head, _, name = path.rpartition(sep)
+    room = width - len(name) - 2  # "…" and the separator before the name
+    tail = head[-room:] if room > 0 else ""
+    tail = tail[tail.index(sep):] if sep in tail else ""  # start at a folder boundary
+    return f"…{tail}{sep}{name}"

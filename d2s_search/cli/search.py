@@ -13,11 +13,11 @@ from d2s_search.cli.options import (
     console,
     device_option,
     json_option,
-    load_bundle,
-    make_backend,
+    open_index,
 )
 from d2s_search.cli.output import emit_json as _emit_json
-from d2s_search.errors import EXIT_OK, EXIT_PARTIAL
+from d2s_search.cli.output import fit_path
+from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, D2SError
 
 
 @click.command()
@@ -25,7 +25,8 @@ from d2s_search.errors import EXIT_OK, EXIT_PARTIAL
 @bundle_option
 @backend_options
 @device_option
-@click.option("--batch-size", type=click.IntRange(1, 4096), default=32, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 4096), default=32, show_default=True,
+              help="Images encoded (and written) together; each batch is one transaction.")
 @click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True, help="Decoding threads.")
 @click.option("--top-k", type=click.IntRange(1), default=None, help="Keep only the k strongest terms per image.")
 @click.option("--max-pixels", type=click.IntRange(1), default=None, help="Refuse images larger than this (default 120 MP).")
@@ -34,7 +35,12 @@ from d2s_search.errors import EXIT_OK, EXIT_PARTIAL
 @json_option
 def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, workers, top_k, max_pixels, url_base,
            as_json) -> int:
-    """Encode the images under PATHS and store them in the index."""
+    """Encode the images under PATHS and store them in the index.
+
+    Exit code 0: everything found is stored; 3: some files were rejected (listed), the rest
+    stored; 1: nothing could be stored. A known picture found at a new place (its old file
+    gone) keeps its document and gets the new path.
+    """
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -49,10 +55,9 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
     from d2s_search.serve.image_urls import url_builder
 
     url_for = url_builder(url_base, paths) if url_base else None  # a bad base fails before any work
-    bundle_obj = load_bundle(bundle, verify=True)
-    store = make_backend(backend, index, url, index_name)
-    store.open(bundle_obj.identity(), create=True)
-    encoder = Encoder(bundle_obj, device=device)
+    folder_existed = os.path.lexists(index)
+    opened = open_index(backend, index, url, index_name, bundle, create=True, verify=True)
+    store = opened.store
     err = console(stderr=True)
     progress = Progress(
         TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
@@ -73,7 +78,9 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
         rate = f"{stored / elapsed:.1f} images/s" if elapsed > 0 and stored else ""
         progress.update(state["task"], completed=done, rate=rate)
 
+    report = None
     try:
+        encoder = Encoder(opened.bundle, device=device)
         with progress:
             report = run_ingest(
                 paths, encoder, store, batch_size=batch_size, workers=workers, top_k=top_k,
@@ -81,18 +88,46 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
                 url_for=url_for,
             )
     finally:
+        if opened.created and (report is None or report.stored == 0):
+            _discard_new_index(store, folder_existed)  # no empty index that answers "no results"
         store.close()
-    code = EXIT_PARTIAL if report.rejected else EXIT_OK
+    return _report_ingest(report, as_json)
+
+
+def _discard_new_index(store, folder_existed: bool) -> None:
+    """Remove an index this run created and left empty (only what the run made). Best effort:
+    runs while another error may be on its way out, which must not be hidden."""
+    try:
+        if store.stats().get("documents") != 0:
+            return  # someone else stored documents meanwhile, or the count is unknown
+        if store.name == "local":
+            store.remove_created(keep_folder=folder_existed)
+        else:
+            store.drop()
+    except (D2SError, OSError):
+        pass
+
+
+def _report_ingest(report, as_json: bool) -> int:
+    nothing = report.stored == 0 and report.already_stored == 0 and bool(report.rejected)
+    code = EXIT_FAILED if nothing else EXIT_PARTIAL if report.rejected else EXIT_OK
+    error = None
+    if nothing:
+        error = {"type": "NothingStored",
+                 "message": f"nothing stored: all {len(report.rejected)} input(s) were rejected"}
     if as_json:
-        _emit_json(report.to_json() | {"exit_code": code})
+        _emit_json(report.to_json() | {"exit_code": code} | ({"error": error} if error else {}))
         return code
     for path, reason in report.rejected:
         click.echo(f"rejected {path}: {reason}", err=True)
+    moved = f" ({report.moved} moved: path updated)" if report.moved else ""
     click.echo(
-        f"stored {report.stored} new image(s) of {report.found} found; {report.already_stored} already stored, "
-        f"{report.duplicates} duplicate(s), {len(report.rejected)} rejected  "
+        f"stored {report.stored} new image(s) of {report.found} found; {report.already_stored} already stored"
+        f"{moved}, {report.duplicates} duplicate(s), {len(report.rejected)} rejected  "
         f"({report.seconds:.1f}s, {report.images_per_second:.1f} images/s)"
     )
+    if error:
+        click.echo(f"error: {error['message']}", err=True)
     return code
 
 
@@ -101,22 +136,26 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
 @click.command()
 @click.argument("text", required=False)
 @click.option("--image", "image_path", type=click.Path(dir_okay=False), help="Search by an image instead of text.")
-@click.option("--mode", type=click.Choice(["sparse", "two-phase", "dense", "hybrid"]), default="sparse", show_default=True)
-@click.option("-k", "k", type=click.IntRange(1, 10000), default=10, show_default=True)
+@click.option("--mode", type=click.Choice(["sparse", "two-phase", "dense", "hybrid"]), default="sparse", show_default=True,
+              help="Query plan: sparse (exact, all terms), two-phase (own words, then rescored), dense (kNN), "
+              "hybrid (sparse and dense fused).")
+@click.option("-k", "k", type=click.IntRange(1, 10000), default=10, show_default=True, help="Number of results.")
 @click.option("--window", type=click.IntRange(1), default=None, help="Candidates for two-phase/hybrid (default max(100, 10k)).")
-@click.option("--fusion", type=click.Choice(["minmax", "rrf"]), default="minmax", show_default=True)
+@click.option("--fusion", type=click.Choice(["minmax", "rrf"]), default="minmax", show_default=True,
+              help="How hybrid fuses the runs: weighted min-max scores or reciprocal rank fusion.")
 @click.option("--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="Dense weight in min-max fusion.")
 @click.option("--explain", type=click.IntRange(0, 100), default=5, show_default=True, help="Matched terms shown per hit.")
 @click.option("--server-side", is_flag=True, help="OpenSearch encodes the text (neural_sparse with the model "
               "from register-model; falls back to the search template d2s-sparse).")
 @click.option("--model-id", envvar="D2S_OPENSEARCH_MODEL_ID", help="ml-commons model for --server-side "
               "(default: the one registered for the bundle).")
+@click.option("--paths", "paths_only", is_flag=True, help="Print only the hits' paths, one per line (for piping).")
 @bundle_option
 @backend_options
 @device_option
 @json_option
-def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side, model_id, bundle, backend, index, url,
-          index_name, device, as_json) -> int:
+def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side, model_id, paths_only, bundle, backend,
+          index, url, index_name, device, as_json) -> int:
     """Search the index by TEXT (or --image PATH)."""
     from d2s_search.encoder import Encoder
     from d2s_search.errors import QueryError
@@ -126,19 +165,19 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
         raise click.UsageError("give either TEXT or --image PATH")
     if server_side and (image_path or mode != "sparse"):
         raise click.UsageError("--server-side searches by TEXT with the sparse plan")
-    options = SearchOptions(mode=mode, k=k, window=window, fusion=fusion, alpha=alpha, explain=explain)
-    bundle_obj = load_bundle(bundle)
-    store = make_backend(backend, index, url, index_name)
-    if server_side and store.name != "opensearch":
+    if paths_only and as_json:
+        raise click.UsageError("--paths and --json are two different outputs: give one")
+    if server_side and (backend or ("opensearch" if url else "local")) != "opensearch":
         raise click.UsageError("--server-side needs --url or D2S_OPENSEARCH_URL")
+    options = SearchOptions(mode=mode, k=k, window=window, fusion=fusion, alpha=alpha, explain=explain)
+    bundle_obj, store, _ = open_index(backend, index, url, index_name, bundle, create=False)
     try:
-        store.open(bundle_obj.identity(), create=False)
         if server_side:
             from d2s_search.backends.opensearch.server_side import run_server_side
 
             result = run_server_side(store, text, k=k, explain=explain, model_id=model_id, bundle=bundle_obj,
                                      encoder_factory=lambda: Encoder(bundle_obj, device=device))
-            return _show_result(result, as_json)
+            return _show_result(result, as_json, paths_only)
         encoder = Encoder(bundle_obj, device=device)
         if image_path:
             from d2s_search.errors import ImageRejected
@@ -154,12 +193,15 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
         result = run_query(store, vectors, options)
     finally:
         store.close()
-    return _show_result(result, as_json)
+    return _show_result(result, as_json, paths_only)
 
 
-def _show_result(result, as_json: bool) -> int:
+def _show_result(result, as_json: bool, paths_only: bool = False) -> int:
     if as_json:
         _emit_json(result.to_json())
+    elif paths_only:
+        for hit in result.hits:
+            click.echo(hit.path)
     else:
         _print_hits(result)
     return EXIT_OK
@@ -171,21 +213,18 @@ def _print_hits(result) -> None:
     if not result.hits:
         click.echo(f"no results ({result.mode}, {result.took_ms:.1f} ms)")
         return
-    table = Table(box=None, pad_edge=False, show_edge=False)
-    table.add_column("#", justify="right")
-    table.add_column("score", justify="right")
-    table.add_column("path", overflow="fold")
-    table.add_column("matched terms", overflow="fold")
-    for rank, hit in enumerate(result.hits, start=1):
-        matched = ", ".join(f"{t} {c:.2f}" for t, c in hit.matched)
-        table.add_row(str(rank), f"{hit.score:.4f}", _short_path(hit.path), matched)
     out = console()
+    # The path gets what the rank, score and at least 24 columns of matched terms leave;
+    # folders are shortened from the left, the file name never.
+    budget = max(20, out.width - 5 - 9 - 24 - 6)
+    shown = [fit_path(hit.path, budget) for hit in result.hits]
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("score", justify="right", no_wrap=True)
+    table.add_column("path", no_wrap=True, min_width=max(len(p) for p in shown))
+    table.add_column("matched terms", overflow="fold")
+    for rank, (hit, path) in enumerate(zip(result.hits, shown), start=1):
+        matched = ", ".join(f"{t} {c:.2f}" for t, c in hit.matched)
+        table.add_row(str(rank), f"{hit.score:.4f}", path, matched)
     out.print(table)
     out.print(f"[dim]{len(result.hits)} result(s), {result.mode}, {result.took_ms:.1f} ms[/dim]")
-
-
-def _short_path(path: str) -> str:
-    try:
-        return os.path.relpath(path)
-    except ValueError:
-        return path

@@ -8,22 +8,55 @@ the ``serve`` extra.
 from __future__ import annotations
 
 import contextlib
+import json
+import socket
 
 import click
 
 from d2s_search.cli.options import (
     backend_options,
+    bundle_for_index,
     bundle_option,
     device_option,
-    load_bundle,
+    index_location,
+    json_option,
     make_backend,
+    recorded_identity,
+    remember_index,
+    require_index,
 )
 from d2s_search.errors import EXIT_OK, D2SError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url, index_name, device) -> int:
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A bound, listening socket, or a one-line error (a busy port is exit code 1, not a log dump)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise D2SError(f"cannot listen on {host}: {exc.strerror}") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        hint = ": pass another --port (0 picks a free one)" if port else ""
+        raise D2SError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def page_address(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/"
+
+
+def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url, index_name, device,
+              as_json=False) -> int:
     """Serve the search page and the JSON API (docs at /docs)."""
     try:
         import uvicorn
@@ -31,38 +64,51 @@ def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url,
         from d2s_search.serve import create_app
     except ImportError as exc:
         raise D2SError(f"serve needs the `serve` extra ({exc.name} is missing): pip install 'd2s-search[serve]'") from None
-    bundle_obj = load_bundle(bundle)
     store = make_backend(backend, index, url, index_name)
+    require_index(store)
+    where = index_location(store)
+    bundle_obj = bundle_for_index(bundle, recorded_identity(backend, index, url, index_name), where)
     allowed = ["127.0.0.1", "localhost", "[::1]"] if host in LOOPBACK else None
     app = create_app(bundle_obj, store, device=device, thumbnail_dir=thumbnail_dir, allowed_hosts=allowed)
-    # Open the index and load the models before listening: a missing index or a bundle
-    # mismatch is a one-line error here, not a page that fails on every search.
-    app.state.service.start()
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug")
+    sock = listen_socket(host, port)  # a busy port fails before the models load
+    # Open the index and load the models before serving: a bundle mismatch or a broken index
+    # is a one-line error here, not a page that fails on every search.
+    try:
+        app.state.service.start()
+    except BaseException:
+        sock.close()
+        raise
+    remember_index(store)
+    address = page_address(host, sock.getsockname()[1])
+    config = uvicorn.Config(app, log_level=log_level, access_log=log_level == "debug")
     server = uvicorn.Server(config)
     if host not in LOOPBACK:
         click.echo(f"warning: listening on {host}: anyone who can reach this address can search and see the pictures",
                    err=True)
-    _announce_when_ready(server, host)
+    ready = {"address": address, "index": where, "bundle": str(bundle_obj.path.resolve()), "api_docs": address + "docs"}
+    _announce_when_ready(server, ready, as_json)
     # uvicorn re-raises Ctrl+C after its graceful shutdown; stopping is the normal end.
     with contextlib.suppress(KeyboardInterrupt):
-        server.run()
-    click.echo("d2s-search: stopped", err=True)
+        server.run(sockets=[sock])
+    if not as_json:
+        click.echo("d2s-search: stopped", err=True)
     return EXIT_OK
 
 
-def _announce_when_ready(server, host: str) -> None:
-    """Print the page's address once uvicorn is listening (the real port, also for --port 0)."""
+def _announce_when_ready(server, ready: dict, as_json: bool) -> None:
+    """Print the page's address once, when uvicorn is accepting connections."""
     import threading
     import time
 
     def wait() -> None:
         while not server.started and not server.should_exit:
             time.sleep(0.05)
-        if server.started and server.servers:
-            port = server.servers[0].sockets[0].getsockname()[1]
-            shown = f"[{host}]" if ":" in host else host
-            click.echo(f"d2s-search: search page at http://{shown}:{port}/  (API docs at /docs; Ctrl+C stops)", err=True)
+        if not server.started:
+            return
+        if as_json:
+            click.echo(json.dumps({"ready": True, **ready}))  # one line: read it, then connect
+        else:
+            click.echo(f"d2s-search: search page at {ready['address']}  (API docs at /docs; Ctrl+C stops)", err=True)
 
     threading.Thread(target=wait, daemon=True, name="d2s-announce").start()
 
@@ -76,13 +122,18 @@ def _announce_when_ready(server, host: str) -> None:
               type=click.Path(file_okay=False),
               help="Where thumbnails are cached (default: ~/.cache/d2s-search/thumbnails).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
-              default="info", show_default=True)
+              default="warning", show_default=True,
+              help="uvicorn's logging on stderr (info: its start-up lines; debug: every request).")
 @bundle_option
 @backend_options
 @device_option
-def serve(**options) -> int:
-    """Serve the search page and the JSON API (docs at /docs)."""
-    return run_serve(**options)
+@json_option
+def serve(as_json, **options) -> int:
+    """Serve the search page and the JSON API (docs at /docs).
+
+    With --json, one line {"ready": true, "address": ...} on stdout says it is listening.
+    """
+    return run_serve(as_json=as_json, **options)
 
 
 @click.command("serve-images")
@@ -91,11 +142,13 @@ def serve(**options) -> int:
               help="Address to listen on. Anything but loopback exposes the pictures to the network.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="0 picks a free port.")
 @click.option("--quiet", is_flag=True, help="Do not log each request.")
-def serve_images(folder, host, port, quiet) -> int:
+@json_option
+def serve_images(folder, host, port, quiet, as_json) -> int:
     """Serve the pictures under FOLDER read-only, so Dashboards can show thumbnails.
 
     Ingest the same folder with --url-base set to the URL printed here. Only image files are
-    served; nothing outside FOLDER (no .., no symlinks leading out), no listings.
+    served; nothing outside FOLDER (no .., no symlinks leading out), no listings. With --json,
+    one line {"ready": true, "url": ...} on stdout says it is listening.
     """
     from d2s_search.serve.image_server import LOOPBACK_HOSTS, ImageServer
 
@@ -103,8 +156,12 @@ def serve_images(folder, host, port, quiet) -> int:
     server = ImageServer(folder, host=host, port=port, log=log)
     if host not in LOOPBACK_HOSTS:
         click.echo(f"warning: listening on {host}: anyone who can reach it can see these pictures", err=True)
-    click.echo(f"serving the pictures under {server.root} at {server.url} (read-only; Ctrl-C stops)")
-    click.echo(f"ingest with: d2s-search ingest {folder} --url-base {server.url}")
+    ingest_with = f"d2s-search ingest {folder} --url-base {server.url}"
+    if as_json:
+        click.echo(json.dumps({"ready": True, "url": server.url, "root": str(server.root), "ingest_with": ingest_with}))
+    else:
+        click.echo(f"serving the pictures under {server.root} at {server.url} (read-only; Ctrl-C stops)")
+        click.echo(f"ingest with: {ingest_with}")
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -59,8 +59,9 @@ def _tokenizer_option(f):
 @click.option("--eta", type=float, default=1e-3, show_default=True, help="L1 weight (sparsity; 1e-5 .. 1e-2).")
 @click.option("--lambda", "lam", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="Mix of distillation (1-lambda) and L1 (lambda); 0.5 = the authors' loss / 2.")
 @click.option("--tau", type=float, default=1e-3, show_default=True, help="Teacher temperature on dense scores.")
-@click.option("--epochs", type=click.IntRange(1), default=200, show_default=True)
-@click.option("--batch-size", type=click.IntRange(2), default=512, show_default=True)
+@click.option("--epochs", type=click.IntRange(1), default=200, show_default=True, help="Passes over the training captions.")
+@click.option("--batch-size", type=click.IntRange(2), default=512, show_default=True,
+              help="Captions per step (the other images of the batch are the negatives).")
 @click.option("--lr-proj", type=float, default=1e-3, show_default=True, help="Learning rate of W1.")
 @click.option("--lr-vocab", type=float, default=5e-5, show_default=True, help="Learning rate of LayerNorm and W2.")
 @click.option("--warmup", type=click.FloatRange(0, 1), default=0.2, show_default=True, help="Share of steps for lr warm-up and the L1 ramp.")
@@ -74,8 +75,9 @@ def _tokenizer_option(f):
 @click.option("--joint-lr", type=float, default=5e-5, show_default=True, help="joint: learning rate of all parameters.")
 @click.option("--joint-eta-text", type=float, default=5e-4, show_default=True, help="joint: L1 weight on captions (q_reg).")
 @click.option("--joint-eta-image", type=float, default=3e-5, show_default=True, help="joint: L1 weight on images (d_reg).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed (initialisation, batches, expansion draws).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="torch device (auto: CUDA when available).")
 @click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads for torch (on a busy machine 1 can be much faster).")
 @click.option("--amp/--no-amp", default=True, show_default=True, help="Mixed precision (used only on CUDA).")
 @click.option("--resume", is_flag=True, help="Continue from <out>/last.pt.")
@@ -86,7 +88,7 @@ def _tokenizer_option(f):
 def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj, lr_vocab, warmup, schedule,
           vocab_init, freeze_vocab, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image, seed, device, threads, amp, resume,
           export_onnx_head, tokenizer, as_json) -> int:
-    """Train a D2S sparse head on precomputed dense embeddings (DESIGN.md §2).
+    """Train a D2S sparse head on precomputed dense embeddings (docs/training.md).
 
     \b
     d2s-search train --data ./embs --expansion c+w --eta 1e-3 --out ./d2s-heads/coco
@@ -175,7 +177,7 @@ def _train_joint(data, out, epochs, batch_size, warmup, seed, vocab_init, lr, et
 @click.option("--out", type=click.Path(dir_okay=False), required=True, help="Head file to write (.pt, load_head format).")
 @click.option("--onnx", "onnx_out", type=click.Path(dir_okay=False), help="Also write the head as an ONNX graph.")
 @_tokenizer_option
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def convert_head(source, out, onnx_out, tokenizer, as_json) -> int:
     """Convert an authors' D2S checkpoint (DistilBERT MLM layout, e.g. a downloaded
     lsr42/d2s_* directory or their model.pt) for `export-onnx --head`."""
@@ -198,7 +200,7 @@ def convert_head(source, out, onnx_out, tokenizer, as_json) -> int:
 @train.command("export-head")
 @click.argument("head_path", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", type=click.Path(dir_okay=False), required=True, help="ONNX file (input dense, output sparse).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def export_head(head_path, out, as_json) -> int:
     """Write a trained head as a standalone ONNX graph (torch-free evaluation)."""
     from d2s_search.train.convert import export_head_onnx
@@ -219,23 +221,25 @@ def export_head(head_path, out, as_json) -> int:
 @click.option("--data", type=click.Path(file_okay=False), help="Precomputed embeddings directory.")
 @click.option("--dataset", type=click.Path(exists=True, dir_okay=False), help="End to end instead: a Karpathy JSON or image,caption CSV whose images were ingested; its captions query the index.")
 @click.option("--image-root", type=click.Path(file_okay=False), help="With --dataset: folder the image paths are relative to.")
-@click.option("--bundle", type=click.Path(file_okay=False), envvar="D2S_BUNDLE", help="With --dataset: the bundle the index was filled with.")
+@click.option("--bundle", type=click.Path(file_okay=False), envvar="D2S_BUNDLE", help="With --dataset: the bundle the index was filled with (default: the one it records).")
 @click.option("--index", "index_dir", type=click.Path(file_okay=False), envvar="D2S_INDEX", default="./d2s-index", show_default=True, help="With --dataset: local index folder.")
 @click.option("--backend", type=click.Choice(["local", "opensearch"]), envvar="D2S_BACKEND", help="With --dataset: backend (default: opensearch when --url is set).")
 @click.option("--url", envvar="D2S_OPENSEARCH_URL", help="With --dataset: OpenSearch URL.")
-@click.option("--index-name", envvar="D2S_OPENSEARCH_INDEX", default="d2s", show_default=True)
+@click.option("--index-name", envvar="D2S_OPENSEARCH_INDEX", default="d2s", show_default=True,
+              help="With --dataset: OpenSearch index name.")
 @click.option("--modes", default="sparse,two-phase,dense,hybrid", show_default=True, help="With --dataset: query plans to measure.")
 @click.option("--split", default="test", show_default=True, help="Split to evaluate (train, val, test).")
 @click.option("--head", "head_path", type=click.Path(exists=True, dir_okay=False), help="Sparse head: .pt (needs torch) or .onnx. Without it only the dense run is measured.")
 @click.option("--runs", default="dense,sparse,hybrid", show_default=True, help="Comma-separated: dense, sparse, hybrid.")
 @click.option("--query-mask", type=click.Choice(["auto", "own_tokens", "none"]), default="auto", show_default=True, help="Restrict query terms to the query's own tokens (auto: as the head was trained; exp=0 heads need it).")
-@click.option("--fusion", type=click.Choice(["minmax", "rrf"]), default="minmax", show_default=True)
+@click.option("--fusion", type=click.Choice(["minmax", "rrf"]), default="minmax", show_default=True,
+              help="How the hybrid run fuses sparse and dense: weighted min-max scores or reciprocal rank fusion.")
 @click.option("--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="Dense weight in min-max fusion.")
 @click.option("--semantic-k", type=click.IntRange(1), default=20, show_default=True, help="k of Exact@k and Semantic@k.")
 @click.option("--max-images", type=click.IntRange(0), default=0, help="Evaluate on the first N images only (0 = all).")
 @click.option("--check", is_flag=True, help="Recompute R@k/MRR@10 with ir_measures and report both.")
 @_tokenizer_option
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def evaluate_cmd(data, dataset, image_root, bundle, index_dir, backend, url, index_name, modes, split, head_path,
                  runs, query_mask, fusion, alpha, semantic_k, max_images, check, tokenizer, as_json) -> int:
     """Text->image R@1/5/10, MRR@10, FLOPs, Exact@k, Semantic@k, terms per vector and
@@ -297,7 +301,7 @@ def _evaluate_index(dataset, image_root, bundle, index_dir, backend, url, index_
                     max_images, as_json) -> int:
     from rich.progress import Progress
 
-    from d2s_search.cli.options import load_bundle, make_backend
+    from d2s_search.cli.options import open_index
     from d2s_search.embed import read_dataset
     from d2s_search.encoder import Encoder
     from d2s_search.evaluate import evaluate_index
@@ -311,11 +315,9 @@ def _evaluate_index(dataset, image_root, bundle, index_dir, backend, url, index_
     if max_images:
         items = items[:max_images]
     wanted = tuple(m.strip() for m in modes.split(",") if m.strip())
-    bundle_obj = load_bundle(bundle)
-    store = make_backend(backend, index_dir, url, index_name)
+    bundle_obj, store, _ = open_index(backend, index_dir, url, index_name, bundle, create=False)
     progress = None if as_json else Progress(console=_console())
     try:
-        store.open(bundle_obj.identity(), create=False)
         if progress:
             progress.start()
         result = evaluate_index(store, Encoder(bundle_obj), items, wanted, fusion=fusion, alpha=alpha, progress=progress)
@@ -369,16 +371,19 @@ def _print_eval(result: dict, k: int) -> None:
 @click.argument("dataset", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Output directory (authors' layout).")
 @click.option("--bundle", type=click.Path(file_okay=False), help="Model bundle: image (and by default text) encoder.")
-@click.option("--text-encoder", type=click.Choice(["bundle", "minilm"]), default="bundle", show_default=True)
+@click.option("--text-encoder", type=click.Choice(["bundle", "minilm"]), default="bundle", show_default=True,
+              help="Captions through the bundle's text model, or through MiniLM (offline extra).")
 @click.option("--images/--no-images", default=True, show_default=True, help="Embed the images too (needs --bundle).")
 @click.option("--image-root", type=click.Path(file_okay=False), help="Folder the dataset's image paths are relative to.")
-@click.option("--batch-size", type=click.IntRange(1), default=64, show_default=True)
-@click.option("--format", "fmt", type=click.Choice(["parquet", "npy"]), default="parquet", show_default=True)
+@click.option("--batch-size", type=click.IntRange(1), default=64, show_default=True, help="Inputs encoded together.")
+@click.option("--format", "fmt", type=click.Choice(["parquet", "npy"]), default="parquet", show_default=True,
+              help="parquet: img_embs/text_embs (authors' layout); npy: image_embeddings.npy + text_embeddings.npy.")
 @click.option("--val-fraction", type=click.FloatRange(0, 1), default=0.1, show_default=True, help="CSV only: share of images in val.")
 @click.option("--test-fraction", type=click.FloatRange(0, 1), default=0.1, show_default=True, help="CSV only: share of images in test.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="CSV only: seed of the val/test split.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="ONNX Runtime device (CUDA when it really loads).")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def embed(dataset, out, bundle, text_encoder, images, image_root, batch_size, fmt, val_fraction, test_fraction, seed, device, as_json) -> int:
     """Precompute dense embeddings of a Karpathy JSON or image,caption CSV (resumable)."""
     from d2s_search.embed import bundle_encoders, embed_dataset, read_dataset

@@ -141,6 +141,9 @@ class OpenSearchBackend:
             stored = identity
         else:
             self._check_identity(identity, stored)
+            if create and identity.bundle_path and identity.bundle_path != stored.bundle_path:
+                self._put_meta(identity)  # the same bundle at a new place: record where it is now
+                stored = identity
         self.identity = stored
 
     def create(self, identity: IndexIdentity, *, engine: str = "faiss", shards: int = 1, replicas: int = 0) -> str:

@@ -63,6 +63,7 @@ def index_body(
                 "dense_dim": dim,
                 "model": identity.model if identity else "",
                 "sparse_keys": "vocabulary terms with '%' written as '%25' and '.' as '%2E'",
+                **({"bundle_path": identity.bundle_path} if identity and identity.bundle_path else {}),
             },
             "properties": {
                 SPARSE_FIELD: {"type": "rank_features"},
@@ -96,6 +97,7 @@ def meta_identity(meta: Mapping[str, Any] | None) -> IndexIdentity | None:
         fingerprint=str(meta.get("fingerprint", "")),
         dense_dim=int(meta.get("dense_dim", 0) or 0),
         model=str(meta.get("model", "")),
+        bundle_path=str(meta.get("bundle_path", "")),
     )
 
 
