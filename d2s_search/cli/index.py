@@ -11,6 +11,8 @@ from d2s_search.backends.base import Document
 from d2s_search.cli.options import (
     backend_options,
     connection_options,
+    elastic_mapping_options,
+    elasticsearch_backend,
     json_option,
     load_bundle,
     make_backend,
@@ -54,7 +56,7 @@ def index_delete(backend, index, url, index_name, yes, as_json) -> int:
     store = make_backend(backend, index, url, index_name)
     if not store.exists():
         raise D2SError(f"no index to delete at {url or index}")
-    where = f"{url}/{index_name}" if url and (backend or "opensearch") == "opensearch" else index
+    where = f"{store.url}/{index_name}" if store.name != "local" else index
     if not yes and not click.confirm(f"delete the index at {where}?", err=True):
         return EXIT_FAILED
     store.drop()
@@ -84,9 +86,13 @@ def mapping_options(f):
 @mapping_options
 @click.option("--pipelines/--no-pipelines", default=True, show_default=True,
               help="Also install the hybrid search pipelines (needs the neural-search plugin).")
+@elastic_mapping_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def index_create(bundle, url, index_name, insecure, engine, shards, replicas, pipelines, as_json) -> int:
-    """Create the OpenSearch index (mappings/index.json) and its hybrid search pipelines."""
+def index_create(bundle, url, index_name, insecure, engine, shards, replicas, pipelines, as_json, **elastic) -> int:
+    """Create the OpenSearch index (mappings/index.json) and its hybrid search pipelines,
+    or with --backend elasticsearch the Elasticsearch index (mappings/elasticsearch/)."""
+    if elastic.pop("backend") == "elasticsearch":
+        return _elastic_create(bundle, url, index_name, insecure, shards, replicas, as_json, **elastic)
     identity = load_bundle(bundle).identity()
     store = opensearch_backend(url, index_name, insecure)
     try:
@@ -118,13 +124,18 @@ def index_create(bundle, url, index_name, insecure, engine, shards, replicas, pi
 @mapping_options
 @click.option("--keep-old", is_flag=True, help="Keep the previous index (the alias moves either way).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@elastic_mapping_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def index_reindex(bundle, url, index_name, insecure, engine, shards, replicas, keep_old, device, as_json) -> int:
+def index_reindex(bundle, url, index_name, insecure, engine, shards, replicas, keep_old, device, as_json,
+                  **elastic) -> int:
     """Copy the index into a new one (new mapping and/or bundle), then swap the alias.
 
     Nothing changes unless every document made it: the new index is removed otherwise.
     Stop ingests while this runs.
     """
+    if elastic.pop("backend") == "elasticsearch":
+        return _elastic_reindex(bundle, url, index_name, insecure, shards, replicas, keep_old, device, as_json,
+                                **elastic)
     store = opensearch_backend(url, index_name, insecure)
     try:
         store.open(None, create=False)
@@ -164,3 +175,56 @@ def make_reencoder(bundle, device: str = "auto") -> Callable[[Document], Documen
                         ingested_at=doc.ingested_at)
 
     return reencode
+
+
+# --- Elasticsearch (index create / reindex --backend elasticsearch) -----------------------
+
+
+def _vector_mapping(current, sparse_type, similarity, dense_index):
+    from d2s_search.backends.elasticsearch.queries import VectorMapping
+
+    base = current or VectorMapping()
+    return VectorMapping(sparse_type=sparse_type or base.sparse_type, similarity=similarity or base.similarity,
+                         index_type=dense_index or base.index_type)
+
+
+def _elastic_create(bundle, url, index_name, insecure, shards, replicas, as_json, *, sparse_type, similarity,
+                    dense_index) -> int:
+    identity = load_bundle(bundle).identity()
+    store = elasticsearch_backend(url, index_name, insecure,
+                                  mapping=_vector_mapping(None, sparse_type, similarity, dense_index))
+    try:
+        existed = store.exists()
+        store.open(identity, create=True, shards=shards, replicas=replicas)
+        stats = store.stats()
+    finally:
+        store.close()
+    payload = {"index": index_name, "created": not existed, "indices": stats["indices"],
+               "bundle_fingerprint": identity.fingerprint, "dense_dim": identity.dense_dim,
+               "server_version": stats["server_version"], "sparse_type": stats["sparse_type"],
+               "similarity": stats["similarity"], "dense_index": stats["dense_index"]}
+    verb = "exists already for this bundle" if existed else "created"
+    _emit(payload, as_json, [f"index {index_name} {verb} at {store.url} ({', '.join(stats['indices'])}; "
+                             f"{stats['sparse_type']}, {stats['similarity']}, {stats['dense_index']}; "
+                             f"Elasticsearch {stats['server_version']})"])
+    return EXIT_OK
+
+
+def _elastic_reindex(bundle, url, index_name, insecure, shards, replicas, keep_old, device, as_json, *,
+                     sparse_type, similarity, dense_index) -> int:
+    store = elasticsearch_backend(url, index_name, insecure)
+    try:
+        store.open(None, create=False)
+        identity, reencode = None, None
+        if bundle:
+            loaded = load_bundle(bundle)
+            identity = loaded.identity()
+            if store.identity and identity.fingerprint != store.identity.fingerprint:
+                reencode = make_reencoder(loaded, device)
+        mapping = _vector_mapping(store.mapping, sparse_type, similarity, dense_index)
+        out = store.reindex(identity, reencode, mapping=mapping, shards=shards, replicas=replicas, keep_old=keep_old)
+    finally:
+        store.close()
+    _emit(out, as_json, [f"reindexed {out['documents']} documents: {index_name} now points at {out['to']} "
+                         f"(was {out['from']}{', kept' if out['kept_old'] else ', deleted'})"])
+    return EXIT_OK

@@ -180,7 +180,8 @@ def _print_hits(result) -> None:
         table.add_row(str(rank), f"{hit.score:.4f}", _short_path(hit.path), matched)
     out = console()
     out.print(table)
-    out.print(f"[dim]{len(result.hits)} result(s), {result.mode}, {result.took_ms:.1f} ms[/dim]")
+    fused = f" ({result.fusion})" if getattr(result, "fusion", None) else ""
+    out.print(f"[dim]{len(result.hits)} result(s), {result.mode}{fused}, {result.took_ms:.1f} ms[/dim]")
 
 
 def _short_path(path: str) -> str:
