@@ -30,6 +30,7 @@ _load("d2s_os_faultproxy", HERE.parent / "opensearch" / "faultproxy.py")
 _load("d2s_os_reference", HERE.parent / "opensearch" / "reference.py")
 esproxy = _load("d2s_es_proxy", HERE / "esproxy.py")
 es_spec = _load("d2s_es_spec", HERE / "spec.py")
+_load("d2s_es_fake_kibana", HERE / "fake_kibana.py")
 
 
 @pytest.fixture(scope="session")
