@@ -51,6 +51,7 @@ def test_index_bodies_match_the_spec(spec, mapping):
     body["aliases"] = {"d2s": {}}
     spec.validate("PUT", "/{index}", body)
     spec.validate("PUT", "/{index}", q.index_body(IDENTITY, mapping, shards=None, replicas=None))
+    spec.validate("PUT", "/{index}", q.index_body(IDENTITY, mapping, keep_vectors_in_source=True))
     spec.validate("PUT", "/{index}/_mapping", q.put_meta_body(IDENTITY, mapping))
 
 

@@ -286,9 +286,7 @@ class ElasticsearchBackend:
         mapping = mapping or self.create_mapping
         self._require(mapping)
         concrete = f"{self.index_name}-000001"
-        body = q.index_body(identity, mapping, shards=shards, replicas=replicas)
-        body["aliases"] = {self.index_name: {}}
-        status, reply = self._call("PUT", f"/{concrete}", body=body)
+        status, reply = self._create_index(concrete, identity, mapping, shards, replicas, alias=True)
         if not 200 <= status < 300:
             reason = self._reason(reply)
             if "resource_already_exists" in reason:
@@ -298,6 +296,21 @@ class ElasticsearchBackend:
             raise IndexStoreError(f"cannot create index {concrete} at {self.url}: {reason}")
         self.identity, self.mapping = identity, mapping
         return concrete
+
+    def _create_index(self, name: str, identity: IndexIdentity, mapping: q.VectorMapping, shards: int | None,
+                      replicas: int | None, alias: bool = False) -> tuple[int, Any]:
+        """``PUT /<name>``; on 9.x with vectors kept in ``_source`` (retried without the setting
+        on a 9.x release that does not know it yet)."""
+        keep = self.server_version() >= (9, 0)
+        while True:
+            body = q.index_body(identity, mapping, shards=shards, replicas=replicas, keep_vectors_in_source=keep)
+            if alias:
+                body["aliases"] = {self.index_name: {}}
+            status, reply = self._call("PUT", f"/{name}", body=body)
+            if keep and status == 400 and "exclude_source_vectors" in self._reason(reply):
+                keep = False
+                continue
+            return status, reply
 
     def _require(self, mapping: q.VectorMapping) -> None:
         for feature in mapping.needs():
@@ -517,10 +530,9 @@ class ElasticsearchBackend:
             for hit, h in zip(hits, raw, strict=True):
                 src = h.get("_source", {})
                 doc_sparse = decode_features(src.get(q.SPARSE_FIELD))
-                hit.parts = {
-                    "sparse": float(sum(w * doc_sparse.get(t, 0.0) for t, w in sparse.items())),
-                    "dense": float(np.dot(np.asarray(src.get(q.DENSE_FIELD) or [0.0] * vec.size, dtype=np.float32), vec)),
-                }
+                hit.parts = {"sparse": float(sum(w * doc_sparse.get(t, 0.0) for t, w in sparse.items()))}
+                if src.get(q.DENSE_FIELD):
+                    hit.parts["dense"] = float(np.dot(np.asarray(src[q.DENSE_FIELD], dtype=np.float32), vec))
             self.last_fusion = "elasticsearch-rrf-retriever"
             return hits
         n = int(options.candidates)
@@ -587,7 +599,7 @@ class ElasticsearchBackend:
         (old_index,) = concrete
         is_alias = old_index != self.index_name
         target = next_generation(self.index_name, old_index)
-        status, body = self._call("PUT", f"/{target}", body=q.index_body(new_identity, mapping, shards=shards, replicas=replicas))
+        status, body = self._create_index(target, new_identity, mapping, shards, replicas)
         if not 200 <= status < 300:
             raise IndexStoreError(f"cannot create index {target}: {self._reason(body)}")
         before = self._count(old_index)

@@ -93,10 +93,14 @@ def index_body(
     *,
     shards: int | None = 1,
     replicas: int | None = 0,
+    keep_vectors_in_source: bool = False,
 ) -> dict[str, Any]:
     """The ``PUT /<index>`` body: settings plus the mapping, ``_meta`` carrying the bundle.
 
     ``shards``/``replicas`` None leaves them out (Elastic Cloud Serverless refuses them).
+    ``keep_vectors_in_source``: Elasticsearch 9.x drops ``dense_vector``/``sparse_vector`` values
+    from ``_source`` by default (``index.mapping.exclude_source_vectors``), which would hide the
+    stored terms that explain a hit; this sets it to false. 8.x does not know the setting.
     """
     mapping.validate()
     dim = identity.dense_dim if identity else 256
@@ -105,6 +109,8 @@ def index_body(
         settings["number_of_shards"] = shards
     if replicas is not None:
         settings["number_of_replicas"] = replicas
+    if keep_vectors_in_source:
+        settings["mapping.exclude_source_vectors"] = False
     body: dict[str, Any] = {
         "mappings": {
             "dynamic": "strict",
