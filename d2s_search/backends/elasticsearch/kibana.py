@@ -32,6 +32,7 @@ from d2s_search.backends.elasticsearch.kibana_objects import (
     saved_objects,
     to_ndjson,
 )
+from d2s_search.backends.opensearch.dashboards import describe_errors  # same import-error format
 from d2s_search.errors import BackendUnavailableError, D2SError
 
 log = logging.getLogger("d2s_search.kibana")
@@ -227,22 +228,6 @@ def _json(resp: httpx.Response) -> Any:
         return resp.json()
     except ValueError:
         return resp.text
-
-
-def describe_errors(errors: Sequence[Mapping[str, Any]], limit: int = 3) -> str:
-    """``type/id: reason`` for the first few import errors, on one line."""
-    parts = []
-    for e in errors[:limit]:
-        err = e.get("error") or {}
-        kind = err.get("type", "error")
-        if kind == "missing_references":
-            refs = ", ".join(f"{r.get('type')}/{r.get('id')}" for r in err.get("references") or [])
-            reason = f"missing references {refs}"
-        else:
-            reason = err.get("message") or kind
-        parts.append(f"{e.get('type')}/{e.get('id')}: {reason}")
-    more = f" (+{len(errors) - limit} more)" if len(errors) > limit else ""
-    return "; ".join(parts) + more
 
 
 def load_objects(paths: Sequence[str | Path] = (), index_name: str = "d2s") -> list[dict[str, Any]]:
