@@ -43,8 +43,10 @@ class Sent:
 
 
 class CompatProxy(FaultProxy):
-    def __init__(self, upstream: str, ssl_context=None) -> None:
+    def __init__(self, upstream: str, ssl_context=None, pretend_version: str | None = None) -> None:
         self.sent: list[Sent] = []
+        # Tests of version-dependent behaviour only: answer GET / as this Elasticsearch version.
+        self.pretend_version = pretend_version
         super().__init__(upstream, ssl_context)
 
     def handle(self, h) -> None:
@@ -60,6 +62,10 @@ class CompatProxy(FaultProxy):
             body = _dense_as_knn_vector(body)
         status, headers, content = super()._forward(method, path, body, plain)
         headers["X-Elastic-Product"] = "Elasticsearch"
+        if self.pretend_version and method == "GET" and path == "/" and status == 200:
+            root = json.loads(content)
+            root["version"] = {**root["version"], "number": self.pretend_version, "distribution": "elasticsearch"}
+            content = json.dumps(root).encode()
         return status, headers, content
 
     def bodies(self, method: str, path_part: str) -> list[Sent]:

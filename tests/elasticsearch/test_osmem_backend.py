@@ -193,3 +193,23 @@ def test_unreachable_server_is_one_line_without_secrets(make_backend):
         b.exists()
     assert "s3cret-pw" not in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_vectors_kept_in_source_on_9x_retried_without_on_servers_lacking_the_setting(make_backend, osmem_url,
+                                                                                    identity):
+    """On 9.x the index asks to keep vectors in _source; a server that does not know the setting
+    (osmem answers as Elasticsearch would: "unknown setting [...]") gets the index without it."""
+    from d2s_es_proxy import CompatProxy
+
+    proxy = CompatProxy(osmem_url, pretend_version="9.0.0")
+    try:
+        b = make_backend(proxy.url, index_name="nine")
+        b.open(identity)
+        puts = [s for s in proxy.sent if s.method == "PUT" and s.path == "/nine-000001"]
+        assert len(puts) == 2
+        assert puts[0].json()["settings"]["index"]["mapping.exclude_source_vectors"] is False
+        assert "mapping.exclude_source_vectors" not in puts[1].json()["settings"]["index"]
+        assert puts[1].content_type.endswith("compatible-with=9")
+        assert b.exists() and b.stats()["server_version"] == "9.0"
+    finally:
+        proxy.close()
