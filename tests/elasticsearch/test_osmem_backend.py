@@ -213,3 +213,11 @@ def test_vectors_kept_in_source_on_9x_retried_without_on_servers_lacking_the_set
         assert b.exists() and b.stats()["server_version"] == "9.0"
     finally:
         proxy.close()
+
+
+def test_credentials_in_the_url_become_basic_auth_and_are_never_shown(make_backend, es_proxy, identity):
+    host = es_proxy.url.removeprefix("http://")
+    b = make_backend(f"http://elastic:url-s3cret@{host}", index_name="userinfo")
+    assert "url-s3cret" not in repr(b) and b.url == es_proxy.url
+    b.open(identity)
+    assert es_proxy.log[-1].auth.startswith("Basic ")

@@ -89,6 +89,9 @@ class ElasticsearchBackend:
             raise IndexStoreError(f"invalid Elasticsearch index name {index_name!r} (lowercase, no leading _ - +)")
         if not url and not cloud_id:
             raise BackendUnavailableError(f"no Elasticsearch URL: pass --url or set {ENV_URL} (or {ENV_CLOUD_ID})")
+        if url:
+            url, url_user, url_password = _split_userinfo(url)
+            user, password = user or url_user, password or url_password
         self._secrets = [s for s in (password, api_key) if s]
         options: dict[str, Any] = {
             "request_timeout": timeout,
@@ -712,6 +715,19 @@ class ElasticsearchBackend:
     def _count(self, index: str) -> int:
         status, body = self._call("GET", f"/{index}/_count")
         return int(self._check(status, body, "count documents").get("count", 0))
+
+
+def _split_userinfo(url: str) -> tuple[str, str | None, str | None]:
+    """``http://user:pw@host`` -> (``http://host``, user, pw): credentials never stay in the shown URL."""
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    parts = urlsplit(url.strip())
+    if not parts.username and not parts.password:
+        return url.strip(), None, None
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    clean = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return clean, unquote(parts.username or "") or None, unquote(parts.password or "") or None
 
 
 def _compat_headers(major: int) -> dict[str, str]:
