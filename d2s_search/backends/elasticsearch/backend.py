@@ -108,6 +108,8 @@ class ElasticsearchBackend:
         elif user:
             options["basic_auth"] = (user, password or "")
         if ca_file:
+            if not os.path.isfile(ca_file):
+                raise BackendUnavailableError(f"CA file {ca_file} is not a readable file (check {ENV_CA_FILE})")
             options["ca_certs"] = ca_file
         if not verify:
             options["verify_certs"] = False
@@ -206,7 +208,8 @@ class ElasticsearchBackend:
             return exc.meta.status, exc.body
         except TransportError as exc:
             text = self._scrub(str(exc).splitlines()[0] if str(exc) else "")
-            if "CERTIFICATE_VERIFY_FAILED" in text:
+            chain = f"{exc!r} {exc.__cause__!r} {getattr(exc, 'errors', '')!r}"
+            if "CERTIFICATE_VERIFY_FAILED" in chain or "certificate verify failed" in chain:
                 raise BackendUnavailableError(
                     f"TLS certificate of {self.url} is not trusted: set {ENV_CA_FILE} to its CA file"
                 ) from None
