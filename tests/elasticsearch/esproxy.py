@@ -43,10 +43,12 @@ class Sent:
 
 
 class CompatProxy(FaultProxy):
-    def __init__(self, upstream: str, ssl_context=None, pretend_version: str | None = None) -> None:
+    def __init__(self, upstream: str, ssl_context=None, pretend_version: str | None = None,
+                 pretend_flavor: str | None = None) -> None:
         self.sent: list[Sent] = []
         # Tests of version-dependent behaviour only: answer GET / as this Elasticsearch version.
         self.pretend_version = pretend_version
+        self.pretend_flavor = pretend_flavor
         super().__init__(upstream, ssl_context)
 
     def handle(self, h) -> None:
@@ -65,6 +67,8 @@ class CompatProxy(FaultProxy):
         if self.pretend_version and method == "GET" and path == "/" and status == 200:
             root = json.loads(content)
             root["version"] = {**root["version"], "number": self.pretend_version, "distribution": "elasticsearch"}
+            if self.pretend_flavor:
+                root["version"]["build_flavor"] = self.pretend_flavor
             content = json.dumps(root).encode()
         return status, headers, content
 

@@ -221,3 +221,20 @@ def test_credentials_in_the_url_become_basic_auth_and_are_never_shown(make_backe
     assert "url-s3cret" not in repr(b) and b.url == es_proxy.url
     b.open(identity)
     assert es_proxy.log[-1].auth.startswith("Basic ")
+
+
+def test_serverless_gets_no_shard_settings(make_backend, osmem_url, identity):
+    """Elastic Cloud Serverless (build_flavor "serverless") refuses shard counts; the index is
+    created without them (osmem behind a proxy that answers GET / as a serverless project)."""
+    from d2s_es_proxy import CompatProxy
+
+    proxy = CompatProxy(osmem_url, pretend_version="8.11.0", pretend_flavor="serverless")
+    try:
+        b = make_backend(proxy.url, index_name="sls")
+        b.open(identity)
+        assert b.serverless and b.rrf_available()
+        (put,) = [s for s in proxy.sent if s.method == "PUT" and s.path == "/sls-000001"][-1:]
+        settings = put.json().get("settings", {}).get("index", {})
+        assert "number_of_shards" not in settings and "number_of_replicas" not in settings
+    finally:
+        proxy.close()

@@ -134,6 +134,7 @@ class ElasticsearchBackend:
         self._version: tuple[int, int] | None = None
         self._headers: dict[str, str] = {}
         self._license: str | None = None
+        self.serverless = False
 
     @classmethod
     def from_env(cls, url: str | None = None, env: Mapping[str, str] | None = None, **options: Any) -> ElasticsearchBackend:
@@ -167,7 +168,12 @@ class ElasticsearchBackend:
                 raise BackendUnavailableError(f"Elasticsearch at {self.url} answered {status} to GET /")
             version = body.get("version") or {}
             m = _VERSION.match(str(version.get("number", "")))
-            if m and version.get("distribution", "elasticsearch") == "elasticsearch" and int(m.group(1)) >= 8:
+            if version.get("build_flavor") == "serverless":
+                # Serverless reports a frozen version number but runs the current code: it has
+                # every feature used here, and refuses shard settings.
+                self.serverless = True
+                self._version = (9, 0)
+            elif m and version.get("distribution", "elasticsearch") == "elasticsearch" and int(m.group(1)) >= 8:
                 self._version = (int(m.group(1)), int(m.group(2)))
             elif m and version.get("distribution", "elasticsearch") == "elasticsearch":
                 raise BackendUnavailableError(
@@ -308,6 +314,8 @@ class ElasticsearchBackend:
         """``PUT /<name>``; on 9.x with vectors kept in ``_source`` (retried without the setting
         on a 9.x release that does not know it yet)."""
         keep = self.server_version() >= (9, 0)
+        if self.serverless:
+            shards = replicas = None
         while True:
             body = q.index_body(identity, mapping, shards=shards, replicas=replicas, keep_vectors_in_source=keep)
             if alias:
@@ -512,6 +520,8 @@ class ElasticsearchBackend:
         """The ``rrf`` retriever: Elasticsearch 8.14+ with an Enterprise or trial license."""
         if not self.supports("rrf_retriever"):
             return False
+        if self.serverless:
+            return True
         if self._license is None:
             status, body = self._call("GET", "/_license")
             self._license = str((body.get("license") or {}).get("type", "")) if status == 200 and isinstance(body, dict) else ""
