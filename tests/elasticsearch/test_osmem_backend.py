@@ -238,3 +238,23 @@ def test_serverless_gets_no_shard_settings(make_backend, osmem_url, identity):
         assert "number_of_shards" not in settings and "number_of_replicas" not in settings
     finally:
         proxy.close()
+
+
+def test_settings_from_environment_cloud_id_and_api_key():
+    import base64
+
+    from d2s_search.backends.elasticsearch.backend import ElasticsearchBackend
+
+    cloud_id = "pictures:" + base64.b64encode(b"eu-west-1.aws.found.io:443$esid$kbid").decode()
+    env = {"D2S_ELASTICSEARCH_CLOUD_ID": cloud_id, "D2S_ELASTICSEARCH_API_KEY": "a2V5OnNlY3JldA==",
+           "D2S_ELASTICSEARCH_INDEX": "photos"}
+    b = ElasticsearchBackend.from_env(env=env)
+    try:
+        assert b.url == "cloud:pictures" and b.index_name == "photos"
+        assert b.es.transport.node_pool.all()[0].base_url == "https://esid.eu-west-1.aws.found.io:443"
+        assert b.es._headers["authorization"] == "ApiKey a2V5OnNlY3JldA=="
+        assert "a2V5" not in repr(b)
+    finally:
+        b.close()
+    with pytest.raises(BackendUnavailableError, match="D2S_ELASTICSEARCH_URL"):
+        ElasticsearchBackend.from_env(env={})

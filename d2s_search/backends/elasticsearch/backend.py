@@ -99,10 +99,10 @@ class ElasticsearchBackend:
             "retry_on_status": RETRY_STATUSES,
             "retry_on_timeout": True,
         }
-        if cloud_id:
-            options["cloud_id"] = cloud_id
-        else:
+        if url:  # an explicit URL wins over a cloud id from the environment
             options["hosts"] = [url]
+        else:
+            options["cloud_id"] = cloud_id
         if api_key:
             options["api_key"] = api_key
         elif user:
