@@ -91,7 +91,7 @@ def mapping_options(f):
 def index_create(bundle, url, index_name, insecure, engine, shards, replicas, pipelines, as_json, **elastic) -> int:
     """Create the OpenSearch index (mappings/index.json) and its hybrid search pipelines,
     or with --backend elasticsearch the Elasticsearch index (mappings/elasticsearch/)."""
-    if elastic.pop("backend") == "elasticsearch":
+    if _is_elastic(elastic):
         return _elastic_create(bundle, url, index_name, insecure, shards, replicas, as_json, **elastic)
     identity = load_bundle(bundle).identity()
     store = opensearch_backend(url, index_name, insecure)
@@ -133,7 +133,7 @@ def index_reindex(bundle, url, index_name, insecure, engine, shards, replicas, k
     Nothing changes unless every document made it: the new index is removed otherwise.
     Stop ingests while this runs.
     """
-    if elastic.pop("backend") == "elasticsearch":
+    if _is_elastic(elastic):
         return _elastic_reindex(bundle, url, index_name, insecure, shards, replicas, keep_old, device, as_json,
                                 **elastic)
     store = opensearch_backend(url, index_name, insecure)
@@ -178,6 +178,16 @@ def make_reencoder(bundle, device: str = "auto") -> Callable[[Document], Documen
 
 
 # --- Elasticsearch (index create / reindex --backend elasticsearch) -----------------------
+
+
+def _is_elastic(options: dict) -> bool:
+    """Pop --backend; Elasticsearch-only options with the OpenSearch backend are a usage error."""
+    if options.pop("backend") == "elasticsearch":
+        return True
+    given = [f"--{k.replace('_', '-')}" for k, v in options.items() if v is not None]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} only apply with --backend elasticsearch")
+    return False
 
 
 def _vector_mapping(current, sparse_type, similarity, dense_index):

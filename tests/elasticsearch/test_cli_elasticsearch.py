@@ -92,3 +92,9 @@ def test_ingest_and_query(tmp_path, es_proxy, tiny_blip_bundle):
 def test_query_without_url_is_a_usage_error(args, tiny_blip_bundle):
     res = CliRunner().invoke(cli, ["query", "dog", "--bundle", str(tiny_blip_bundle), *args])
     assert res.exit_code == 2 and "D2S_ELASTICSEARCH_URL" in res.output
+
+
+def test_elasticsearch_options_need_the_elasticsearch_backend(monkeypatch):
+    monkeypatch.setattr(cli_module, "load_bundle", lambda path, verify=False: FakeBundle("e" * 32))
+    res = CliRunner().invoke(index_create, ["--url", "http://127.0.0.1:9", "--sparse-type", "sparse_vector"])
+    assert res.exit_code == 2 and "--sparse-type only apply with --backend elasticsearch" in res.output
