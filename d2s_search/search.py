@@ -57,10 +57,13 @@ class SearchResult:
     hits: list[Hit]
     took_ms: float
     query_terms: list[tuple[str, float]] = field(default_factory=list)
+    # Hybrid only: who fused the runs, e.g. "elasticsearch-rrf-retriever" or "client-minmax".
+    fusion: str | None = None
 
     def to_json(self) -> dict:
         return {
             "mode": self.mode,
+            **({"fusion": self.fusion} if self.fusion else {}),
             "took_ms": round(self.took_ms, 3),
             "query_terms": [{"term": t, "weight": w} for t, w in self.query_terms],
             "results": [dict(rank=i + 1, **h.to_json()) for i, h in enumerate(self.hits)],
@@ -110,7 +113,12 @@ def run_query(backend: Backend, query: QueryVectors, options: SearchOptions) -> 
     else:
         hits = hybrid(backend, query, options)
     took = (time.perf_counter() - start) * 1000
-    return SearchResult(mode=options.mode, hits=hits, took_ms=took, query_terms=list(_top(query.full, 50).items()))
+    fusion = None
+    if options.mode == "hybrid":
+        native = getattr(backend, "hybrid_search", None) is not None
+        fusion = getattr(backend, "last_fusion", None) if native else f"client-{options.fusion}"
+    return SearchResult(mode=options.mode, hits=hits, took_ms=took, query_terms=list(_top(query.full, 50).items()),
+                        fusion=fusion)
 
 
 def hybrid(backend: Backend, query: QueryVectors, options: SearchOptions) -> list[Hit]:

@@ -8,7 +8,7 @@ from .base import Backend, Document, Hit, IndexIdentity, SparseVector
 
 __all__ = ["Backend", "Document", "Hit", "IndexIdentity", "SparseVector", "open_backend", "BACKENDS"]
 
-BACKENDS = ("local", "opensearch")
+BACKENDS = ("local", "opensearch", "elasticsearch")
 
 
 def open_backend(kind: str = "local", **options) -> Backend:
@@ -16,6 +16,7 @@ def open_backend(kind: str = "local", **options) -> Backend:
 
     local:      index=PATH (folder of the embedded index), threads=N
     opensearch: url=URL, index_name=NAME, user/password/api_key/ca_file/verify
+    elasticsearch: url=URL or cloud_id=ID, index_name=NAME, user/password/api_key/ca_file/verify
     """
     if kind == "local":
         from .local import LocalBackend
@@ -25,6 +26,10 @@ def open_backend(kind: str = "local", **options) -> Backend:
         from d2s_search.backends.opensearch.backend import OpenSearchBackend
 
         return OpenSearchBackend(**{k: v for k, v in options.items() if k not in ("index", "threads")})
+    if kind == "elasticsearch":
+        from d2s_search.backends.elasticsearch.backend import ElasticsearchBackend
+
+        return ElasticsearchBackend(**{k: v for k, v in options.items() if k not in ("index", "threads")})
     from ..errors import QueryError
 
     raise QueryError(f"unknown backend {kind!r}: use one of {', '.join(BACKENDS)}")

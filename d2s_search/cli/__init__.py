@@ -17,6 +17,7 @@ from d2s_search import redact, settings
 # The command modules stay attributes of this package under their own names (a command named like
 # its module, e.g. `serve`, must not hide the module).
 from d2s_search.cli import align, cluster, export, index, search, serve, train
+from d2s_search.cli import kibana as kibana_cli
 from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, D2SError
 
 _DEBUG = {"on": os.environ.get("D2S_DEBUG") == "1"}
@@ -42,7 +43,7 @@ def cli(debug: bool) -> None:
 
 for _command in (export.export_onnx, search.ingest, search.query, index.index, serve.serve, serve.serve_images,
                  cluster.dashboards, cluster.register_model, train.embed, train.train, train.evaluate_cmd,
-                 align.align):
+                 align.align, kibana_cli.kibana):
     cli.add_command(_command)
 
 

@@ -10,6 +10,8 @@ from d2s_search.backends.base import Document, PathListing
 from d2s_search.cli.options import (
     backend_options,
     connection_options,
+    elastic_mapping_options,
+    elasticsearch_backend,
     index_location,
     json_option,
     load_bundle,
@@ -140,9 +142,13 @@ def mapping_options(f):
 @mapping_options
 @click.option("--pipelines/--no-pipelines", default=True, show_default=True,
               help="Also install the hybrid search pipelines (needs the neural-search plugin).")
+@elastic_mapping_options
 @json_option
-def index_create(bundle, url, index_name, insecure, engine, shards, replicas, pipelines, as_json) -> int:
-    """Create the OpenSearch index (mappings/index.json) and its hybrid search pipelines."""
+def index_create(bundle, url, index_name, insecure, engine, shards, replicas, pipelines, as_json, **elastic) -> int:
+    """Create the OpenSearch index (mappings/index.json) and its hybrid search pipelines,
+    or with --backend elasticsearch the Elasticsearch index (mappings/elasticsearch/)."""
+    if _is_elastic(elastic):
+        return _elastic_create(bundle, url, index_name, insecure, shards, replicas, as_json, **elastic)
     identity = load_bundle(bundle).identity()
     store = opensearch_backend(url, index_name, insecure)
     try:
@@ -175,13 +181,18 @@ def index_create(bundle, url, index_name, insecure, engine, shards, replicas, pi
 @click.option("--keep-old", is_flag=True, help="Keep the previous index (the alias moves either way).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime device for re-encoding (CUDA when it really loads).")
+@elastic_mapping_options
 @json_option
-def index_reindex(bundle, url, index_name, insecure, engine, shards, replicas, keep_old, device, as_json) -> int:
+def index_reindex(bundle, url, index_name, insecure, engine, shards, replicas, keep_old, device, as_json,
+                  **elastic) -> int:
     """Copy the index into a new one (new mapping and/or bundle), then swap the alias.
 
     Nothing changes unless every document made it: the new index is removed otherwise.
     Stop ingests while this runs.
     """
+    if _is_elastic(elastic):
+        return _elastic_reindex(bundle, url, index_name, insecure, shards, replicas, keep_old, device, as_json,
+                                **elastic)
     store = opensearch_backend(url, index_name, insecure)
     try:
         store.open(None, create=False)
@@ -221,3 +232,66 @@ def make_reencoder(bundle, device: str = "auto") -> Callable[[Document], Documen
                         ingested_at=doc.ingested_at)
 
     return reencode
+
+
+# --- Elasticsearch (index create / reindex --backend elasticsearch) -----------------------
+
+
+def _is_elastic(options: dict) -> bool:
+    """Pop --backend; Elasticsearch-only options with the OpenSearch backend are a usage error."""
+    if options.pop("backend") == "elasticsearch":
+        return True
+    given = [f"--{k.replace('_', '-')}" for k, v in options.items() if v is not None]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} only apply with --backend elasticsearch")
+    return False
+
+
+def _vector_mapping(current, sparse_type, similarity, dense_index):
+    from d2s_search.backends.elasticsearch.queries import VectorMapping
+
+    base = current or VectorMapping()
+    return VectorMapping(sparse_type=sparse_type or base.sparse_type, similarity=similarity or base.similarity,
+                         index_type=dense_index or base.index_type)
+
+
+def _elastic_create(bundle, url, index_name, insecure, shards, replicas, as_json, *, sparse_type, similarity,
+                    dense_index) -> int:
+    identity = load_bundle(bundle).identity()
+    store = elasticsearch_backend(url, index_name, insecure,
+                                  mapping=_vector_mapping(None, sparse_type, similarity, dense_index))
+    try:
+        existed = store.exists()
+        store.open(identity, create=True, shards=shards, replicas=replicas)
+        stats = store.stats()
+    finally:
+        store.close()
+    payload = {"index": index_name, "created": not existed, "indices": stats["indices"],
+               "bundle_fingerprint": identity.fingerprint, "dense_dim": identity.dense_dim,
+               "server_version": stats["server_version"], "sparse_type": stats["sparse_type"],
+               "similarity": stats["similarity"], "dense_index": stats["dense_index"]}
+    verb = "exists already for this bundle" if existed else "created"
+    _emit(payload, as_json, [f"index {index_name} {verb} at {store.url} ({', '.join(stats['indices'])}; "
+                             f"{stats['sparse_type']}, {stats['similarity']}, {stats['dense_index']}; "
+                             f"Elasticsearch {stats['server_version']})"])
+    return EXIT_OK
+
+
+def _elastic_reindex(bundle, url, index_name, insecure, shards, replicas, keep_old, device, as_json, *,
+                     sparse_type, similarity, dense_index) -> int:
+    store = elasticsearch_backend(url, index_name, insecure)
+    try:
+        store.open(None, create=False)
+        identity, reencode = None, None
+        if bundle:
+            loaded = load_bundle(bundle)
+            identity = loaded.identity()
+            if store.identity and identity.fingerprint != store.identity.fingerprint:
+                reencode = make_reencoder(loaded, device)
+        mapping = _vector_mapping(store.mapping, sparse_type, similarity, dense_index)
+        out = store.reindex(identity, reencode, mapping=mapping, shards=shards, replicas=replicas, keep_old=keep_old)
+    finally:
+        store.close()
+    _emit(out, as_json, [f"reindexed {out['documents']} documents: {index_name} now points at {out['to']} "
+                         f"(was {out['from']}{', kept' if out['kept_old'] else ', deleted'})"])
+    return EXIT_OK

@@ -227,4 +227,5 @@ def _print_hits(result) -> None:
         matched = ", ".join(f"{t} {c:.2f}" for t, c in hit.matched)
         table.add_row(str(rank), f"{hit.score:.4f}", path, matched)
     out.print(table)
-    out.print(f"[dim]{len(result.hits)} result(s), {result.mode}, {result.took_ms:.1f} ms[/dim]")
+    fused = f" ({result.fusion})" if getattr(result, "fusion", None) else ""
+    out.print(f"[dim]{len(result.hits)} result(s), {result.mode}{fused}, {result.took_ms:.1f} ms[/dim]")

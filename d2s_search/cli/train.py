@@ -223,7 +223,7 @@ def export_head(head_path, out, as_json) -> int:
 @click.option("--image-root", type=click.Path(file_okay=False), help="With --dataset: folder the image paths are relative to.")
 @click.option("--bundle", type=click.Path(file_okay=False), envvar="D2S_BUNDLE", help="With --dataset: the bundle the index was filled with (default: the one it records).")
 @click.option("--index", "index_dir", type=click.Path(file_okay=False), envvar="D2S_INDEX", default="./d2s-index", show_default=True, help="With --dataset: local index folder.")
-@click.option("--backend", type=click.Choice(["local", "opensearch"]), envvar="D2S_BACKEND", help="With --dataset: backend (default: opensearch when --url is set).")
+@click.option("--backend", type=click.Choice(["local", "opensearch", "elasticsearch"]), envvar="D2S_BACKEND", help="With --dataset: backend (default: opensearch when --url is set).")
 @click.option("--url", envvar="D2S_OPENSEARCH_URL", help="With --dataset: OpenSearch URL.")
 @click.option("--index-name", envvar="D2S_OPENSEARCH_INDEX", default="d2s", show_default=True,
               help="With --dataset: OpenSearch index name.")
