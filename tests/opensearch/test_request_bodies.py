@@ -22,6 +22,7 @@ from d2s_os_reference import synthetic_docs
 from d2s_search.backends.base import IndexIdentity
 from d2s_search.backends.opensearch import queries as q
 from d2s_search.backends.opensearch.backend import OpenSearchBackend
+from d2s_search.backends.opensearch.cluster import Dialect
 
 REPO = Path(__file__).resolve().parents[2]
 IDENT = IndexIdentity("ab" * 16, 8, "synthetic")
@@ -123,7 +124,9 @@ def test_mapping_files_equal_builders():
     assert json.loads((REPO / "mappings/index.json").read_text()) == q.index_body()
     pipelines = REPO / "mappings/pipelines"
     assert json.loads((pipelines / "d2s-hybrid-minmax.json").read_text()) == q.minmax_pipeline_body()
-    assert json.loads((pipelines / "d2s-hybrid-rrf.json").read_text()) == q.rrf_pipeline_body()
+    assert json.loads((pipelines / "d2s-hybrid-rrf.json").read_text()) == q.rrf_pipeline_body()  # 3.1+
+    rrf_219 = q.rrf_pipeline_body(60, Dialect.of("2.19.1"))  # 2.19 and 3.0 read parameters.rank_constant
+    assert json.loads((pipelines / "d2s-hybrid-rrf-2.19.json").read_text()) == rrf_219
 
 
 def test_mapping_files_match_spec(spec):

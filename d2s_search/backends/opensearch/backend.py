@@ -24,6 +24,7 @@ import numpy as np
 from d2s_search.backends.base import Document, Hit, IndexIdentity, SparseVector
 from d2s_search.backends.opensearch import queries as q
 from d2s_search.backends.opensearch.client import OpenSearchHTTP, Reply
+from d2s_search.backends.opensearch.cluster import ClusterInfo, Dialect, cluster_info
 from d2s_search.backends.opensearch.features import decode_features, matched_terms
 from d2s_search.errors import (
     BackendUnavailableError,
@@ -86,6 +87,8 @@ class OpenSearchBackend:
         self.identity: IndexIdentity | None = None
         self._max_clauses: int | None = None
         self._pipelines: set[str] = set()
+        self._cluster: ClusterInfo | None = None
+        self._dirty = False  # written since the last refresh
 
     @classmethod
     def from_env(cls, url: str | None = None, env: Mapping[str, str] | None = None, **options: Any) -> OpenSearchBackend:
@@ -166,9 +169,15 @@ class OpenSearchBackend:
         self.identity = None
 
     def close(self) -> None:
-        self.http.close()
+        try:
+            self.settle()
+        except BackendUnavailableError as exc:
+            log.warning("final refresh of %s failed: %s", self.index_name, exc)
+        finally:
+            self.http.close()
 
     def stats(self) -> dict:
+        self.settle()
         mapping = self._mapping()
         concrete = sorted(mapping)
         meta = mapping[concrete[0]].get("mappings", {}).get("_meta", {}) if concrete else {}
@@ -210,9 +219,8 @@ class OpenSearchBackend:
             except (ValueError, TypeError) as exc:
                 failures[doc.id] = str(exc)
         for chunk in self._chunks(q.bulk_index_lines(self.index_name, sources)):
+            self._dirty = True
             failures.update(self._bulk(chunk))
-        if sources and self.refresh:
-            self._refresh()
         if failures:
             stored = len(sources) - sum(1 for i, _ in sources if i in failures)
             first_id, first = next(iter(failures.items()))
@@ -230,8 +238,7 @@ class OpenSearchBackend:
             if failures:
                 raise IndexStoreError(f"cannot delete {len(failures)} document(s): {next(iter(failures.values()))}")
             deleted += sum(1 for r in results if r == "deleted")
-        if ids and self.refresh:
-            self._refresh()
+            self._dirty = True
         return deleted
 
     def _chunks(self, lines: list[str], lines_per_doc: int = 2) -> Iterator[list[str]]:
@@ -286,6 +293,17 @@ class OpenSearchBackend:
                 attempt += 1
             pending = retry
         return (failures, results) if collect else failures
+
+    def settle(self) -> None:
+        """Refresh once before the first read after writes (``refresh=True``), not per batch.
+
+        A refresh after every ingest batch of 32 images writes a tiny Lucene segment each
+        time (merge pressure, slower searches); searches through this backend still see
+        every write, and ``close`` refreshes once at the end of an ingest.
+        """
+        if self._dirty and self.refresh:
+            self._refresh()
+        self._dirty = False
 
     def _refresh(self) -> None:
         reply = self.http.request("POST", f"/{self.index_name}/_refresh")
@@ -402,12 +420,13 @@ class OpenSearchBackend:
             window = int(opts.candidates)
             explain = int(opts.explain)
         pipeline = self.ensure_pipeline(method, weights, rank_constant)
+        dialect = self.dialect()
         body = q.hybrid_search_body(
             sparse, vector, k, offset=offset, window=window, max_clauses=self.max_clauses(),
-            filters=q.Filters(path_prefix), neural_sparse=neural_sparse,
+            filters=q.Filters(path_prefix), neural_sparse=neural_sparse, dialect=dialect,
         )
         body["_source"] = [*q.HIT_SOURCE, q.DENSE_FIELD]
-        raw = self._search(body, params={"search_pipeline": pipeline})
+        raw = q.hybrid_page(self._search(body, params={"search_pipeline": pipeline}), k, offset, dialect)
         hits = self._hits(raw, sparse, explain)
         vec = np.asarray(vector, dtype=np.float32).reshape(-1)
         for hit, h in zip(hits, raw, strict=True):
@@ -426,7 +445,8 @@ class OpenSearchBackend:
         name = q.pipeline_name(method, weights, rank_constant)
         if name not in self._pipelines:
             reply = self.http.request(
-                "PUT", f"/_search/pipeline/{name}", json_body=q.pipeline_body(method, weights, rank_constant)
+                "PUT", f"/_search/pipeline/{name}",
+                json_body=q.pipeline_body(method, weights, rank_constant, self.dialect()),
             )
             if not reply.ok:
                 raise IndexStoreError(
@@ -435,14 +455,31 @@ class OpenSearchBackend:
             self._pipelines.add(name)
         return name
 
+    def cluster(self) -> ClusterInfo:
+        """Version and distribution from ``GET /`` (read once; unknown when it is refused)."""
+        if self._cluster is None:
+            reply = self.http.request("GET", "/", raise_auth=False)
+            self._cluster = cluster_info(reply.body if reply.ok else None, self.url, self.http.aws_service)
+        return self._cluster
+
+    def dialect(self) -> Dialect:
+        return self.cluster().dialect
+
     def max_clauses(self) -> int:
-        """``indices.query.bool.max_clause_count`` of the cluster (1024 when it cannot be read)."""
+        """``indices.query.bool.max_clause_count`` of the cluster (1024 when it cannot be read).
+
+        Reading it needs ``cluster:monitor/settings``; a user without it (403) still searches,
+        with the default.
+        """
         if self._max_clauses is None:
             self._max_clauses = q.DEFAULT_MAX_CLAUSES
             reply = self.http.request(
-                "GET", "/_cluster/settings", params={"include_defaults": "true", "flat_settings": "true"}
+                "GET", "/_cluster/settings", params={"include_defaults": "true", "flat_settings": "true"},
+                raise_auth=False,
             )
-            if reply.ok and isinstance(reply.body, dict):
+            if reply.status in (401, 403):
+                log.info("cannot read max_clause_count (%s); assuming %d", reply.status, q.DEFAULT_MAX_CLAUSES)
+            elif reply.ok and isinstance(reply.body, dict):
                 for scope in ("transient", "persistent", "defaults"):
                     value = reply.body.get(scope, {}).get("indices.query.bool.max_clause_count")
                     if value is not None:
@@ -451,6 +488,7 @@ class OpenSearchBackend:
         return self._max_clauses
 
     def _search(self, body: dict, params: Mapping[str, str] | None = None) -> list[dict]:
+        self.settle()
         reply = self.http.request("POST", f"/{self.index_name}/_search", json_body=body, params=params)
         self._raise_for(reply, "search")
         return reply.body.get("hits", {}).get("hits", [])
@@ -629,6 +667,7 @@ class OpenSearchBackend:
         self._raise_for(reply, "record the bundle in _meta")
 
     def _count(self, index: str) -> int:
+        self.settle()
         reply = self.http.request("GET", f"/{index}/_count")
         self._raise_for(reply, "count documents")
         return int(reply.body.get("count", 0))

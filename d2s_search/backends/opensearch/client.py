@@ -110,6 +110,7 @@ class OpenSearchHTTP:
         self.max_backoff = max_backoff
         self._sleep = sleep
         self.retried = 0  # how many requests were repeated (for stats and tests)
+        self.aws_service: str | None = None  # "es" / "aoss" when requests are SigV4-signed
         headers = {"Accept": "application/json"}
         if api_key:
             headers["Authorization"] = f"ApiKey {api_key}"
@@ -147,8 +148,13 @@ class OpenSearchHTTP:
         ndjson: str | None = None,
         params: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        raise_auth: bool = True,
     ) -> Reply:
-        """Send one request, repeating it on transient failures; non-2xx answers are returned."""
+        """Send one request, repeating it on transient failures; non-2xx answers are returned.
+
+        401/403 raise BackendUnavailableError unless ``raise_auth`` is False (for reads the
+        caller can do without, such as cluster settings a restricted user may not see).
+        """
         content: bytes | None = None
         headers: dict[str, str] = {}
         if ndjson is not None:
@@ -188,8 +194,8 @@ class OpenSearchHTTP:
                     f"OpenSearch at {self.url} answered {resp.status_code} "
                     f"({reply.error_reason()}) after {attempt + 1} attempts"
                 )
-            if resp.status_code in (401, 403):
-                raise BackendUnavailableError(_auth_message(self.url, resp.status_code, reply))
+            if resp.status_code in (401, 403) and raise_auth:
+                raise BackendUnavailableError(auth_message(self.url, resp.status_code, reply))
             return reply
 
     def _wait(self, attempt: int, retry_after: str | None, why: str) -> None:
@@ -221,7 +227,7 @@ def _is_tls_failure(exc: Exception) -> bool:
     return "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text
 
 
-def _auth_message(url: str, status: int, reply: Reply) -> str:
+def auth_message(url: str, status: int, reply: Reply) -> str:
     if status == 401:
         return (
             f"OpenSearch at {url} refused the credentials (401): set D2S_OPENSEARCH_USER and "

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from d2s_search.backends.base import Document, IndexIdentity, SparseVector
+from d2s_search.backends.opensearch.cluster import Dialect
 from d2s_search.backends.opensearch.features import (
     NEURAL_SPARSE_MAX_WEIGHT,
     prune,
@@ -29,6 +30,13 @@ SPARSE_FIELD = "sparse"
 DENSE_FIELD = "dense"
 DEFAULT_MAX_CLAUSES = 1024  # indices.query.bool.max_clause_count default
 MAX_RESULT_WINDOW = 10_000  # index.max_result_window default
+# index.max_rescore_window default (OpenSearch server/.../index/IndexSettings.java,
+# MAX_RESCORE_WINDOW_SETTING, 2.x and 3.x): a larger rescore window_size fails the search.
+MAX_RESCORE_WINDOW = 10_000
+# Clauses kept free under max_clause_count: the limit counts every leaf (filters, the hybrid
+# query's k-NN clause), and plugins may add a clause or two; sitting exactly at it is fragile.
+CLAUSE_MARGIN = 8
+NEWEST = Dialect()
 PIPELINE_MINMAX = "d2s-hybrid-minmax"
 PIPELINE_RRF = "d2s-hybrid-rrf"
 # Fields a search hit needs to become a Hit (matched terms come from the stored features).
@@ -168,6 +176,12 @@ def query_weights(query: SparseVector, max_clauses: int) -> dict[str, float]:
     return prune(sendable_weights(query), max_clauses)
 
 
+def clause_budget(max_clauses: int, other_clauses: int = 0) -> int:
+    """Terms a query may have: Lucene counts every leaf clause against ``max_clause_count``
+    (filters included); :data:`CLAUSE_MARGIN` more stay free."""
+    return max(1, int(max_clauses) - other_clauses - CLAUSE_MARGIN)
+
+
 def rank_feature_clauses(weights: Mapping[str, float]) -> list[dict[str, Any]]:
     """One ``rank_feature`` clause per term: score = boost * stored value, i.e. the dot product."""
     return [
@@ -185,8 +199,7 @@ def sparse_query(
 ) -> dict[str, Any]:
     """``bool.should`` of ``rank_feature`` (or one ``neural_sparse`` with ``query_tokens``)."""
     filter_clauses = filters.clauses()
-    # Lucene counts every leaf clause against max_clause_count, filters included.
-    weights = query_weights(query, max(1, max_clauses - len(filter_clauses)))
+    weights = query_weights(query, clause_budget(max_clauses, len(filter_clauses)))
     if not weights:
         raise QueryError("the query has no terms with a positive weight")
     if neural_sparse:
@@ -259,12 +272,14 @@ def two_phase_body(
     """Retrieve with ``first``, rescore the top ``window`` with ``full``.
 
     ``query_weight: 0`` makes a rescored hit's score exactly the full query's score; the window
-    covers the whole page, or hits past it would keep their first-phase scores.
+    covers the whole page, or hits past it would keep their first-phase scores. It stays within
+    ``index.max_rescore_window`` (:data:`MAX_RESCORE_WINDOW`; the page itself is already kept
+    within ``index.max_result_window``, which has the same default).
     """
     body = sparse_search_body(first, k, offset=offset, max_clauses=max_clauses, filters=filters)
     rescore_q = sparse_query(full, max_clauses=max_clauses)
     body["rescore"] = {
-        "window_size": max(int(window), offset + k),
+        "window_size": min(max(int(window), offset + k), MAX_RESCORE_WINDOW),
         "query": {
             "rescore_query": rescore_q,
             "query_weight": 0.0,
@@ -308,25 +323,46 @@ def hybrid_search_body(
     max_clauses: int = DEFAULT_MAX_CLAUSES,
     filters: Filters = NO_FILTERS,
     neural_sparse: bool = False,
+    dialect: Dialect = NEWEST,
 ) -> dict[str, Any]:
-    """The ``hybrid`` query (sparse, dense); fusion happens in the search pipeline."""
+    """The ``hybrid`` query (sparse, dense); fusion happens in the search pipeline.
+
+    Both sub-queries collect ``depth = max(window, offset + k)`` candidates per shard on every
+    page, so ``window`` matters on page 1 and pages 1 and 2 fuse the same pool. From 2.19 that
+    is ``pagination_depth``; before, ``from: 0, size: depth`` and :func:`hybrid_page` cuts the
+    page out (see :mod:`d2s_search.backends.opensearch.cluster`).
+    """
     _page(k, offset)
-    depth = max(int(window or 0), offset + k)
+    depth = min(max(int(window or 0), offset + k), MAX_RESULT_WINDOW)
     queries = [
-        sparse_query(sparse, max_clauses=max_clauses, filters=filters, neural_sparse=neural_sparse),
+        # the k-NN sub-query is one more leaf clause
+        sparse_query(sparse, max_clauses=max_clauses - 1, filters=filters, neural_sparse=neural_sparse),
         knn_query(vector, depth, filters),
     ]
     hybrid: dict[str, Any] = {"queries": queries}
-    if offset:
-        hybrid["pagination_depth"] = depth  # required by OpenSearch 3.x when paging
-    body = search_body({"hybrid": hybrid}, k, offset)
-    return body
+    if dialect.pagination_depth:
+        hybrid["pagination_depth"] = depth  # bounded by index.max_result_window
+        return search_body({"hybrid": hybrid}, k, offset)
+    return search_body({"hybrid": hybrid}, depth, 0)
+
+
+def hybrid_page(hits: Sequence[Any], k: int, offset: int, dialect: Dialect = NEWEST) -> list[Any]:
+    """The page of a hybrid answer: clusters before 2.19 returned the whole candidate pool."""
+    return list(hits) if dialect.pagination_depth else list(hits)[offset : offset + k]
 
 
 # -- search pipelines --------------------------------------------------------------------
 
 
 def minmax_pipeline_body(weights: tuple[float, float] = (0.5, 0.5)) -> dict[str, Any]:
+    """Min-max normalisation, then a weighted mean.
+
+    The dense run's scores are k-NN scores, not inner products: ``1 + ip`` for ``ip >= 0`` and
+    ``1 / (1 - ip)`` below (k-NN ``SpaceType.INNER_PRODUCT``). That map is monotonic, so ranks
+    (and RRF) are unaffected, but it is not linear for negative inner products: min-max over it
+    squeezes the negative range, so a candidate pool with negative inner products is fused on
+    a different scale than the plain inner products (``Hit.parts`` reports the exact ones).
+    """
     ws, wd = _fusion_weights(weights)
     return {
         "description": "d2s-search hybrid: min-max normalised sparse and dense scores, "
@@ -345,14 +381,20 @@ def minmax_pipeline_body(weights: tuple[float, float] = (0.5, 0.5)) -> dict[str,
     }
 
 
-def rrf_pipeline_body(rank_constant: int = 60) -> dict[str, Any]:
+def rrf_pipeline_body(rank_constant: int = 60, dialect: Dialect = NEWEST) -> dict[str, Any]:
+    """Reciprocal rank fusion; where ``rank_constant`` goes depends on the version (cluster.py)."""
     if rank_constant < 1:
         raise QueryError("the RRF rank constant must be at least 1")
+    if not dialect.rrf:
+        raise QueryError("RRF fusion needs OpenSearch 2.19 or later; use min_max")
+    combination: dict[str, Any] = {"technique": "rrf"}
+    if dialect.rrf_rank_constant_top_level:
+        combination["rank_constant"] = rank_constant
+    else:
+        combination["parameters"] = {"rank_constant": rank_constant}
     return {
         "description": "d2s-search hybrid: reciprocal rank fusion of the sparse and dense runs",
-        "phase_results_processors": [
-            {"score-ranker-processor": {"combination": {"technique": "rrf", "rank_constant": rank_constant}}}
-        ],
+        "phase_results_processors": [{"score-ranker-processor": {"combination": combination}}],
     }
 
 
@@ -368,9 +410,10 @@ def pipeline_name(method: str, weights: tuple[float, float] = (0.5, 0.5), rank_c
     return f"{PIPELINE_MINMAX}-{ws:.4f}-{wd:.4f}"
 
 
-def pipeline_body(method: str, weights: tuple[float, float] = (0.5, 0.5), rank_constant: int = 60) -> dict[str, Any]:
+def pipeline_body(method: str, weights: tuple[float, float] = (0.5, 0.5), rank_constant: int = 60,
+                  dialect: Dialect = NEWEST) -> dict[str, Any]:
     if method == "rrf":
-        return rrf_pipeline_body(rank_constant)
+        return rrf_pipeline_body(rank_constant, dialect)
     pipeline_name(method, weights)  # validates the method
     return minmax_pipeline_body(weights)
 
