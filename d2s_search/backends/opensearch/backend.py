@@ -18,12 +18,18 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import httpx
 import numpy as np
+from opensearchpy import helpers
 
 from d2s_search.backends.base import Document, Hit, IndexIdentity, SparseVector
 from d2s_search.backends.opensearch import queries as q
-from d2s_search.backends.opensearch.client import OpenSearchHTTP, Reply
+from d2s_search.backends.opensearch.client import (
+    ENV_AWS_REGION,
+    ENV_AWS_SERVICE,
+    OpenSearchHTTP,
+    Reply,
+    split_hosts,
+)
 from d2s_search.backends.opensearch.cluster import ClusterInfo, Dialect, cluster_info
 from d2s_search.backends.opensearch.features import decode_features, matched_terms
 from d2s_search.errors import (
@@ -43,6 +49,7 @@ ENV_API_KEY = "D2S_OPENSEARCH_API_KEY"
 ENV_CA_FILE = "D2S_OPENSEARCH_CA_FILE"
 ENV_INDEX = "D2S_OPENSEARCH_INDEX"
 ENV_INSECURE = "D2S_OPENSEARCH_INSECURE"  # "1": skip TLS verification (local demo certificates only)
+ENV_SNIFF = "D2S_OPENSEARCH_SNIFF"  # "1": discover the cluster's other nodes (not behind Docker/LB)
 
 # Per-item bulk statuses worth sending again (queue full, node busy).
 RETRY_ITEM_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -56,7 +63,7 @@ class OpenSearchBackend:
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         index_name: str = "d2s",
         user: str | None = None,
         password: str | None = None,
@@ -71,14 +78,17 @@ class OpenSearchBackend:
         refresh: bool = True,
         backoff: float = 0.5,
         sleep: Callable[[float], None] | None = None,
-        transport: httpx.BaseTransport | None = None,
+        aws_region: str | None = None,
+        aws_service: str | None = None,
+        sniff: bool = False,
     ) -> None:
         if not index_name or index_name != index_name.lower() or index_name.startswith(("_", "-", "+")):
             raise IndexStoreError(f"invalid OpenSearch index name {index_name!r} (lowercase, no leading _ - +)")
         extra: dict[str, Any] = {"sleep": sleep} if sleep else {}
         self.http = OpenSearchHTTP(
             url, user=user, password=password, api_key=api_key, ca_file=ca_file, verify=verify,
-            timeout=timeout, retries=retries, backoff=backoff, transport=transport, **extra,
+            timeout=timeout, retries=retries, backoff=backoff, aws_region=aws_region,
+            aws_service=aws_service, sniff=sniff, **extra,
         )
         self.index_name = index_name
         self.chunk_docs = max(1, chunk_docs)
@@ -91,20 +101,11 @@ class OpenSearchBackend:
         self._dirty = False  # written since the last refresh
 
     @classmethod
-    def from_env(cls, url: str | None = None, env: Mapping[str, str] | None = None, **options: Any) -> OpenSearchBackend:
-        """Settings: explicit arguments > ``D2S_OPENSEARCH_*`` environment."""
-        env = os.environ if env is None else env
-        url = url or env.get(ENV_URL)
-        if not url:
-            raise BackendUnavailableError(f"no OpenSearch URL: pass --url or set {ENV_URL}")
-        for key, var in (("user", ENV_USER), ("password", ENV_PASSWORD), ("api_key", ENV_API_KEY),
-                         ("ca_file", ENV_CA_FILE), ("index_name", ENV_INDEX)):
-            if options.get(key) is None and env.get(var):
-                options[key] = env[var]
-        if options.get("verify") is None and env.get(ENV_INSECURE, "").lower() in ("1", "true", "yes"):
-            options["verify"] = False
-        options = {k: v for k, v in options.items() if v is not None}
-        return cls(url, **options)
+    def from_env(cls, url: str | Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+                 **options: Any) -> OpenSearchBackend:
+        """Settings: explicit arguments > ``D2S_OPENSEARCH_*`` environment (see connection_options)."""
+        options = connection_options(url, env, **options)
+        return cls(options.pop("url"), **options)
 
     def __repr__(self) -> str:
         return f"OpenSearchBackend({self.http!r}, index={self.index_name!r})"
@@ -218,9 +219,9 @@ class OpenSearchBackend:
                 sources.append((doc.id, q.doc_source(doc)))
             except (ValueError, TypeError) as exc:
                 failures[doc.id] = str(exc)
-        for chunk in self._chunks(q.bulk_index_lines(self.index_name, sources)):
+        if sources:
             self._dirty = True
-            failures.update(self._bulk(chunk))
+            failures.update(self._bulk(q.bulk_index_actions(self.index_name, sources)))
         if failures:
             stored = len(sources) - sum(1 for i, _ in sources if i in failures)
             first_id, first = next(iter(failures.items()))
@@ -232,64 +233,50 @@ class OpenSearchBackend:
 
     def delete(self, ids: Iterable[str]) -> int:
         ids = list(dict.fromkeys(ids))
-        deleted = 0
-        for chunk in self._chunks(q.bulk_delete_lines(self.index_name, ids), lines_per_doc=1):
-            failures, results = self._bulk(chunk, lines_per_doc=1, collect=True)
-            if failures:
-                raise IndexStoreError(f"cannot delete {len(failures)} document(s): {next(iter(failures.values()))}")
-            deleted += sum(1 for r in results if r == "deleted")
-            self._dirty = True
-        return deleted
+        if not ids:
+            return 0
+        self._dirty = True
+        failures, results = self._bulk(q.bulk_delete_actions(self.index_name, ids), collect=True)
+        if failures:
+            raise IndexStoreError(f"cannot delete {len(failures)} document(s): {next(iter(failures.values()))}")
+        return sum(1 for r in results if r == "deleted")
 
-    def _chunks(self, lines: list[str], lines_per_doc: int = 2) -> Iterator[list[str]]:
-        chunk: list[str] = []
-        size = 0
-        for i in range(0, len(lines), lines_per_doc):
-            item = lines[i : i + lines_per_doc]
-            item_size = sum(len(s.encode("utf-8")) + 1 for s in item)
-            if chunk and (len(chunk) // lines_per_doc >= self.chunk_docs or size + item_size > self.chunk_bytes):
-                yield chunk
-                chunk, size = [], 0
-            chunk.extend(item)
-            size += item_size
-        if chunk:
-            yield chunk
+    def _bulk(self, actions: list[dict[str, Any]], collect: bool = False):
+        """Send ``actions`` with ``opensearchpy.helpers.streaming_bulk``; per-item results.
 
-    def _bulk(self, lines: list[str], lines_per_doc: int = 2, collect: bool = False):
-        """Send one chunk; resend only the items refused as busy. Returns {id: reason} (+ results)."""
-        pending = lines
+        Items refused as busy (429/5xx) are sent again after a back-off, the rest are reported:
+        returns ``{id: reason}`` (and the results of the items that succeeded with ``collect``).
+        A chunk refused as too large (413) is sent again in halves.
+        """
         failures: dict[str, str] = {}
         results: list[str] = []
-        attempt = 0
+        pending, chunk_docs, chunk_bytes, attempt = actions, self.chunk_docs, self.chunk_bytes, 0
         while pending:
-            reply = self.http.request("POST", "/_bulk", ndjson=q.ndjson(pending))
-            if reply.status == 413 and len(pending) > lines_per_doc:
-                half = (len(pending) // lines_per_doc // 2) * lines_per_doc
-                for part in (pending[:half], pending[half:]):
-                    f, r = self._bulk(part, lines_per_doc, collect=True)
-                    failures.update(f)
-                    results.extend(r)
-                break
-            if not reply.ok:
-                raise IndexStoreError(f"bulk write to {self.index_name!r} failed: {reply.error_reason()}")
-            items = reply.body.get("items", [])
-            if len(items) * lines_per_doc != len(pending):
-                raise IndexStoreError(
-                    f"bulk answer has {len(items)} items for {len(pending) // lines_per_doc} documents"
-                )
-            retry: list[str] = []
-            for n, item in enumerate(items):
-                (result,) = item.values()
-                status = int(result.get("status", 0))
+            retry: list[dict[str, Any]] = []
+            too_large: list[dict[str, Any]] = []
+            by_id = {a["_id"]: a for a in pending}
+            for ok, item in helpers.streaming_bulk(
+                self.http.client, pending, chunk_size=chunk_docs, max_chunk_bytes=chunk_bytes,
+                raise_on_error=False, raise_on_exception=False, max_retries=0, yield_ok=True,
+                headers={"content-type": "application/x-ndjson"},
+            ):
+                ((_, result),) = item.items()
+                status = int(result.get("status", 0) or 0)
                 doc_id = str(result.get("_id"))
-                if 200 <= status < 300 or (status == 404 and result.get("result") == "not_found"):
+                if ok or (status == 404 and result.get("result") == "not_found"):
                     results.append(result.get("result", ""))
+                elif status == 413 and chunk_docs > 1:
+                    too_large.append(by_id[doc_id])
                 elif status in RETRY_ITEM_STATUSES and attempt < self.http.retries:
-                    retry.extend(pending[n * lines_per_doc : (n + 1) * lines_per_doc])
+                    retry.append(by_id[doc_id])
                 else:
                     failures[doc_id] = _item_reason(result)
-            if retry:
-                self.http._wait(attempt, None, f"{len(retry) // lines_per_doc} bulk item(s) refused as busy")
+            if too_large:
+                # A smaller chunk may fit; this is not a retry of a busy server.
+                chunk_docs, chunk_bytes = max(1, chunk_docs // 2), max(1024, chunk_bytes // 2)
+                retry += too_large
+            elif retry:
+                self.http.policy.wait(attempt, None, f"{len(retry)} bulk item(s) refused as busy")
                 attempt += 1
             pending = retry
         return (failures, results) if collect else failures
@@ -683,6 +670,36 @@ class OpenSearchBackend:
         if "too_many_clauses" in reason or "too_many_nested_clauses" in reason:
             raise QueryError(f"the query has too many terms for this cluster: {reason}")
         raise IndexStoreError(f"OpenSearch could not {what}: {reason}")
+
+
+def connection_options(url: str | Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+                       **options: Any) -> dict[str, Any]:
+    """Connection settings shared by the backend, ml-commons and ``doctor``: explicit
+    arguments > ``D2S_OPENSEARCH_*`` environment. ``url`` may list several hosts."""
+    env = os.environ if env is None else env
+    url = url or env.get(ENV_URL)
+    if not url:
+        raise BackendUnavailableError(f"no OpenSearch URL: pass --url or set {ENV_URL}")
+    for key, var in (("user", ENV_USER), ("password", ENV_PASSWORD), ("api_key", ENV_API_KEY),
+                     ("ca_file", ENV_CA_FILE), ("index_name", ENV_INDEX),
+                     ("aws_region", ENV_AWS_REGION), ("aws_service", ENV_AWS_SERVICE)):
+        if options.get(key) is None and env.get(var):
+            options[key] = env[var]
+    if options.get("verify") is None and env.get(ENV_INSECURE, "").lower() in ("1", "true", "yes"):
+        options["verify"] = False
+    if options.get("sniff") is None and env.get(ENV_SNIFF, "").lower() in ("1", "true", "yes"):
+        options["sniff"] = True
+    options = {k: v for k, v in options.items() if v is not None}
+    options["url"] = split_hosts(url)
+    return options
+
+
+def http_from_env(url: str | Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+                  **options: Any) -> OpenSearchHTTP:
+    """An :class:`OpenSearchHTTP` with the backend's connection settings (no index)."""
+    options = connection_options(url, env, **options)
+    options.pop("index_name", None)
+    return OpenSearchHTTP(options.pop("url"), **options)
 
 
 def knn_score_to_inner_product(score: float) -> float:

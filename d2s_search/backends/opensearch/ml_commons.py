@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from d2s_search.backends.opensearch.client import (
-    RETRY_EXCEPTIONS,
-    RETRY_STATUSES,
     OpenSearchHTTP,
     Reply,
     auth_message,
@@ -211,33 +209,14 @@ class MLCommons:
         raise MLCommonsError(f"ml-commons could not {what}: {reason}{_hint(reason)}")
 
     def _post_bytes(self, path: str, data: bytes, what: str) -> dict[str, Any]:
-        """POST raw bytes (a model chunk), retrying like OpenSearchHTTP.
+        """POST raw bytes (a model chunk) over the same connection, auth, TLS and retries.
 
-        OpenSearchHTTP.request sends JSON or NDJSON only; ml-commons reads the chunk as the
-        raw body, whatever its Content-Type (opensearch-py-ml sends it as application/json).
+        ml-commons reads the chunk as the raw body, whatever its Content-Type (opensearch-py-ml
+        sends it as application/json).
         """
-        client = self.http._client  # the same connection, auth and TLS settings
-        attempt = 0
-        while True:
-            try:
-                resp = client.post(path, content=data, headers={"Content-Type": "application/json"},
-                                   timeout=300.0)
-            except RETRY_EXCEPTIONS as exc:
-                if attempt >= self.http.retries:
-                    raise BackendUnavailableError(f"cannot reach OpenSearch at {self.http.url} to {what}: "
-                                                  f"{type(exc).__name__}") from None
-                self.http._wait(attempt, None, f"{what}: {type(exc).__name__}")
-                attempt += 1
-                continue
-            if resp.status_code in RETRY_STATUSES and attempt < self.http.retries:
-                self.http._wait(attempt, resp.headers.get("Retry-After"), f"{what}: {resp.status_code}")
-                attempt += 1
-                continue
-            try:
-                body = resp.json() if resp.content else {}
-            except ValueError:
-                body = resp.text
-            return self._check(Reply(resp.status_code, body), what)
+        reply = self.http.request("POST", path, content=data, content_type="application/json",
+                                  timeout=300.0, raise_auth=False)
+        return self._check(reply, what)
 
     def _wait_until(self, what: str, check: Callable[[], tuple[bool, str]]) -> str:
         deadline = self._clock() + self.timeout

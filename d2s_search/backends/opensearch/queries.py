@@ -131,21 +131,13 @@ def doc_source(doc: Document, top_terms: int = 20) -> dict[str, Any]:
     return src
 
 
-def bulk_index_lines(index: str, docs: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:
-    """NDJSON lines (action, source) for ``_bulk``; ``index`` overwrites, so retries are safe."""
-    lines: list[str] = []
-    for doc_id, source in docs:
-        lines.append(_dumps({"index": {"_index": index, "_id": doc_id}}))
-        lines.append(_dumps(source))
-    return lines
+def bulk_index_actions(index: str, docs: Iterable[tuple[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """``opensearchpy.helpers`` actions: ``index`` by content-hash id (overwrites: retry-safe)."""
+    return [{"_op_type": "index", "_index": index, "_id": doc_id, "_source": source} for doc_id, source in docs]
 
 
-def bulk_delete_lines(index: str, ids: Iterable[str]) -> list[str]:
-    return [_dumps({"delete": {"_index": index, "_id": i}}) for i in ids]
-
-
-def ndjson(lines: Sequence[str]) -> str:
-    return "\n".join(lines) + "\n"
+def bulk_delete_actions(index: str, ids: Iterable[str]) -> list[dict[str, Any]]:
+    return [{"_op_type": "delete", "_index": index, "_id": i} for i in ids]
 
 
 def mget_body(ids: Sequence[str]) -> dict[str, Any]:
