@@ -46,6 +46,7 @@ class Seen:
     auth: str | None = None
     body: bytes = b""
     content_type: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 class FaultProxy:
@@ -112,7 +113,8 @@ class FaultProxy:
         lines = body.decode("utf-8").splitlines() if path.split("?")[0].endswith("/_bulk") else None
         ids = [json.loads(x).popitem()[1].get("_id") for x in lines[0::2]] if lines else []
         self.log.append(Seen(method, path, action, len(ids) if lines is not None else None, ids,
-                             h.headers.get("Authorization"), body, h.headers.get("Content-Type", "")))
+                             h.headers.get("Authorization"), body, h.headers.get("Content-Type", ""),
+                             {k.lower(): v for k, v in h.headers.items()}))
         stubbed = self.stub(method, path, body) if self.stub and action == "forward" else None
         if stubbed is not None:
             return self._send(h, stubbed[0], json.dumps(stubbed[1]).encode(), {})
