@@ -15,7 +15,7 @@ from d2s_search import settings
 
 # The command modules stay attributes of this package under their own names (a command named like
 # its module, e.g. `serve`, must not hide the module).
-from d2s_search.cli import align, cluster, export, index, search, serve, train
+from d2s_search.cli import align, cluster, doctor, export, index, search, serve, train
 from d2s_search.errors import EXIT_OK, EXIT_USAGE, D2SError
 
 _DEBUG = {"on": os.environ.get("D2S_DEBUG") == "1"}
@@ -40,6 +40,7 @@ for _command in (export.export_onnx, search.ingest, search.query, index.index, s
                  cluster.dashboards, cluster.register_model, train.embed, train.train, train.evaluate_cmd,
                  align.align):
     cli.add_command(_command)
+cli.add_command(doctor.doctor)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -52,6 +52,13 @@ from d2s_dash_mustache import render  # loaded by conftest.py under this name
 LOCAL_FILE = "plugins.ml_commons.allow_registering_model_via_local_file"
 VIA_URL = "plugins.ml_commons.allow_registering_model_via_url"
 TRANSLATOR_INPUTS = ("input1.input_ids", "input1.attention_mask")
+ML_DEFAULTS = {
+    "plugins.ml_commons.only_run_on_ml_node": "true",
+    "plugins.ml_commons.allow_registering_model_via_local_file": "false",
+    "plugins.ml_commons.allow_registering_model_via_url": "false",
+    "plugins.ml_commons.native_memory_threshold": "90",
+    "plugins.ml_commons.jvm_heap_memory_threshold": "85",
+}
 
 
 @dataclass
@@ -121,7 +128,7 @@ class FakeCluster:
     def __init__(self, osmem_url: str, *, ml_enabled: bool = True, task_polls: int = 2,
                  settings: dict[str, Any] | None = None, auth: tuple[str, str] | None = None,
                  forbidden: dict[str, str] | None = None, heap_used_percent: int = 40,
-                 version: str = "2.19.1") -> None:
+                 version: str = "2.19.1", heap_max_bytes: int = 1024**3) -> None:
         self.osmem = httpx.Client(base_url=osmem_url, timeout=30.0)
         self.ml_enabled = ml_enabled
         self.task_polls = task_polls
@@ -132,6 +139,7 @@ class FakeCluster:
         self.forbidden = dict(forbidden or {})
         self.heap_used_percent = heap_used_percent
         self.version = version
+        self.heap_max_bytes = heap_max_bytes
         self.requests: list[Recorded] = []
         self.groups: dict[str, str] = {}
         self.models: dict[str, FakeModel] = {}
@@ -217,6 +225,23 @@ class FakeCluster:
             if not self.ml_enabled:
                 return 400, {"error": f"no handler found for uri [{path}] and method [{method}]"}
             return self._ml(rec)
+        if path == "/_cat/plugins" and method == "GET":
+            components = ["opensearch-knn", "opensearch-neural-search", "opensearch-security"]
+            components += ["opensearch-ml"] if self.ml_enabled else []
+            return 200, [{"name": "fake-node", "component": c, "version": self.version + ".0"} for c in components]
+        if path == "/_nodes/stats/jvm" and method == "GET":
+            mem = {"heap_used_in_bytes": self.heap_max_bytes * self.heap_used_percent // 100,
+                   "heap_used_percent": self.heap_used_percent, "heap_max_in_bytes": self.heap_max_bytes}
+            return 200, {"_nodes": {"total": 1, "successful": 1, "failed": 0}, "cluster_name": "fake",
+                         "nodes": {"n1": {"name": "fake-node", "jvm": {"mem": mem}}}}
+        if path == "/_cluster/settings" and method == "GET":
+            status, body = self._forward(method, path, b"", query)
+            if status == 200:
+                if self.ml_enabled:  # ml-commons 2.19.1.0 plugin/.../settings/MLCommonsSettings.java defaults
+                    body.setdefault("defaults", {}).update(ML_DEFAULTS)
+                body.setdefault("persistent", {}).update({k: str(v).lower() if isinstance(v, bool) else str(v)
+                                                          for k, v in self.settings.items()})
+            return status, body
         if path == "/_cluster/settings" and method == "PUT":
             body = self._json(rec)
             self.settings.update(body.get("persistent", {}))

@@ -8,7 +8,6 @@ import socket
 from urllib.parse import quote, urlsplit
 
 import pytest
-from d2s_os_faultproxy import FaultProxy
 from d2s_os_reference import synthetic_docs
 
 from d2s_search.backends.opensearch.backend import OpenSearchBackend, connection_options
