@@ -32,6 +32,12 @@ from d2s_search.backends.opensearch.client import (
 )
 from d2s_search.backends.opensearch.cluster import ClusterInfo, Dialect, cluster_info
 from d2s_search.backends.opensearch.features import decode_features, matched_terms
+from d2s_search.backends.opensearch.seismic import (
+    VOCABULARY_DOC,
+    Vocabulary,
+    vocabulary_index,
+    vocabulary_index_body,
+)
 from d2s_search.errors import (
     BackendUnavailableError,
     BundleMismatchError,
@@ -99,6 +105,9 @@ class OpenSearchBackend:
         self._pipelines: set[str] = set()
         self._cluster: ClusterInfo | None = None
         self._dirty = False  # written since the last refresh
+        self.vocabulary: Vocabulary | None = None  # set on a SEISMIC index: keys are vocabulary ids
+        self.seismic_top_n = 10  # query tokens SEISMIC keeps (SparseAnnQueryBuilder default)
+        self.seismic_heap_factor = 1.0
 
     @classmethod
     def from_env(cls, url: str | Sequence[str] | None = None, env: Mapping[str, str] | None = None,
@@ -145,11 +154,28 @@ class OpenSearchBackend:
         else:
             self._check_identity(identity, stored)
         self.identity = stored
+        self._load_vocabulary()
 
-    def create(self, identity: IndexIdentity, *, engine: str = "faiss", shards: int = 1, replicas: int = 0) -> str:
-        """Create ``<name>-000001`` behind the alias ``<name>``; returns the concrete name."""
+    def create(self, identity: IndexIdentity, *, engine: str = "faiss", shards: int = 1, replicas: int = 0,
+               sparse_index: str = q.SPARSE_RANK_FEATURES, vocabulary: Sequence[str] | None = None,
+               seismic: Mapping[str, Any] | None = None) -> str:
+        """Create ``<name>-000001`` behind the alias ``<name>``; returns the concrete name.
+
+        ``sparse_index="seismic"`` needs the bundle's ``vocabulary`` (stored beside the index,
+        see :mod:`d2s_search.backends.opensearch.seismic`).
+        """
         concrete = f"{self.index_name}-000001"
-        body = q.index_body(identity, engine=engine, shards=shards, replicas=replicas)
+        body = q.index_body(identity, engine=engine, shards=shards, replicas=replicas,
+                            sparse_index=sparse_index, seismic=seismic)
+        if sparse_index == q.SPARSE_SEISMIC:
+            if not self.dialect().sparse_vector:
+                raise IndexStoreError(
+                    f"the SEISMIC sparse index needs OpenSearch 3.3 or later (this cluster: "
+                    f"{self.cluster().to_json()['version']})"
+                )
+            if not vocabulary:
+                raise IndexStoreError("a SEISMIC index needs the bundle's vocabulary")
+            self._store_vocabulary(Vocabulary(vocabulary, identity.fingerprint), replicas)
         body["aliases"] = {self.index_name: {}}
         reply = self.http.request("PUT", f"/{concrete}", json_body=body)
         if not reply.ok:
@@ -158,11 +184,16 @@ class OpenSearchBackend:
                 # A retried PUT whose first answer was lost, or a race: accept it if it is ours.
                 self._check_identity(identity, self._stored_identity())
                 return concrete
+            if self.vocabulary is not None:  # created just above for this index: take it back
+                self.http.request("DELETE", f"/{vocabulary_index(self.index_name)}")
+                self.vocabulary = None
             raise IndexStoreError(f"cannot create index {concrete} at {self.url}: {kind}")
         self.identity = identity
         return concrete
 
     def drop(self) -> None:
+        if self.vocabulary is not None or self._is_seismic():
+            self.http.request("DELETE", f"/{vocabulary_index(self.index_name)}")
         for concrete in self._concrete_indices():
             reply = self.http.request("DELETE", f"/{concrete}")
             if not reply.ok and reply.status != 404:
@@ -216,7 +247,10 @@ class OpenSearchBackend:
             try:
                 if dim and np.asarray(doc.dense).size != dim:
                     raise ValueError(f"dense vector has {np.asarray(doc.dense).size} values, the index wants {dim}")
-                sources.append((doc.id, q.doc_source(doc)))
+                source = q.doc_source(doc)
+                if self.vocabulary is not None:
+                    source[q.SPARSE_FIELD] = self.vocabulary.to_ids(doc.sparse)
+                sources.append((doc.id, source))
             except (ValueError, TypeError) as exc:
                 failures[doc.id] = str(exc)
         if sources:
@@ -312,7 +346,7 @@ class OpenSearchBackend:
         for start in range(0, len(ids), 500):
             for d in self._mget(list(ids[start : start + 500]), source=True):
                 if d.get("found"):
-                    out.append(_document(d["_id"], d.get("_source", {})))
+                    out.append(_document(d["_id"], d.get("_source", {}), self._decode))
         return out
 
     def _mget(self, ids: list[str], source: bool) -> list[dict]:
@@ -337,6 +371,10 @@ class OpenSearchBackend:
         path_prefix: str | None = None,
         neural_sparse: bool = False,
     ) -> list[Hit]:
+        if self.vocabulary is not None:
+            body = q.seismic_search_body(self.vocabulary.to_ids(query), k, offset=offset, top_n=self.seismic_top_n,
+                                         heap_factor=self.seismic_heap_factor, filters=q.Filters(path_prefix))
+            return self._hits(self._search(body), query, explain)
         body = q.sparse_search_body(
             query, k, offset=offset, max_clauses=self.max_clauses(),
             filters=q.Filters(path_prefix), neural_sparse=neural_sparse,
@@ -354,6 +392,8 @@ class OpenSearchBackend:
         offset: int = 0,
         path_prefix: str | None = None,
     ) -> list[Hit]:
+        if self.vocabulary is not None:
+            raise QueryError("a SEISMIC index has no two-phase plan; use sparse (approximate) or hybrid")
         body = q.two_phase_body(
             first, full, k, window, offset=offset, max_clauses=self.max_clauses(),
             filters=q.Filters(path_prefix),
@@ -408,9 +448,15 @@ class OpenSearchBackend:
             explain = int(opts.explain)
         pipeline = self.ensure_pipeline(method, weights, rank_constant)
         dialect = self.dialect()
+        seismic_clause = None
+        if self.vocabulary is not None:
+            depth = min(max(int(window or 0), offset + k), q.MAX_RESULT_WINDOW)
+            seismic_clause = q.seismic_query(self.vocabulary.to_ids(sparse), depth, top_n=self.seismic_top_n,
+                                             heap_factor=self.seismic_heap_factor, filters=q.Filters(path_prefix))
         body = q.hybrid_search_body(
             sparse, vector, k, offset=offset, window=window, max_clauses=self.max_clauses(),
             filters=q.Filters(path_prefix), neural_sparse=neural_sparse, dialect=dialect,
+            sparse_clause=seismic_clause,
         )
         body["_source"] = [*q.HIT_SOURCE, q.DENSE_FIELD]
         raw = q.hybrid_page(self._search(body, params={"search_pipeline": pipeline}), k, offset, dialect)
@@ -418,7 +464,7 @@ class OpenSearchBackend:
         vec = np.asarray(vector, dtype=np.float32).reshape(-1)
         for hit, h in zip(hits, raw, strict=True):
             src = h.get("_source", {})
-            doc_sparse = decode_features(src.get(q.SPARSE_FIELD))
+            doc_sparse = self._decode(src.get(q.SPARSE_FIELD))
             hit.parts = {
                 "sparse": float(sum(w * doc_sparse.get(t, 0.0) for t, w in sparse.items())),
                 "dense": float(np.dot(np.asarray(src.get(q.DENSE_FIELD, []), dtype=np.float32), vec))
@@ -491,7 +537,7 @@ class OpenSearchBackend:
                     score=float(np.float32(h.get("_score") or 0.0)),
                     path=src.get("path", ""),
                     url=src.get("url"),
-                    matched=matched_terms(query, decode_features(src.get(q.SPARSE_FIELD)), explain),
+                    matched=matched_terms(query, self._decode(src.get(q.SPARSE_FIELD)), explain),
                 )
             )
         return hits
@@ -520,6 +566,8 @@ class OpenSearchBackend:
         old = self._stored_identity()
         if old is None:
             raise IndexStoreError(f"no index {self.index_name!r} at {self.url} to reindex")
+        if self._is_seismic():
+            raise IndexStoreError("reindexing a SEISMIC index is not supported yet: create a new index and ingest")
         new_identity = identity or old
         if reencode is None and new_identity.fingerprint != old.fingerprint:
             raise BundleMismatchError(
@@ -607,6 +655,37 @@ class OpenSearchBackend:
                 self.http.request("DELETE", "/_search/scroll", json_body={"scroll_id": [scroll_id]})
 
     # -- helpers --------------------------------------------------------------------------
+
+    def _decode(self, stored: Mapping[str, float] | None) -> dict[str, float]:
+        """A document's stored sparse field -> ``{term: weight}``."""
+        return self.vocabulary.from_ids(stored) if self.vocabulary is not None else decode_features(stored)
+
+    def _is_seismic(self) -> bool:
+        metas = [m.get("mappings", {}).get("_meta") or {} for m in self._mapping().values()]
+        return any(meta.get("sparse_index") == q.SPARSE_SEISMIC for meta in metas)
+
+    def _store_vocabulary(self, vocabulary: Vocabulary, replicas: int) -> None:
+        name = vocabulary_index(self.index_name)
+        reply = self.http.request("PUT", f"/{name}", json_body=vocabulary_index_body(replicas))
+        if not reply.ok and "resource_already_exists" not in reply.error_reason():
+            raise IndexStoreError(f"cannot create {name}: {reply.error_reason()}")
+        reply = self.http.request("PUT", f"/{name}/_doc/{VOCABULARY_DOC}", json_body=vocabulary.to_json(),
+                                  params={"refresh": "true"})
+        self._raise_for(reply, f"store the vocabulary in {name}")
+        self.vocabulary = vocabulary
+
+    def _load_vocabulary(self) -> None:
+        self.vocabulary = None
+        if not self._is_seismic():
+            return
+        name = vocabulary_index(self.index_name)
+        reply = self.http.request("GET", f"/{name}/_doc/{VOCABULARY_DOC}")
+        if not reply.ok or not isinstance(reply.body, dict) or not reply.body.get("found"):
+            raise IndexStoreError(f"{self.index_name!r} is a SEISMIC index but its vocabulary ({name}) is missing")
+        vocabulary = Vocabulary.from_json(reply.body.get("_source", {}))
+        if self.identity and self.identity.fingerprint and vocabulary.fingerprint not in ("", self.identity.fingerprint):
+            raise BundleMismatchError(f"the vocabulary in {name} belongs to another bundle")
+        self.vocabulary = vocabulary
 
     def _mapping(self) -> dict:
         reply = self.http.request("GET", f"/{self.index_name}/_mapping")
@@ -707,7 +786,8 @@ def knn_score_to_inner_product(score: float) -> float:
     return score - 1.0 if score >= 1.0 else 1.0 - 1.0 / score if score > 0 else float("-inf")
 
 
-def _document(doc_id: str, src: Mapping[str, Any]) -> Document:
+def _document(doc_id: str, src: Mapping[str, Any],
+              decode: Callable[[Mapping[str, float] | None], dict[str, float]] = decode_features) -> Document:
     ingested = src.get("ingested_at")
     return Document(
         id=doc_id,
@@ -715,7 +795,7 @@ def _document(doc_id: str, src: Mapping[str, Any]) -> Document:
         size_bytes=int(src.get("size_bytes", 0) or 0),
         width=int(src.get("width", 0) or 0),
         height=int(src.get("height", 0) or 0),
-        sparse=decode_features(src.get(q.SPARSE_FIELD)),
+        sparse=decode(src.get(q.SPARSE_FIELD)),
         dense=np.asarray(src.get(q.DENSE_FIELD, []), dtype=np.float32),
         url=src.get("url"),
         ingested_at=float(ingested) / 1000.0 if ingested is not None else 0.0,

@@ -37,6 +37,14 @@ MAX_RESCORE_WINDOW = 10_000
 # query's k-NN clause), and plugins may add a clause or two; sitting exactly at it is fragile.
 CLAUSE_MARGIN = 8
 NEWEST = Dialect()
+SPARSE_RANK_FEATURES = "rank_features"
+SPARSE_SEISMIC = "seismic"
+# SEISMIC parameters sent when creating the field. neural-search 3.3.0.0
+# sparse/common/SparseConstants.java defaults: n_postings -1 (derived from the segment),
+# cluster_ratio 0.1, summary_prune_ratio 0.4, approximate_threshold 1,000,000 documents per
+# segment before the approximate index is built, quantization_ceiling_ingest 3.0 (document
+# weights are quantized to 8 bits up to it: larger ones are clipped), _search 16.
+SEISMIC_DEFAULTS: dict[str, Any] = {"approximate_threshold": 1_000_000, "quantization_ceiling_ingest": 3.0}
 PIPELINE_MINMAX = "d2s-hybrid-minmax"
 PIPELINE_RRF = "d2s-hybrid-rrf"
 # Fields a search hit needs to become a Hit (matched terms come from the stored features).
@@ -54,15 +62,28 @@ def index_body(
     replicas: int = 0,
     m: int = 16,
     ef_construction: int = 128,
+    sparse_index: str = SPARSE_RANK_FEATURES,
+    seismic: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``PUT /<index>`` body: settings plus the mapping, ``_meta`` carrying the bundle."""
+    """The ``PUT /<index>`` body: settings plus the mapping, ``_meta`` carrying the bundle.
+
+    ``sparse_index="seismic"`` (OpenSearch 3.3+, neural-search): the sparse field is a
+    ``sparse_vector`` with the SEISMIC approximate index (keys are vocabulary ids, see
+    :mod:`d2s_search.backends.opensearch.seismic`); ``seismic`` overrides its parameters.
+    """
     if engine not in ("faiss", "lucene"):
         raise QueryError(f"unknown k-NN engine {engine!r} (use faiss or lucene)")
+    if sparse_index not in (SPARSE_RANK_FEATURES, SPARSE_SEISMIC):
+        raise QueryError(f"unknown sparse index {sparse_index!r} (use {SPARSE_RANK_FEATURES} or {SPARSE_SEISMIC})")
     dim = identity.dense_dim if identity else 256
-    return {
-        "settings": {
-            "index": {"number_of_shards": shards, "number_of_replicas": replicas, "knn": True}
-        },
+    settings: dict[str, Any] = {"number_of_shards": shards, "number_of_replicas": replicas, "knn": True}
+    sparse_mapping: dict[str, Any] = {"type": "rank_features"}
+    if sparse_index == SPARSE_SEISMIC:
+        settings["sparse"] = True  # neural-search 3.3.0.0 SparseSettings.IS_SPARSE_INDEX_SETTING
+        sparse_mapping = {"type": "sparse_vector",
+                          "method": {"name": "seismic", "parameters": {**SEISMIC_DEFAULTS, **(seismic or {})}}}
+    body = {
+        "settings": {"index": settings},
         "mappings": {
             "dynamic": "strict",
             "_meta": {
@@ -73,7 +94,7 @@ def index_body(
                 "sparse_keys": "vocabulary terms with '%' written as '%25' and '.' as '%2E'",
             },
             "properties": {
-                SPARSE_FIELD: {"type": "rank_features"},
+                SPARSE_FIELD: sparse_mapping,
                 DENSE_FIELD: {
                     "type": "knn_vector",
                     "dimension": dim,
@@ -94,6 +115,10 @@ def index_body(
             },
         },
     }
+    if sparse_index == SPARSE_SEISMIC:
+        body["mappings"]["_meta"]["sparse_index"] = SPARSE_SEISMIC
+        body["mappings"]["_meta"]["sparse_keys"] = "vocabulary ids (positions in the bundle's vocabulary)"
+    return body
 
 
 def meta_identity(meta: Mapping[str, Any] | None) -> IndexIdentity | None:
@@ -316,8 +341,11 @@ def hybrid_search_body(
     filters: Filters = NO_FILTERS,
     neural_sparse: bool = False,
     dialect: Dialect = NEWEST,
+    sparse_clause: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``hybrid`` query (sparse, dense); fusion happens in the search pipeline.
+
+    ``sparse_clause`` replaces the sparse sub-query (a SEISMIC index's :func:`seismic_query`).
 
     Both sub-queries collect ``depth = max(window, offset + k)`` candidates per shard on every
     page, so ``window`` matters on page 1 and pages 1 and 2 fuse the same pool. From 2.19 that
@@ -328,7 +356,8 @@ def hybrid_search_body(
     depth = min(max(int(window or 0), offset + k), MAX_RESULT_WINDOW)
     queries = [
         # the k-NN sub-query is one more leaf clause
-        sparse_query(sparse, max_clauses=max_clauses - 1, filters=filters, neural_sparse=neural_sparse),
+        sparse_clause or sparse_query(sparse, max_clauses=max_clauses - 1, filters=filters,
+                                      neural_sparse=neural_sparse),
         knn_query(vector, depth, filters),
     ]
     hybrid: dict[str, Any] = {"queries": queries}
@@ -341,6 +370,28 @@ def hybrid_search_body(
 def hybrid_page(hits: Sequence[Any], k: int, offset: int, dialect: Dialect = NEWEST) -> list[Any]:
     """The page of a hybrid answer: clusters before 2.19 returned the whole candidate pool."""
     return list(hits) if dialect.pagination_depth else list(hits)[offset : offset + k]
+
+
+def seismic_query(ids: Mapping[str, float], k: int, *, top_n: int = 10, heap_factor: float = 1.0,
+                  filters: Filters = NO_FILTERS) -> dict[str, Any]:
+    """``neural_sparse`` on a SEISMIC ``sparse_vector`` field: ``query_tokens`` keyed by
+    vocabulary id, ``method_parameters`` from neural-search 3.3.0.0
+    ``sparse/query/SparseAnnQueryBuilder.java``: ``top_n`` query tokens kept (default 10),
+    ``k`` hits per shard (default 10), ``heap_factor`` (recall vs speed, default 1.0), ``filter``."""
+    if not ids:
+        raise QueryError("the query has no terms with a positive weight")
+    params: dict[str, Any] = {"top_n": int(top_n), "k": int(k), "heap_factor": float(heap_factor)}
+    clauses = filters.clauses()
+    if clauses:
+        params["filter"] = clauses[0] if len(clauses) == 1 else {"bool": {"filter": clauses}}
+    return {"neural_sparse": {SPARSE_FIELD: {"query_tokens": dict(ids), "method_parameters": params}}}
+
+
+def seismic_search_body(ids: Mapping[str, float], k: int, *, offset: int = 0, top_n: int = 10,
+                        heap_factor: float = 1.0, filters: Filters = NO_FILTERS) -> dict[str, Any]:
+    _page(k, offset)
+    return search_body(seismic_query(ids, offset + k, top_n=top_n, heap_factor=heap_factor, filters=filters),
+                       k, offset)
 
 
 # -- search pipelines --------------------------------------------------------------------
