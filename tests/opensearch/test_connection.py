@@ -139,3 +139,20 @@ def test_sigv4_without_a_region_is_a_clear_error(aws_env, proxy):
         OpenSearchBackend(proxy.url, aws_service="es")
     with pytest.raises(BackendUnavailableError, match="unknown AWS service"):
         OpenSearchBackend(proxy.url, aws_service="s3", aws_region="eu-west-1")
+
+
+def test_refresh_once_before_reading_not_per_batch(make_backend, proxy, identity):
+    b = make_backend(proxy.url)
+    b.open(identity)
+    docs = synthetic_docs(30, dim=8)
+    for start in range(0, 30, 10):  # three ingest batches
+        b.upsert(docs[start : start + 10])
+    assert proxy.seen("POST", "/_refresh") == []
+    hits = b.sparse_search(dict(list(docs[25].sparse.items())[:5]), 30)
+    assert docs[25].id in {h.id for h in hits}  # the search sees every write
+    assert len(proxy.seen("POST", "/_refresh")) == 1
+    b.sparse_search(dict(list(docs[3].sparse.items())[:5]), 5)
+    assert len(proxy.seen("POST", "/_refresh")) == 1  # nothing written since
+    b.upsert(docs[:1])
+    b.close()
+    assert len(proxy.seen("POST", "/_refresh")) == 2  # once at the end of an ingest

@@ -201,11 +201,15 @@ class OpenSearchBackend:
         self.identity = None
 
     def close(self) -> None:
+        # One attempt only: closing after the cluster went away must not wait through back-offs
+        # (the periodic refresh makes the writes visible within a second anyway).
+        retries, self.http.policy.retries = self.http.policy.retries, 0
         try:
             self.settle()
         except BackendUnavailableError as exc:
             log.warning("final refresh of %s failed: %s", self.index_name, exc)
         finally:
+            self.http.policy.retries = retries
             self.http.close()
 
     def stats(self) -> dict:
