@@ -109,7 +109,9 @@ class DashboardsClient:
         user, password = credentials_from_env(env)
         options.setdefault("user", user)
         options.setdefault("password", password)
-        options.setdefault("ca_file", env.get(ENV_CA_FILE) or env.get(ENV_OPENSEARCH_CA_FILE) or None)
+        # OpenSearch's CA only matters (and is only read) for an https Dashboards URL
+        shared_ca = env.get(ENV_OPENSEARCH_CA_FILE) if url.strip().lower().startswith("https:") else None
+        options.setdefault("ca_file", env.get(ENV_CA_FILE) or shared_ca or None)
         if env.get(ENV_INSECURE, "").lower() in ("1", "true", "yes"):
             options["verify"] = False
         return cls(url, **options)
