@@ -16,7 +16,7 @@ from d2s_search import redact, settings
 
 # The command modules stay attributes of this package under their own names (a command named like
 # its module, e.g. `serve`, must not hide the module).
-from d2s_search.cli import align, cluster, export, index, search, serve, train
+from d2s_search.cli import align, cluster, doctor, export, index, search, serve, train
 from d2s_search.cli import kibana as kibana_cli
 from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, D2SError
 
@@ -43,7 +43,7 @@ def cli(debug: bool) -> None:
 
 for _command in (export.export_onnx, search.ingest, search.query, index.index, serve.serve, serve.serve_images,
                  cluster.dashboards, cluster.register_model, train.embed, train.train, train.evaluate_cmd,
-                 align.align, kibana_cli.kibana):
+                 align.align, kibana_cli.kibana, doctor.doctor):
     cli.add_command(_command)
 
 

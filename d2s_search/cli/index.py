@@ -142,18 +142,24 @@ def mapping_options(f):
 @mapping_options
 @click.option("--pipelines/--no-pipelines", default=True, show_default=True,
               help="Also install the hybrid search pipelines (needs the neural-search plugin).")
+@click.option("--sparse-index", type=click.Choice(["rank_features", "seismic"]), default="rank_features",
+              show_default=True, help="seismic: approximate sparse_vector index for collections past a few "
+              "million images (OpenSearch 3.3+; see the README for its trade-offs).")
 @elastic_mapping_options
 @json_option
-def index_create(bundle, url, index_name, insecure, engine, shards, replicas, pipelines, as_json, **elastic) -> int:
+def index_create(bundle, url, index_name, insecure, engine, shards, replicas, pipelines, sparse_index, as_json,
+                 **elastic) -> int:
     """Create the OpenSearch index (mappings/index.json) and its hybrid search pipelines,
     or with --backend elasticsearch the Elasticsearch index (mappings/elasticsearch/)."""
     if _is_elastic(elastic):
         return _elastic_create(bundle, url, index_name, insecure, shards, replicas, as_json, **elastic)
-    identity = load_bundle(bundle).identity()
+    bundle_obj = load_bundle(bundle)
+    identity = bundle_obj.identity()
     store = opensearch_backend(url, index_name, insecure)
     try:
         existed = store.exists()
-        store.open(identity, create=True, engine=engine, shards=shards, replicas=replicas)
+        store.open(identity, create=True, engine=engine, shards=shards, replicas=replicas, sparse_index=sparse_index,
+                   vocabulary=bundle_obj.terms if sparse_index == "seismic" else None)
         installed, warnings = [], []
         if pipelines:
             for method in ("min_max", "rrf"):

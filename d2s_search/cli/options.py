@@ -25,6 +25,15 @@ def bundle_option(f):
     )(f)
 
 
+def _join_urls(ctx, param, values):
+    return ",".join(values) or None  # the backend splits hosts at commas
+
+
+# Repeatable; several hosts also as one comma-separated value (D2S_OPENSEARCH_URL=https://a:9200,https://b:9200).
+url_option = click.option("--url", envvar="D2S_OPENSEARCH_URL", show_envvar=True, multiple=True, callback=_join_urls,
+                          help="OpenSearch URL; repeat it (or separate with commas) for several hosts.")
+
+
 def backend_options(f):
     options = [
         click.option("--backend", envvar="D2S_BACKEND", show_envvar=True, type=click.Choice(["local", "opensearch", "elasticsearch"]),
@@ -32,7 +41,7 @@ def backend_options(f):
                           "only D2S_ELASTICSEARCH_URL is set, else local)."),
         click.option("--index", envvar="D2S_INDEX", show_envvar=True, default="./d2s-index", show_default=True,
                      type=click.Path(file_okay=False), help="Folder of the embedded local index."),
-        click.option("--url", envvar="D2S_OPENSEARCH_URL", show_envvar=True, help="OpenSearch URL."),
+        url_option,
         click.option("--index-name", envvar="D2S_OPENSEARCH_INDEX", default="d2s", show_default=True,
                      help="OpenSearch index name."),
     ]
@@ -178,17 +187,9 @@ def open_index(backend, index, url, index_name, bundle: str | None, *, create: b
 
 # --- OpenSearch connection (index create/reindex, register-model) ------------------------
 
-_ENV = {
-    "user": "D2S_OPENSEARCH_USER",
-    "password": "D2S_OPENSEARCH_PASSWORD",
-    "api_key": "D2S_OPENSEARCH_API_KEY",
-    "ca_file": "D2S_OPENSEARCH_CA_FILE",
-}
-
-
 def connection_options(f):
     for option in reversed([
-        click.option("--url", envvar="D2S_OPENSEARCH_URL", show_envvar=True, help="OpenSearch URL."),
+        url_option,
         click.option("--index-name", envvar="D2S_OPENSEARCH_INDEX", default="d2s", show_default=True,
                      help="OpenSearch index (an alias over <name>-000001, <name>-000002, ...)."),
         click.option("--insecure", is_flag=True, envvar="D2S_OPENSEARCH_INSECURE",
@@ -204,8 +205,8 @@ def opensearch_backend(url: str | None, index_name: str, insecure: bool = False)
 
     if not url:
         raise click.UsageError("needs --url or D2S_OPENSEARCH_URL")
-    options = {k: os.environ[v] for k, v in _ENV.items() if os.environ.get(v)}
-    return OpenSearchBackend(url, index_name=index_name, verify=not insecure, **options)
+    # credentials, CA file, AWS SigV4 region/service and sniffing from D2S_OPENSEARCH_* variables
+    return OpenSearchBackend.from_env(url=url, index_name=index_name, verify=False if insecure else None)
 
 
 # --- Elasticsearch connection -------------------------------------------------------------

@@ -12,6 +12,23 @@ chunks and checks the SHA-256; predict tokenizes one text at a time, runs the gr
 turns *every* output into ``{tokenizer.decode([i], skip_special_tokens=True): weight}`` over
 its non-zero entries (SparseEncodingTranslator); neural_sparse scores the field with one
 linear feature clause per token (what neural-search builds), here as rank_feature clauses.
+
+Inputs are fed BY NAME, as on a real node. Sources, at release tags:
+
+* opensearch-project/ml-commons 2.19.1.0 and 3.1.0.0,
+  ``ml-algorithms/src/main/java/org/opensearch/ml/engine/algorithms/SentenceTransformerTranslator.java``
+  (extended by ``sparse_encoding/SparseEncodingTranslator.java``): ``processInput`` names the
+  tensors ``input1.input_ids`` and ``input1.attention_mask``; ``Batchifier.STACK``.
+* deepjavalibrary/djl ``api/src/main/java/ai/djl/translate/StackBatchifier.java``: stacking
+  a batch of one gives shape (1, seq) and keeps each tensor's name.
+* deepjavalibrary/djl
+  ``engines/onnxruntime/onnxruntime-engine/src/main/java/ai/djl/onnxruntime/engine/OrtSymbolBlock.java``
+  ``forwardInternal``: a count mismatch is "Input mismatch, looking for: [...]"; named
+  tensors go to the session under their names, and a name that is not a graph input throws
+  "Invalid input tensor name: <name>" (the deploy warm-up then fails: DEPLOY_FAILED).
+* ml-commons 2.19.1.0 ``plugin/.../breaker/MemoryCircuitBreaker.java``: the JVM heap
+  breaker's message is "Memory Circuit Breaker is open, please check your resources!"
+  (``heap_used_percent`` lets a test open it).
 """
 
 from __future__ import annotations
@@ -34,6 +51,14 @@ from d2s_dash_mustache import render  # loaded by conftest.py under this name
 
 LOCAL_FILE = "plugins.ml_commons.allow_registering_model_via_local_file"
 VIA_URL = "plugins.ml_commons.allow_registering_model_via_url"
+TRANSLATOR_INPUTS = ("input1.input_ids", "input1.attention_mask")
+ML_DEFAULTS = {
+    "plugins.ml_commons.only_run_on_ml_node": "true",
+    "plugins.ml_commons.allow_registering_model_via_local_file": "false",
+    "plugins.ml_commons.allow_registering_model_via_url": "false",
+    "plugins.ml_commons.native_memory_threshold": "90",
+    "plugins.ml_commons.jvm_heap_memory_threshold": "85",
+}
 
 
 @dataclass
@@ -75,9 +100,18 @@ class _ModelRunner:
 
     def encode(self, text: str) -> list[dict[str, float]]:
         enc = self.tokenizer.encode(text)
-        ids = np.asarray([enc.ids], dtype=np.int64)
-        mask = np.asarray([enc.attention_mask], dtype=np.int64)
-        feeds = dict(zip([i.name for i in self.session.get_inputs()], [ids, mask]))  # by position
+        # SentenceTransformerTranslator.processInput + StackBatchifier: named, shape (1, seq)
+        named = [(TRANSLATOR_INPUTS[0], np.asarray([enc.ids], dtype=np.int64)),
+                 (TRANSLATOR_INPUTS[1], np.asarray([enc.attention_mask], dtype=np.int64))]
+        graph_inputs = [i.name for i in self.session.get_inputs()]
+        # OrtSymbolBlock.forwardInternal
+        if len(named) != len(graph_inputs):
+            raise ValueError(f"Input mismatch, looking for: [{', '.join(graph_inputs)}]")
+        feeds = {}
+        for name, array in named:
+            if name not in graph_inputs:
+                raise ValueError(f"Invalid input tensor name: {name}")
+            feeds[name] = array
         outputs = []
         for array in self.session.run(None, feeds):
             row = np.asarray(array)[0]
@@ -92,12 +126,20 @@ class _ModelRunner:
 
 class FakeCluster:
     def __init__(self, osmem_url: str, *, ml_enabled: bool = True, task_polls: int = 2,
-                 settings: dict[str, Any] | None = None, auth: tuple[str, str] | None = None) -> None:
+                 settings: dict[str, Any] | None = None, auth: tuple[str, str] | None = None,
+                 forbidden: dict[str, str] | None = None, heap_used_percent: int = 40,
+                 version: str = "2.19.1", heap_max_bytes: int = 1024**3) -> None:
         self.osmem = httpx.Client(base_url=osmem_url, timeout=30.0)
         self.ml_enabled = ml_enabled
         self.task_polls = task_polls
         self.settings: dict[str, Any] = dict(settings or {})
         self.auth = auth
+        # path regex -> security action: answered 403 like the security plugin does for a
+        # user whose roles lack that action
+        self.forbidden = dict(forbidden or {})
+        self.heap_used_percent = heap_used_percent
+        self.version = version
+        self.heap_max_bytes = heap_max_bytes
         self.requests: list[Recorded] = []
         self.groups: dict[str, str] = {}
         self.models: dict[str, FakeModel] = {}
@@ -145,6 +187,10 @@ class FakeCluster:
             if h.headers.get("Authorization") != want:
                 return self._send(h, 401, {"error": {"root_cause": [{"type": "security_exception",
                                   "reason": "missing authentication credentials"}]}, "status": 401})
+        for pattern, action in self.forbidden.items():
+            if re.fullmatch(pattern, parts.path):
+                reason = f"no permissions for [{action}] and User [name=reader, backend_roles=[], requestedTenant=null]"
+                return self._send(h, 403, _error("security_exception", reason, 403))
         try:
             status, payload = self._route(rec, parts.query)
         except _Refused as exc:
@@ -168,6 +214,10 @@ class FakeCluster:
 
     def _route(self, rec: Recorded, query: str) -> tuple[int, Any]:
         path, method = rec.path, rec.method
+        if path == "/" and method == "GET":
+            return 200, {"name": "fake-node", "cluster_name": "fake", "tagline": "The OpenSearch Project: https://opensearch.org/",
+                         "version": {"distribution": "opensearch", "number": self.version, "build_type": "tar",
+                                     "lucene_version": "9.12.1", "minimum_wire_compatibility_version": "7.10.0"}}
         if path.startswith("/files/") and method == "GET":
             name = path.removeprefix("/files/")
             return (200, self.files[name]) if name in self.files else (404, {"error": "not found"})
@@ -175,6 +225,23 @@ class FakeCluster:
             if not self.ml_enabled:
                 return 400, {"error": f"no handler found for uri [{path}] and method [{method}]"}
             return self._ml(rec)
+        if path == "/_cat/plugins" and method == "GET":
+            components = ["opensearch-knn", "opensearch-neural-search", "opensearch-security"]
+            components += ["opensearch-ml"] if self.ml_enabled else []
+            return 200, [{"name": "fake-node", "component": c, "version": self.version + ".0"} for c in components]
+        if path == "/_nodes/stats/jvm" and method == "GET":
+            mem = {"heap_used_in_bytes": self.heap_max_bytes * self.heap_used_percent // 100,
+                   "heap_used_percent": self.heap_used_percent, "heap_max_in_bytes": self.heap_max_bytes}
+            return 200, {"_nodes": {"total": 1, "successful": 1, "failed": 0}, "cluster_name": "fake",
+                         "nodes": {"n1": {"name": "fake-node", "jvm": {"mem": mem}}}}
+        if path == "/_cluster/settings" and method == "GET":
+            status, body = self._forward(method, path, b"", query)
+            if status == 200:
+                if self.ml_enabled:  # ml-commons 2.19.1.0 plugin/.../settings/MLCommonsSettings.java defaults
+                    body.setdefault("defaults", {}).update(ML_DEFAULTS)
+                body.setdefault("persistent", {}).update({k: str(v).lower() if isinstance(v, bool) else str(v)
+                                                          for k, v in self.settings.items()})
+            return status, body
         if path == "/_cluster/settings" and method == "PUT":
             body = self._json(rec)
             self.settings.update(body.get("persistent", {}))
@@ -230,8 +297,16 @@ class FakeCluster:
 
     # -- ml-commons -------------------------------------------------------------------
 
+    def _heap_breaker(self) -> None:
+        threshold = int(self.settings.get("plugins.ml_commons.jvm_heap_memory_threshold", 85))
+        if threshold < 100 and self.heap_used_percent > threshold:  # MemoryCircuitBreaker.isOpen
+            raise _Refused(429, "circuit_breaking_exception",
+                           "Memory Circuit Breaker is open, please check your resources!")
+
     def _ml(self, rec: Recorded) -> tuple[int, Any]:
         path, method = rec.path.removeprefix("/_plugins/_ml"), rec.method
+        if re.fullmatch(r"/models/[^/]+/_deploy|/_predict/.*|/models/_register(_meta)?", path):
+            self._heap_breaker()
         if path == "/model_groups/_register" and method == "POST":
             name = self._json(rec)["name"]
             for gid, gname in self.groups.items():

@@ -30,6 +30,7 @@ from d2s_search.backends.opensearch.server_side import (
     server_side_query,
     template_query,
 )
+from d2s_search.errors import BackendUnavailableError
 
 
 def backend_on(cluster, tiny_bundle, documents) -> OpenSearchBackend:
@@ -176,3 +177,56 @@ def test_unknown_model_in_server_side_query(cluster, tiny_bundle, documents):
     with pytest.raises(Exception, match="not deployed|Failed to find|not ready"):
         server_side_query(backend, "a dog", "no-such-model", k=3, explain=0)
     assert np.isfinite(len(documents))
+
+
+def test_a_model_with_plain_input_names_ends_deploy_failed(make_cluster, tiny_bundle, package, tmp_path):
+    """What happened before the graph inputs were renamed: DJL feeds input1.* by name."""
+    import hashlib
+    import zipfile
+
+    with open(tiny_bundle.path / "text.onnx", "rb") as fh:
+        plain = fh.read()
+    path = tmp_path / "plain.zip"
+    with zipfile.ZipFile(path, "w") as zf, zipfile.ZipFile(package.path) as good:
+        zf.writestr("model.onnx", plain)
+        zf.writestr("tokenizer.json", good.read("tokenizer.json"))
+    data = path.read_bytes()
+    plain_pkg = dataclasses.replace(package, path=path, sha256=hashlib.sha256(data).hexdigest(), size=len(data),
+                                    name=package.name + "-plain")
+    cluster = make_cluster(settings={LOCAL_FILE: True})
+    with pytest.raises(MLCommonsError, match="Invalid input tensor name: input1.input_ids"):
+        ml_on(cluster).register(plain_pkg)
+    assert [m.state for m in cluster.models.values()] == ["DEPLOY_FAILED"]
+
+
+def test_heap_breaker_hint_names_the_heap_not_native_memory(make_cluster, package):
+    cluster = make_cluster(settings={LOCAL_FILE: True}, heap_used_percent=91)
+    # CircuitBreakingException is a 429: retried, then reported with the hint
+    with pytest.raises(BackendUnavailableError, match="Memory Circuit Breaker is open") as err:
+        ml_on(cluster).register(package)
+    message = str(err.value)
+    assert "plugins.ml_commons.jvm_heap_memory_threshold" in message and "OPENSEARCH_HEAP" in message
+    assert "native_memory_threshold" not in message
+    # the native breaker keeps its own hint
+    from d2s_search.backends.opensearch.ml_commons import _hint
+
+    assert "native_memory_threshold" in _hint("Native Memory Circuit Breaker is open, please check your resources!")
+
+
+def test_403_on_settings_assumes_1024_clauses(make_cluster, tiny_bundle, documents, encoder):
+    cluster = make_cluster(forbidden={"/_cluster/settings": "cluster:monitor/settings"})
+    backend = backend_on(cluster, tiny_bundle, documents)
+    assert backend.max_clauses() == 1024
+    query = encoder.to_terms(encoder.encode_texts([TEXTS[0]]).sparse[0], top_k=QUERY_TERMS)
+    assert len(backend.sparse_search(query, 5)) == 5
+    assert any(r.path == "/_cluster/settings" for r in cluster.requests)  # it was asked, and refused
+
+
+def test_403_on_model_lookup_falls_back_to_the_template(make_cluster, tiny_bundle, encoder, documents):
+    cluster = make_cluster(forbidden={"/_plugins/_ml/.*": "cluster:admin/opensearch/ml/models/search"})
+    backend = backend_on(cluster, tiny_bundle, documents)
+    ml_on(cluster).store_search_template()
+    result = run_server_side(backend, TEXTS[0], k=5, bundle=tiny_bundle, encoder_factory=lambda: encoder,
+                             max_terms=QUERY_TERMS)
+    assert result.mode == "server-side (search template)" and len(result.hits) == 5
+    assert any(r.path == "/_plugins/_ml/models/_search" for r in cluster.requests)

@@ -11,7 +11,8 @@ import zipfile
 import numpy as np
 import onnx
 import onnxruntime as ort
-from d2s_dash_fake_cluster import _ModelRunner
+import pytest
+from d2s_dash_fake_cluster import TRANSLATOR_INPUTS, _ModelRunner
 from tokenizers import Tokenizer
 
 from d2s_search.backends.opensearch.features import NEURAL_SPARSE_MAX_WEIGHT
@@ -20,6 +21,7 @@ from d2s_search.backends.opensearch.ml_package import (
     INFO_NAME,
     ONNX_NAME,
     OUTPUT,
+    SERVER_INPUTS,
     model_name,
     package_model,
     queryable_mask,
@@ -68,14 +70,51 @@ def test_graph_has_the_two_inputs_and_one_output(model_package):
     with zipfile.ZipFile(model_package.path) as zf:
         model = onnx.load_from_string(zf.read(ONNX_NAME))
     onnx.checker.check_model(model)
+    # the names ml-commons' SentenceTransformerTranslator gives the tensors; DJL feeds by name
     assert [(i.name, i.type.tensor_type.elem_type) for i in model.graph.input] == [
-        ("input_ids", onnx.TensorProto.INT64), ("attention_mask", onnx.TensorProto.INT64)]
+        ("input1.input_ids", onnx.TensorProto.INT64), ("input1.attention_mask", onnx.TensorProto.INT64)]
+    assert tuple(SERVER_INPUTS.values()) == TRANSLATOR_INPUTS
     (out,) = model.graph.output  # ml-commons turns *every* output into tokens
     assert out.name == OUTPUT and out.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     dims = [d.dim_value or d.dim_param for d in out.type.tensor_type.shape.dim]
     assert dims == ["batch", model_package.vocab_size]
     # ONNX Runtime in ml-commons (DJL) reads IR <= 9 and opset <= 17 models
     assert model.ir_version <= 9 and max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) <= 17
+
+
+def test_package_onnx_runs_fed_by_the_translator_names(model_package, encoder):
+    """The zip's ONNX in ONNX Runtime, fed as DJL feeds it: named input1.*, int64, (1, seq)."""
+    with zipfile.ZipFile(model_package.path) as zf:
+        session = ort.InferenceSession(zf.read(ONNX_NAME), providers=["CPUExecutionProvider"])
+        tok = Tokenizer.from_str(zf.read("tokenizer.json").decode())
+    assert [i.name for i in session.get_inputs()] == list(TRANSLATOR_INPUTS)
+    skip = dropped(model_package)
+    for text in TEXTS[:3]:
+        enc = tok.encode(text)
+        ids = np.asarray([enc.ids], dtype=np.int64)
+        feeds = {"input1.input_ids": ids, "input1.attention_mask": np.asarray([enc.attention_mask], dtype=np.int64)}
+        assert ids.shape == (1, len(enc.ids))
+        (row,) = session.run(None, feeds)[0]
+        full = {t: w for t, w in encoder.to_terms(encoder.encode_texts([text]).sparse[0]).items() if t not in skip}
+        top = sorted(full.items(), key=lambda tw: -tw[1])[:DEFAULT_MAX_TERMS]
+        position = {t: i for i, t in enumerate(encoder.bundle.terms)}
+        assert len(np.flatnonzero(row)) == len(top)
+        assert max(abs(float(row[position[t]]) - w) for t, w in top) <= 1e-6
+
+
+def test_runner_refuses_graph_inputs_djl_cannot_feed(tiny_bundle):
+    """A graph whose inputs keep the plain names fails like OrtSymbolBlock fails on a node."""
+    import io
+
+    with open(tiny_bundle.path / "text.onnx", "rb") as fh:
+        text_onnx = fh.read()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        zf.writestr("model.onnx", text_onnx)
+        zf.writestr("tokenizer.json", tokenizer_for_server(tiny_bundle))
+    runner = _ModelRunner(buffer.getvalue())
+    with pytest.raises(ValueError, match="Invalid input tensor name: input1.input_ids"):
+        runner.encode("a dog")
 
 
 def test_server_side_weights_equal_the_bundle_encoder(model_package, encoder):
@@ -99,7 +138,8 @@ def test_without_a_term_limit_every_queryable_term_is_kept(tiny_bundle, encoder,
     tok = Tokenizer.from_str(tok_json)
     for text in TEXTS[:3]:
         enc = tok.encode(text)
-        row = session.run(None, {"input_ids": np.array([enc.ids]), "attention_mask": np.array([enc.attention_mask])})[0][0]
+        row = session.run(None, {"input1.input_ids": np.array([enc.ids]),
+                                 "input1.attention_mask": np.array([enc.attention_mask])})[0][0]
         want = encoder.encode_texts([text]).sparse[0] * keep
         np.testing.assert_allclose(row, want, atol=1e-6)
     # terms a rank_features key stores escaped can never match a server-side token
@@ -115,7 +155,8 @@ def test_over_long_input_is_cut_in_the_graph(model_package, tiny_bundle):
     tok.no_truncation()
     long_ids = tok.encode("sentence " * 200).ids
     assert len(long_ids) > tiny_bundle.max_text_length
-    feeds = {"input_ids": np.array([long_ids]), "attention_mask": np.ones((1, len(long_ids)), dtype=np.int64)}
+    feeds = {"input1.input_ids": np.array([long_ids]),
+             "input1.attention_mask": np.ones((1, len(long_ids)), dtype=np.int64)}
     cut = {k: v[:, : tiny_bundle.max_text_length] for k, v in feeds.items()}
     np.testing.assert_array_equal(session.run(None, feeds)[0], session.run(None, cut)[0])
 

@@ -15,6 +15,7 @@ from d2s_dash_mustache import render
 
 from d2s_search.backends.opensearch import ml_commons as mc
 from d2s_search.backends.opensearch import queries as q
+from d2s_search.backends.opensearch.queries import CLAUSE_MARGIN
 from d2s_search.backends.opensearch.search_template import (
     TEMPLATE_SOURCE,
     put_template_body,
@@ -112,8 +113,11 @@ def test_rendered_template_is_the_client_side_sparse_query(spec, options):
 def test_template_params_prune_like_the_client():
     big = {f"t{i}": 1.0 + i for i in range(3000)}
     params = template_params(big, 10, max_clauses=1024)
-    assert len(params["features"]) == 1024 and params["features"][-1]["last"] is True
+    budget = 1024 - CLAUSE_MARGIN  # the same margin as the client-side plan
+    assert len(params["features"]) == budget and params["features"][-1]["last"] is True
     assert sum(1 for f in params["features"] if f.get("last")) == 1
-    assert {f["name"] for f in params["features"]} == {f"t{i}" for i in range(3000 - 1024, 3000)}
+    assert {f["name"] for f in params["features"]} == {f"t{i}" for i in range(3000 - budget, 3000)}
+    client = q.sparse_query(big, max_clauses=1024)["bool"]["should"]
+    assert {c["rank_feature"]["field"].removeprefix("sparse.") for c in client} == {f["name"] for f in params["features"]}
     with pytest.raises(Exception, match="no terms"):
         template_params({"x": 0.0}, 10)

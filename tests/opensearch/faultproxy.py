@@ -9,7 +9,9 @@ Rules are consumed in order by the first request they match (method and a path s
     proxy.add("POST", "/_bulk", "busy_items", every=2)     # forward only some items; the others 429
     proxy.add("POST", "/_bulk", "reject_items", ids={...}) # those items fail for good (400)
 
-``proxy.log`` records (method, path, action, bulk item count) for every request seen.
+``proxy.log`` records (method, path, action, bulk item count, body) for every request seen.
+``stub(method, path, body) -> (status, payload) | None`` answers what the upstream lacks
+(osmem has no kNN or search pipelines) without forwarding.
 """
 
 from __future__ import annotations
@@ -42,11 +44,15 @@ class Seen:
     items: int | None = None
     ids: list[str] = field(default_factory=list)
     auth: str | None = None
+    body: bytes = b""
+    content_type: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 class FaultProxy:
-    def __init__(self, upstream: str, ssl_context=None) -> None:
+    def __init__(self, upstream: str, ssl_context=None, stub=None) -> None:
         self.upstream = upstream.rstrip("/")
+        self.stub = stub
         self.rules: list[Rule] = []
         self.log: list[Seen] = []
         self._lock = threading.Lock()
@@ -107,7 +113,11 @@ class FaultProxy:
         lines = body.decode("utf-8").splitlines() if path.split("?")[0].endswith("/_bulk") else None
         ids = [json.loads(x).popitem()[1].get("_id") for x in lines[0::2]] if lines else []
         self.log.append(Seen(method, path, action, len(ids) if lines is not None else None, ids,
-                             h.headers.get("Authorization")))
+                             h.headers.get("Authorization"), body, h.headers.get("Content-Type", ""),
+                             {k.lower(): v for k, v in h.headers.items()}))
+        stubbed = self.stub(method, path, body) if self.stub and action == "forward" else None
+        if stubbed is not None:
+            return self._send(h, stubbed[0], json.dumps(stubbed[1]).encode(), {})
         if action == "status":
             code = rule.options["code"]
             payload = {"error": {"type": "test_fault", "reason": f"injected {code}"}, "status": code}

@@ -118,3 +118,49 @@ def test_reindex_and_stats(real):
     st = b.stats()
     assert st["documents"] == N and st["indices"] == [out["to"]]
     assert b.dense_search(docs[3].dense, 1)[0].id == docs[3].id
+
+
+def test_hybrid_pages_fuse_one_pool(real):
+    """pagination_depth (2.19+) or the client-side cut: page 1 + page 2 = the top 10 of one pool."""
+    b, docs = real
+    target = docs[7]
+    query = dict(sorted(target.sparse.items(), key=lambda kv: -kv[1])[:8])
+    try:
+        top = b.hybrid_search(query, target.dense, 10, window=50)
+    except IndexStoreError as exc:
+        pytest.skip(f"hybrid search not available on this cluster (neural-search plugin): {exc}")
+    pages = b.hybrid_search(query, target.dense, 5, window=50) + b.hybrid_search(query, target.dense, 5, window=50,
+                                                                                offset=5)
+    assert [h.id for h in pages] == [h.id for h in top]
+    assert len({h.id for h in pages}) == 10
+
+
+def test_doctor_on_the_real_cluster(real):
+    from d2s_search.backends.opensearch.doctor import diagnose
+
+    b, _ = real
+    report = diagnose(b, b.identity)
+    by = {c.name: c for c in report.checks}
+    assert not report.failed, [c.to_json() for c in report.checks if c.status == "fail"]
+    assert by["reachable"].status == "ok" and by["plans"].data["plans"]["sparse"]
+    assert by["index"].data["documents"] == N
+
+
+def test_seismic_index_on_3_3(real):
+    b, docs = real
+    if not b.dialect().sparse_vector:
+        pytest.skip(f"SEISMIC needs OpenSearch 3.3+ (cluster: {b.cluster().to_json()['version']})")
+    name = f"{b.index_name}-seismic"
+    s = OpenSearchBackend.from_env(env=ENV, index_name=name)
+    try:
+        s.create(b.identity, sparse_index="seismic", vocabulary=vocabulary())
+        s.open(b.identity)
+        s.upsert(docs)
+        s.seismic_top_n = 50
+        query = random_query(vocabulary(), np.random.default_rng(3), n_terms=10)
+        hits = s.sparse_search(query, 10)
+        want = [i for i, _ in ranking(query, docs)[:10]]
+        assert len(set(h.id for h in hits) & set(want)) >= 8  # exact below approximate_threshold
+    finally:
+        s.drop()
+        s.close()

@@ -17,20 +17,18 @@ import httpx
 import jsonschema
 import numpy as np
 import pytest
+from d2s_os_faultproxy import FaultProxy
 from d2s_os_reference import synthetic_docs
 
 from d2s_search.backends.base import IndexIdentity
 from d2s_search.backends.opensearch import queries as q
 from d2s_search.backends.opensearch.backend import OpenSearchBackend
+from d2s_search.backends.opensearch.cluster import Dialect
 
 REPO = Path(__file__).resolve().parents[2]
 IDENT = IndexIdentity("ab" * 16, 8, "synthetic")
 QUERY = {"dog": 1.5, ".": 0.5, "##s": 0.25, "日本": 0.75, "zero": 0.0}
 VEC = np.linspace(-1, 1, 8).astype(np.float32)
-
-
-def _ndjson(lines):
-    return [json.loads(x) for x in lines]
 
 
 BUILT = {
@@ -76,12 +74,22 @@ def test_builder_body_matches_spec(spec, name):
 
 def test_bulk_lines_match_spec(spec):
     docs = synthetic_docs(3, dim=8)
-    index_lines = q.bulk_index_lines("d2s", [(d.id, q.doc_source(d)) for d in docs])
-    delete_lines = q.bulk_delete_lines("d2s", [d.id for d in docs])
-    spec.validate("POST", "/_bulk", _ndjson(index_lines))
-    spec.validate("POST", "/_bulk", _ndjson(delete_lines))
+    from opensearchpy.helpers import expand_action
+
+    def lines(actions):  # what opensearchpy.helpers.streaming_bulk sends for them
+        out = []
+        for action in actions:
+            head, source = expand_action(dict(action))
+            out += [head] + ([source] if source is not None else [])
+        return out
+
+    index_lines = lines(q.bulk_index_actions("d2s", [(d.id, q.doc_source(d)) for d in docs]))
+    delete_lines = lines(q.bulk_delete_actions("d2s", [d.id for d in docs]))
+    assert len(index_lines) == 6 and len(delete_lines) == 3
+    spec.validate("POST", "/_bulk", index_lines)
+    spec.validate("POST", "/_bulk", delete_lines)
     # The action lines alone must satisfy the spec's operation container, not just "any object".
-    for line in _ndjson(index_lines)[0::2] + _ndjson(delete_lines):
+    for line in index_lines[0::2] + delete_lines:
         spec.validate_schema("schemas/_core.bulk.yaml#/components/schemas/OperationContainer", line)
 
 
@@ -123,7 +131,9 @@ def test_mapping_files_equal_builders():
     assert json.loads((REPO / "mappings/index.json").read_text()) == q.index_body()
     pipelines = REPO / "mappings/pipelines"
     assert json.loads((pipelines / "d2s-hybrid-minmax.json").read_text()) == q.minmax_pipeline_body()
-    assert json.loads((pipelines / "d2s-hybrid-rrf.json").read_text()) == q.rrf_pipeline_body()
+    assert json.loads((pipelines / "d2s-hybrid-rrf.json").read_text()) == q.rrf_pipeline_body()  # 3.1+
+    rrf_219 = q.rrf_pipeline_body(60, Dialect.of("2.19.1"))  # 2.19 and 3.0 read parameters.rank_constant
+    assert json.loads((pipelines / "d2s-hybrid-rrf-2.19.json").read_text()) == rrf_219
 
 
 def test_mapping_files_match_spec(spec):
@@ -134,21 +144,13 @@ def test_mapping_files_match_spec(spec):
 
 # -- everything the backend sent on the wire ----------------------------------------------------
 
-class Recorder(httpx.HTTPTransport):
-    """Forwards to osmem, records each request, and stubs what osmem lacks (kNN, pipelines)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sent: list[tuple[str, str, bytes, str]] = []
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        body = request.read()
-        self.sent.append((request.method, request.url.path, body, request.headers.get("content-type", "")))
-        if request.method == "PUT" and request.url.path.startswith("/_search/pipeline/"):
-            return httpx.Response(200, json={"acknowledged": True})
-        if request.url.path.endswith("/_search") and re.search(rb'"(knn|hybrid|neural_sparse)"', body or b""):
-            return httpx.Response(200, json={"hits": {"hits": []}})
-        return super().handle_request(request)
+def stub_missing(method: str, path: str, body: bytes):
+    """What osmem lacks (kNN, hybrid, pipelines) is answered here; the rest is forwarded."""
+    if method == "PUT" and path.startswith("/_search/pipeline/"):
+        return 200, {"acknowledged": True}
+    if path.split("?")[0].endswith("/_search") and re.search(rb'"(knn|hybrid|neural_sparse)"', body or b""):
+        return 200, {"hits": {"hits": []}}
+    return None
 
 
 def _template(paths, method: str, path: str) -> str:
@@ -158,8 +160,8 @@ def _template(paths, method: str, path: str) -> str:
 
 
 def test_every_request_the_backend_sends_matches_spec(spec, osmem_url):
-    rec = Recorder()
-    b = OpenSearchBackend(osmem_url, index_name="d2s-wire", transport=rec, sleep=lambda s: None)
+    rec = FaultProxy(osmem_url, stub=stub_missing)  # a real HTTP server that records every request
+    b = OpenSearchBackend(rec.url, index_name="d2s-wire", sleep=lambda s: None)
     try:
         docs = synthetic_docs(12, dim=8)
         b.open(IDENT)
@@ -180,19 +182,22 @@ def test_every_request_the_backend_sends_matches_spec(spec, osmem_url):
         b.drop()
         # An index made by hand from mappings/index.json: open() records the bundle in _meta.
         httpx.put(f"{osmem_url}/d2s-wire", json=json.loads((REPO / "mappings/index.json").read_text()))
-        OpenSearchBackend(osmem_url, index_name="d2s-wire", transport=rec).open(IndexIdentity("cd" * 16, 256))
+        OpenSearchBackend(rec.url, index_name="d2s-wire").open(IndexIdentity("cd" * 16, 256))
     finally:
         b.close()
+        rec.close()
 
     paths = spec.paths_by_method()
     checked: set[tuple[str, str]] = set()
     n_bodies = 0
-    for method, path, body, ctype in rec.sent:
+    sent = [(s.method, s.path.split("?")[0], s.body, s.content_type) for s in rec.log]
+    assert {c for m, p, b, c in sent if p == "/_bulk"} == {"application/x-ndjson"}
+    for method, path, body, _ctype in sent:
         template = _template(paths, method, path)
         checked.add((method, template))
         if not body:
             continue
-        if "ndjson" in ctype:
+        if template == "/_bulk":
             lines = [json.loads(x) for x in body.decode().splitlines()]
             spec.validate(method, template, lines)
             # The spec lets any object be a bulk line; hold the action lines to the real schema.
@@ -213,7 +218,7 @@ def test_every_request_the_backend_sends_matches_spec(spec, osmem_url):
         ("GET", "/{index}/_count"), ("GET", "/_cluster/settings"),
     }
     assert expected <= checked, f"not exercised: {sorted(expected - checked)}"
-    bodies = [json.loads(b) for m, p, b, c in rec.sent if p.endswith("/_search") and b]
+    bodies = [json.loads(b) for m, p, b, c in sent if p.endswith("/_search") and b]
     kinds = {k for body in bodies for k in _query_kinds(body)}
     assert {"rank_feature", "neural_sparse", "knn", "hybrid", "prefix"} <= kinds
     assert any("rescore" in body for body in bodies)

@@ -18,14 +18,27 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import httpx
 import numpy as np
+from opensearchpy import helpers
 
 from d2s_search import redact
 from d2s_search.backends.base import Document, Hit, IndexIdentity, SparseVector
 from d2s_search.backends.opensearch import queries as q
-from d2s_search.backends.opensearch.client import OpenSearchHTTP, Reply
+from d2s_search.backends.opensearch.client import (
+    ENV_AWS_REGION,
+    ENV_AWS_SERVICE,
+    OpenSearchHTTP,
+    Reply,
+    split_hosts,
+)
+from d2s_search.backends.opensearch.cluster import ClusterInfo, Dialect, cluster_info
 from d2s_search.backends.opensearch.features import decode_features, matched_terms
+from d2s_search.backends.opensearch.seismic import (
+    VOCABULARY_DOC,
+    Vocabulary,
+    vocabulary_index,
+    vocabulary_index_body,
+)
 from d2s_search.errors import (
     BackendUnavailableError,
     BundleMismatchError,
@@ -43,6 +56,7 @@ ENV_API_KEY = "D2S_OPENSEARCH_API_KEY"
 ENV_CA_FILE = "D2S_OPENSEARCH_CA_FILE"
 ENV_INDEX = "D2S_OPENSEARCH_INDEX"
 ENV_INSECURE = "D2S_OPENSEARCH_INSECURE"  # "1": skip TLS verification (local demo certificates only)
+ENV_SNIFF = "D2S_OPENSEARCH_SNIFF"  # "1": discover the cluster's other nodes (not behind Docker/LB)
 
 # Per-item bulk statuses worth sending again (queue full, node busy).
 RETRY_ITEM_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -56,7 +70,7 @@ class OpenSearchBackend:
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         index_name: str = "d2s",
         user: str | None = None,
         password: str | None = None,
@@ -71,14 +85,17 @@ class OpenSearchBackend:
         refresh: bool = True,
         backoff: float = 0.5,
         sleep: Callable[[float], None] | None = None,
-        transport: httpx.BaseTransport | None = None,
+        aws_region: str | None = None,
+        aws_service: str | None = None,
+        sniff: bool = False,
     ) -> None:
         if not index_name or index_name != index_name.lower() or index_name.startswith(("_", "-", "+")):
             raise IndexStoreError(f"invalid OpenSearch index name {index_name!r} (lowercase, no leading _ - +)")
         extra: dict[str, Any] = {"sleep": sleep} if sleep else {}
         self.http = OpenSearchHTTP(
             url, user=user, password=password, api_key=api_key, ca_file=ca_file, verify=verify,
-            timeout=timeout, retries=retries, backoff=backoff, transport=transport, **extra,
+            timeout=timeout, retries=retries, backoff=backoff, aws_region=aws_region,
+            aws_service=aws_service, sniff=sniff, **extra,
         )
         self.index_name = index_name
         self.chunk_docs = max(1, chunk_docs)
@@ -87,22 +104,18 @@ class OpenSearchBackend:
         self.identity: IndexIdentity | None = None
         self._max_clauses: int | None = None
         self._pipelines: set[str] = set()
+        self._cluster: ClusterInfo | None = None
+        self._dirty = False  # written since the last refresh
+        self.vocabulary: Vocabulary | None = None  # set on a SEISMIC index: keys are vocabulary ids
+        self.seismic_top_n = 10  # query tokens SEISMIC keeps (SparseAnnQueryBuilder default)
+        self.seismic_heap_factor = 1.0
 
     @classmethod
-    def from_env(cls, url: str | None = None, env: Mapping[str, str] | None = None, **options: Any) -> OpenSearchBackend:
-        """Settings: explicit arguments > ``D2S_OPENSEARCH_*`` environment."""
-        env = os.environ if env is None else env
-        url = url or env.get(ENV_URL)
-        if not url:
-            raise BackendUnavailableError(f"no OpenSearch URL: pass --url or set {ENV_URL}")
-        for key, var in (("user", ENV_USER), ("password", ENV_PASSWORD), ("api_key", ENV_API_KEY),
-                         ("ca_file", ENV_CA_FILE), ("index_name", ENV_INDEX)):
-            if options.get(key) is None and env.get(var):
-                options[key] = env[var]
-        if options.get("verify") is None and env.get(ENV_INSECURE, "").lower() in ("1", "true", "yes"):
-            options["verify"] = False
-        options = {k: v for k, v in options.items() if v is not None}
-        return cls(url, **options)
+    def from_env(cls, url: str | Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+                 **options: Any) -> OpenSearchBackend:
+        """Settings: explicit arguments > ``D2S_OPENSEARCH_*`` environment (see connection_options)."""
+        options = connection_options(url, env, **options)
+        return cls(options.pop("url"), **options)
 
     def __repr__(self) -> str:
         return f"OpenSearchBackend({self.http!r}, index={self.index_name!r})"
@@ -145,11 +158,28 @@ class OpenSearchBackend:
                 self._put_meta(identity)  # the same bundle at a new place: record where it is now
                 stored = identity
         self.identity = stored
+        self._load_vocabulary()
 
-    def create(self, identity: IndexIdentity, *, engine: str = "faiss", shards: int = 1, replicas: int = 0) -> str:
-        """Create ``<name>-000001`` behind the alias ``<name>``; returns the concrete name."""
+    def create(self, identity: IndexIdentity, *, engine: str = "faiss", shards: int = 1, replicas: int = 0,
+               sparse_index: str = q.SPARSE_RANK_FEATURES, vocabulary: Sequence[str] | None = None,
+               seismic: Mapping[str, Any] | None = None) -> str:
+        """Create ``<name>-000001`` behind the alias ``<name>``; returns the concrete name.
+
+        ``sparse_index="seismic"`` needs the bundle's ``vocabulary`` (stored beside the index,
+        see :mod:`d2s_search.backends.opensearch.seismic`).
+        """
         concrete = f"{self.index_name}-000001"
-        body = q.index_body(identity, engine=engine, shards=shards, replicas=replicas)
+        body = q.index_body(identity, engine=engine, shards=shards, replicas=replicas,
+                            sparse_index=sparse_index, seismic=seismic)
+        if sparse_index == q.SPARSE_SEISMIC:
+            if not self.dialect().sparse_vector:
+                raise IndexStoreError(
+                    f"the SEISMIC sparse index needs OpenSearch 3.3 or later (this cluster: "
+                    f"{self.cluster().to_json()['version']})"
+                )
+            if not vocabulary:
+                raise IndexStoreError("a SEISMIC index needs the bundle's vocabulary")
+            self._store_vocabulary(Vocabulary(vocabulary, identity.fingerprint), replicas)
         body["aliases"] = {self.index_name: {}}
         reply = self.http.request("PUT", f"/{concrete}", json_body=body)
         if not reply.ok:
@@ -158,13 +188,19 @@ class OpenSearchBackend:
                 # A retried PUT whose first answer was lost, or a race: accept it if it is ours.
                 self._check_identity(identity, self._stored_identity())
                 return concrete
+            if self.vocabulary is not None:  # created just above for this index: take it back
+                self.http.request("DELETE", f"/{vocabulary_index(self.index_name)}")
+                self.vocabulary = None
             raise IndexStoreError(f"cannot create index {concrete} at {self.url}: {kind}")
         self.identity = identity
         return concrete
 
     def drop(self) -> list[str]:
-        """Delete the index (every concrete index behind the alias); returns those deleted."""
+        """Delete the index (every concrete index behind the alias, and a SEISMIC index's
+        vocabulary); returns the concrete indices deleted."""
         deleted = []
+        if self.vocabulary is not None or self._is_seismic():
+            self.http.request("DELETE", f"/{vocabulary_index(self.index_name)}")
         for concrete in self._concrete_indices():
             reply = self.http.request("DELETE", f"/{concrete}")
             if not reply.ok and reply.status != 404:
@@ -175,9 +211,19 @@ class OpenSearchBackend:
         return deleted
 
     def close(self) -> None:
-        self.http.close()
+        # One attempt only: closing after the cluster went away must not wait through back-offs
+        # (the periodic refresh makes the writes visible within a second anyway).
+        retries, self.http.policy.retries = self.http.policy.retries, 0
+        try:
+            self.settle()
+        except BackendUnavailableError as exc:
+            log.warning("final refresh of %s failed: %s", self.index_name, exc)
+        finally:
+            self.http.policy.retries = retries
+            self.http.close()
 
     def stats(self) -> dict:
+        self.settle()
         mapping = self._mapping()
         concrete = sorted(mapping)
         meta = mapping[concrete[0]].get("mappings", {}).get("_meta", {}) if concrete else {}
@@ -215,13 +261,15 @@ class OpenSearchBackend:
             try:
                 if dim and np.asarray(doc.dense).size != dim:
                     raise ValueError(f"dense vector has {np.asarray(doc.dense).size} values, the index wants {dim}")
-                sources.append((doc.id, q.doc_source(doc)))
+                source = q.doc_source(doc)
+                if self.vocabulary is not None:
+                    source[q.SPARSE_FIELD] = self.vocabulary.to_ids(doc.sparse)
+                sources.append((doc.id, source))
             except (ValueError, TypeError) as exc:
                 failures[doc.id] = str(exc)
-        for chunk in self._chunks(q.bulk_index_lines(self.index_name, sources)):
-            failures.update(self._bulk(chunk))
-        if sources and self.refresh:
-            self._refresh()
+        if sources:
+            self._dirty = True
+            failures.update(self._bulk(q.bulk_index_actions(self.index_name, sources)))
         if failures:
             stored = len(sources) - sum(1 for i, _ in sources if i in failures)
             first_id, first = next(iter(failures.items()))
@@ -233,68 +281,64 @@ class OpenSearchBackend:
 
     def delete(self, ids: Iterable[str]) -> int:
         ids = list(dict.fromkeys(ids))
-        deleted = 0
-        for chunk in self._chunks(q.bulk_delete_lines(self.index_name, ids), lines_per_doc=1):
-            failures, results = self._bulk(chunk, lines_per_doc=1, collect=True)
-            if failures:
-                raise IndexStoreError(f"cannot delete {len(failures)} document(s): {next(iter(failures.values()))}")
-            deleted += sum(1 for r in results if r == "deleted")
-        if ids and self.refresh:
-            self._refresh()
-        return deleted
+        if not ids:
+            return 0
+        self._dirty = True
+        failures, results = self._bulk(q.bulk_delete_actions(self.index_name, ids), collect=True)
+        if failures:
+            raise IndexStoreError(f"cannot delete {len(failures)} document(s): {next(iter(failures.values()))}")
+        return sum(1 for r in results if r == "deleted")
 
-    def _chunks(self, lines: list[str], lines_per_doc: int = 2) -> Iterator[list[str]]:
-        chunk: list[str] = []
-        size = 0
-        for i in range(0, len(lines), lines_per_doc):
-            item = lines[i : i + lines_per_doc]
-            item_size = sum(len(s.encode("utf-8")) + 1 for s in item)
-            if chunk and (len(chunk) // lines_per_doc >= self.chunk_docs or size + item_size > self.chunk_bytes):
-                yield chunk
-                chunk, size = [], 0
-            chunk.extend(item)
-            size += item_size
-        if chunk:
-            yield chunk
+    def _bulk(self, actions: list[dict[str, Any]], collect: bool = False):
+        """Send ``actions`` with ``opensearchpy.helpers.streaming_bulk``; per-item results.
 
-    def _bulk(self, lines: list[str], lines_per_doc: int = 2, collect: bool = False):
-        """Send one chunk; resend only the items refused as busy. Returns {id: reason} (+ results)."""
-        pending = lines
+        Items refused as busy (429/5xx) are sent again after a back-off, the rest are reported:
+        returns ``{id: reason}`` (and the results of the items that succeeded with ``collect``).
+        A chunk refused as too large (413) is sent again in halves.
+        """
         failures: dict[str, str] = {}
         results: list[str] = []
-        attempt = 0
+        pending, chunk_docs, chunk_bytes, attempt = actions, self.chunk_docs, self.chunk_bytes, 0
         while pending:
-            reply = self.http.request("POST", "/_bulk", ndjson=q.ndjson(pending))
-            if reply.status == 413 and len(pending) > lines_per_doc:
-                half = (len(pending) // lines_per_doc // 2) * lines_per_doc
-                for part in (pending[:half], pending[half:]):
-                    f, r = self._bulk(part, lines_per_doc, collect=True)
-                    failures.update(f)
-                    results.extend(r)
-                break
-            if not reply.ok:
-                raise IndexStoreError(f"bulk write to {self.index_name!r} failed: {reply.error_reason()}")
-            items = reply.body.get("items", [])
-            if len(items) * lines_per_doc != len(pending):
-                raise IndexStoreError(
-                    f"bulk answer has {len(items)} items for {len(pending) // lines_per_doc} documents"
-                )
-            retry: list[str] = []
-            for n, item in enumerate(items):
-                (result,) = item.values()
-                status = int(result.get("status", 0))
+            retry: list[dict[str, Any]] = []
+            too_large: list[dict[str, Any]] = []
+            by_id = {a["_id"]: a for a in pending}
+            for ok, item in helpers.streaming_bulk(
+                self.http.client, pending, chunk_size=chunk_docs, max_chunk_bytes=chunk_bytes,
+                raise_on_error=False, raise_on_exception=False, max_retries=0, yield_ok=True,
+                headers={"content-type": "application/x-ndjson"},
+            ):
+                ((_, result),) = item.items()
+                status = int(result.get("status", 0) or 0)
                 doc_id = str(result.get("_id"))
-                if 200 <= status < 300 or (status == 404 and result.get("result") == "not_found"):
+                if ok or (status == 404 and result.get("result") == "not_found"):
                     results.append(result.get("result", ""))
+                elif status == 413 and chunk_docs > 1:
+                    too_large.append(by_id[doc_id])
                 elif status in RETRY_ITEM_STATUSES and attempt < self.http.retries:
-                    retry.extend(pending[n * lines_per_doc : (n + 1) * lines_per_doc])
+                    retry.append(by_id[doc_id])
                 else:
                     failures[doc_id] = _item_reason(result)
-            if retry:
-                self.http._wait(attempt, None, f"{len(retry) // lines_per_doc} bulk item(s) refused as busy")
+            if too_large:
+                # A smaller chunk may fit; this is not a retry of a busy server.
+                chunk_docs, chunk_bytes = max(1, chunk_docs // 2), max(1024, chunk_bytes // 2)
+                retry += too_large
+            elif retry:
+                self.http.policy.wait(attempt, None, f"{len(retry)} bulk item(s) refused as busy")
                 attempt += 1
             pending = retry
         return (failures, results) if collect else failures
+
+    def settle(self) -> None:
+        """Refresh once before the first read after writes (``refresh=True``), not per batch.
+
+        A refresh after every ingest batch of 32 images writes a tiny Lucene segment each
+        time (merge pressure, slower searches); searches through this backend still see
+        every write, and ``close`` refreshes once at the end of an ingest.
+        """
+        if self._dirty and self.refresh:
+            self._refresh()
+        self._dirty = False
 
     def _refresh(self) -> None:
         reply = self.http.request("POST", f"/{self.index_name}/_refresh")
@@ -316,7 +360,7 @@ class OpenSearchBackend:
         for start in range(0, len(ids), 500):
             for d in self._mget(list(ids[start : start + 500]), source=True):
                 if d.get("found"):
-                    out.append(_document(d["_id"], d.get("_source", {})))
+                    out.append(_document(d["_id"], d.get("_source", {}), self._decode))
         return out
 
     def _mget(self, ids: list[str], source: bool) -> list[dict]:
@@ -341,6 +385,10 @@ class OpenSearchBackend:
         path_prefix: str | None = None,
         neural_sparse: bool = False,
     ) -> list[Hit]:
+        if self.vocabulary is not None:
+            body = q.seismic_search_body(self.vocabulary.to_ids(query), k, offset=offset, top_n=self.seismic_top_n,
+                                         heap_factor=self.seismic_heap_factor, filters=q.Filters(path_prefix))
+            return self._hits(self._search(body), query, explain)
         body = q.sparse_search_body(
             query, k, offset=offset, max_clauses=self.max_clauses(),
             filters=q.Filters(path_prefix), neural_sparse=neural_sparse,
@@ -358,6 +406,8 @@ class OpenSearchBackend:
         offset: int = 0,
         path_prefix: str | None = None,
     ) -> list[Hit]:
+        if self.vocabulary is not None:
+            raise QueryError("a SEISMIC index has no two-phase plan; use sparse (approximate) or hybrid")
         body = q.two_phase_body(
             first, full, k, window, offset=offset, max_clauses=self.max_clauses(),
             filters=q.Filters(path_prefix),
@@ -411,17 +461,24 @@ class OpenSearchBackend:
             window = int(opts.candidates)
             explain = int(opts.explain)
         pipeline = self.ensure_pipeline(method, weights, rank_constant)
+        dialect = self.dialect()
+        seismic_clause = None
+        if self.vocabulary is not None:
+            depth = min(max(int(window or 0), offset + k), q.MAX_RESULT_WINDOW)
+            seismic_clause = q.seismic_query(self.vocabulary.to_ids(sparse), depth, top_n=self.seismic_top_n,
+                                             heap_factor=self.seismic_heap_factor, filters=q.Filters(path_prefix))
         body = q.hybrid_search_body(
             sparse, vector, k, offset=offset, window=window, max_clauses=self.max_clauses(),
-            filters=q.Filters(path_prefix), neural_sparse=neural_sparse,
+            filters=q.Filters(path_prefix), neural_sparse=neural_sparse, dialect=dialect,
+            sparse_clause=seismic_clause,
         )
         body["_source"] = [*q.HIT_SOURCE, q.DENSE_FIELD]
-        raw = self._search(body, params={"search_pipeline": pipeline})
+        raw = q.hybrid_page(self._search(body, params={"search_pipeline": pipeline}), k, offset, dialect)
         hits = self._hits(raw, sparse, explain)
         vec = np.asarray(vector, dtype=np.float32).reshape(-1)
         for hit, h in zip(hits, raw, strict=True):
             src = h.get("_source", {})
-            doc_sparse = decode_features(src.get(q.SPARSE_FIELD))
+            doc_sparse = self._decode(src.get(q.SPARSE_FIELD))
             hit.parts = {
                 "sparse": float(sum(w * doc_sparse.get(t, 0.0) for t, w in sparse.items())),
                 "dense": float(np.dot(np.asarray(src.get(q.DENSE_FIELD, []), dtype=np.float32), vec))
@@ -435,7 +492,8 @@ class OpenSearchBackend:
         name = q.pipeline_name(method, weights, rank_constant)
         if name not in self._pipelines:
             reply = self.http.request(
-                "PUT", f"/_search/pipeline/{name}", json_body=q.pipeline_body(method, weights, rank_constant)
+                "PUT", f"/_search/pipeline/{name}",
+                json_body=q.pipeline_body(method, weights, rank_constant, self.dialect()),
             )
             if not reply.ok:
                 raise IndexStoreError(
@@ -444,14 +502,31 @@ class OpenSearchBackend:
             self._pipelines.add(name)
         return name
 
+    def cluster(self) -> ClusterInfo:
+        """Version and distribution from ``GET /`` (read once; unknown when it is refused)."""
+        if self._cluster is None:
+            reply = self.http.request("GET", "/", raise_auth=False)
+            self._cluster = cluster_info(reply.body if reply.ok else None, self.url, self.http.aws_service)
+        return self._cluster
+
+    def dialect(self) -> Dialect:
+        return self.cluster().dialect
+
     def max_clauses(self) -> int:
-        """``indices.query.bool.max_clause_count`` of the cluster (1024 when it cannot be read)."""
+        """``indices.query.bool.max_clause_count`` of the cluster (1024 when it cannot be read).
+
+        Reading it needs ``cluster:monitor/settings``; a user without it (403) still searches,
+        with the default.
+        """
         if self._max_clauses is None:
             self._max_clauses = q.DEFAULT_MAX_CLAUSES
             reply = self.http.request(
-                "GET", "/_cluster/settings", params={"include_defaults": "true", "flat_settings": "true"}
+                "GET", "/_cluster/settings", params={"include_defaults": "true", "flat_settings": "true"},
+                raise_auth=False,
             )
-            if reply.ok and isinstance(reply.body, dict):
+            if reply.status in (401, 403):
+                log.info("cannot read max_clause_count (%s); assuming %d", reply.status, q.DEFAULT_MAX_CLAUSES)
+            elif reply.ok and isinstance(reply.body, dict):
                 for scope in ("transient", "persistent", "defaults"):
                     value = reply.body.get(scope, {}).get("indices.query.bool.max_clause_count")
                     if value is not None:
@@ -460,6 +535,7 @@ class OpenSearchBackend:
         return self._max_clauses
 
     def _search(self, body: dict, params: Mapping[str, str] | None = None) -> list[dict]:
+        self.settle()
         reply = self.http.request("POST", f"/{self.index_name}/_search", json_body=body, params=params)
         self._raise_for(reply, "search")
         return reply.body.get("hits", {}).get("hits", [])
@@ -475,7 +551,7 @@ class OpenSearchBackend:
                     score=float(np.float32(h.get("_score") or 0.0)),
                     path=src.get("path", ""),
                     url=src.get("url"),
-                    matched=matched_terms(query, decode_features(src.get(q.SPARSE_FIELD)), explain),
+                    matched=matched_terms(query, self._decode(src.get(q.SPARSE_FIELD)), explain),
                 )
             )
         return hits
@@ -504,6 +580,8 @@ class OpenSearchBackend:
         old = self._stored_identity()
         if old is None:
             raise IndexStoreError(f"no index {self.index_name!r} at {self.url} to reindex")
+        if self._is_seismic():
+            raise IndexStoreError("reindexing a SEISMIC index is not supported yet: create a new index and ingest")
         new_identity = identity or old
         if reencode is None and new_identity.fingerprint != old.fingerprint:
             raise BundleMismatchError(
@@ -592,6 +670,37 @@ class OpenSearchBackend:
 
     # -- helpers --------------------------------------------------------------------------
 
+    def _decode(self, stored: Mapping[str, float] | None) -> dict[str, float]:
+        """A document's stored sparse field -> ``{term: weight}``."""
+        return self.vocabulary.from_ids(stored) if self.vocabulary is not None else decode_features(stored)
+
+    def _is_seismic(self) -> bool:
+        metas = [m.get("mappings", {}).get("_meta") or {} for m in self._mapping().values()]
+        return any(meta.get("sparse_index") == q.SPARSE_SEISMIC for meta in metas)
+
+    def _store_vocabulary(self, vocabulary: Vocabulary, replicas: int) -> None:
+        name = vocabulary_index(self.index_name)
+        reply = self.http.request("PUT", f"/{name}", json_body=vocabulary_index_body(replicas))
+        if not reply.ok and "resource_already_exists" not in reply.error_reason():
+            raise IndexStoreError(f"cannot create {name}: {reply.error_reason()}")
+        reply = self.http.request("PUT", f"/{name}/_doc/{VOCABULARY_DOC}", json_body=vocabulary.to_json(),
+                                  params={"refresh": "true"})
+        self._raise_for(reply, f"store the vocabulary in {name}")
+        self.vocabulary = vocabulary
+
+    def _load_vocabulary(self) -> None:
+        self.vocabulary = None
+        if not self._is_seismic():
+            return
+        name = vocabulary_index(self.index_name)
+        reply = self.http.request("GET", f"/{name}/_doc/{VOCABULARY_DOC}")
+        if not reply.ok or not isinstance(reply.body, dict) or not reply.body.get("found"):
+            raise IndexStoreError(f"{self.index_name!r} is a SEISMIC index but its vocabulary ({name}) is missing")
+        vocabulary = Vocabulary.from_json(reply.body.get("_source", {}))
+        if self.identity and self.identity.fingerprint and vocabulary.fingerprint not in ("", self.identity.fingerprint):
+            raise BundleMismatchError(f"the vocabulary in {name} belongs to another bundle")
+        self.vocabulary = vocabulary
+
     def _mapping(self) -> dict:
         reply = self.http.request("GET", f"/{self.index_name}/_mapping")
         if reply.status == 404:
@@ -638,6 +747,7 @@ class OpenSearchBackend:
         self._raise_for(reply, "record the bundle in _meta")
 
     def _count(self, index: str) -> int:
+        self.settle()
         reply = self.http.request("GET", f"/{index}/_count")
         self._raise_for(reply, "count documents")
         return int(reply.body.get("count", 0))
@@ -655,12 +765,43 @@ class OpenSearchBackend:
         raise IndexStoreError(f"OpenSearch could not {what}: {reason}")
 
 
+def connection_options(url: str | Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+                       **options: Any) -> dict[str, Any]:
+    """Connection settings shared by the backend, ml-commons and ``doctor``: explicit
+    arguments > ``D2S_OPENSEARCH_*`` environment. ``url`` may list several hosts."""
+    env = os.environ if env is None else env
+    url = url or env.get(ENV_URL)
+    if not url:
+        raise BackendUnavailableError(f"no OpenSearch URL: pass --url or set {ENV_URL}")
+    for key, var in (("user", ENV_USER), ("password", ENV_PASSWORD), ("api_key", ENV_API_KEY),
+                     ("ca_file", ENV_CA_FILE), ("index_name", ENV_INDEX),
+                     ("aws_region", ENV_AWS_REGION), ("aws_service", ENV_AWS_SERVICE)):
+        if options.get(key) is None and env.get(var):
+            options[key] = env[var]
+    if options.get("verify") is None and env.get(ENV_INSECURE, "").lower() in ("1", "true", "yes"):
+        options["verify"] = False
+    if options.get("sniff") is None and env.get(ENV_SNIFF, "").lower() in ("1", "true", "yes"):
+        options["sniff"] = True
+    options = {k: v for k, v in options.items() if v is not None}
+    options["url"] = split_hosts(url)
+    return options
+
+
+def http_from_env(url: str | Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+                  **options: Any) -> OpenSearchHTTP:
+    """An :class:`OpenSearchHTTP` with the backend's connection settings (no index)."""
+    options = connection_options(url, env, **options)
+    options.pop("index_name", None)
+    return OpenSearchHTTP(options.pop("url"), **options)
+
+
 def knn_score_to_inner_product(score: float) -> float:
     """Invert OpenSearch's inner-product k-NN score (``1 + ip`` if ip >= 0, else ``1 / (1 - ip)``)."""
     return score - 1.0 if score >= 1.0 else 1.0 - 1.0 / score if score > 0 else float("-inf")
 
 
-def _document(doc_id: str, src: Mapping[str, Any]) -> Document:
+def _document(doc_id: str, src: Mapping[str, Any],
+              decode: Callable[[Mapping[str, float] | None], dict[str, float]] = decode_features) -> Document:
     ingested = src.get("ingested_at")
     return Document(
         id=doc_id,
@@ -668,7 +809,7 @@ def _document(doc_id: str, src: Mapping[str, Any]) -> Document:
         size_bytes=int(src.get("size_bytes", 0) or 0),
         width=int(src.get("width", 0) or 0),
         height=int(src.get("height", 0) or 0),
-        sparse=decode_features(src.get(q.SPARSE_FIELD)),
+        sparse=decode(src.get(q.SPARSE_FIELD)),
         dense=np.asarray(src.get(q.DENSE_FIELD, []), dtype=np.float32),
         url=src.get("url"),
         ingested_at=float(ingested) / 1000.0 if ingested is not None else 0.0,

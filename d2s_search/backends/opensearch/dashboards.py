@@ -8,24 +8,25 @@
 Settings: the URL from ``--url``/``D2S_DASHBOARDS_URL``; credentials only from the
 environment, ``D2S_DASHBOARDS_USER``/``_PASSWORD`` else ``D2S_OPENSEARCH_USER``/``_PASSWORD``
 (the compose file's Dashboards logs in with the OpenSearch users); a private CA from
-``D2S_DASHBOARDS_CA_FILE``. Errors are one line and never show a password.
+``D2S_DASHBOARDS_CA_FILE`` else ``D2S_OPENSEARCH_CA_FILE``. Requests go through the same
+connection class as OpenSearch (:class:`~d2s_search.backends.opensearch.client.OpenSearchHTTP`:
+opensearch-py's pool, TLS and auth, the same retry policy), retrying only what Dashboards
+answers while it starts (502-504). Errors are one line and never show a password.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from d2s_search import redact
-from d2s_search.backends.opensearch.client import tls_verify
+from d2s_search.backends.opensearch.client import OpenSearchHTTP, Reply
 from d2s_search.backends.opensearch.dashboards_objects import (
     parse_ndjson,
     retarget,
@@ -38,13 +39,13 @@ log = logging.getLogger("d2s_search.dashboards")
 
 ENV_URL = "D2S_DASHBOARDS_URL"
 ENV_CA_FILE = "D2S_DASHBOARDS_CA_FILE"
+ENV_OPENSEARCH_CA_FILE = "D2S_OPENSEARCH_CA_FILE"
 ENV_INSECURE = "D2S_DASHBOARDS_INSECURE"
 # Dashboards' own users first; the compose setup shares the OpenSearch users.
 ENV_USERS = (("D2S_DASHBOARDS_USER", "D2S_DASHBOARDS_PASSWORD"), ("D2S_OPENSEARCH_USER", "D2S_OPENSEARCH_PASSWORD"))
 IMPORT_PATH = "/api/saved_objects/_import"
 # 503 is what Dashboards answers while it is still starting ("server is not ready yet").
 RETRY_STATUSES = frozenset({502, 503, 504})
-RETRY_EXCEPTIONS: tuple[type[Exception], ...] = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
 
 
 class DashboardsError(D2SError):
@@ -84,33 +85,21 @@ class DashboardsClient:
         retries: int = 4,
         backoff: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
-        transport: httpx.BaseTransport | None = None,
     ) -> None:
-        parsed = httpx.URL(url.strip())
-        if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise BackendUnavailableError(
-                f"not a Dashboards URL: {parsed.copy_with(username=None, password=None)!s} "
-                "(expected http(s)://host:5601)"
-            )
-        user = user or parsed.username or None
-        password = password or parsed.password or None
-        redact.remember(password, user=user)
-        self.url = str(parsed.copy_with(username=None, password=None, query=None, fragment=None)).rstrip("/")
         self.tenant = tenant or None
-        self.retries = max(0, retries)
-        self.backoff = backoff
-        self._sleep = sleep
-        headers = {"osd-xsrf": "true", "Accept": "application/json"}
+        headers = {"osd-xsrf": "true"}
         if self.tenant:
             headers["securitytenant"] = self.tenant
-        self._client = httpx.Client(
-            base_url=self.url,
-            auth=httpx.BasicAuth(user, password or "") if user else None,
-            headers=headers,
-            verify=tls_verify(verify, ca_file),
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-            transport=transport,
-        )
+        try:
+            self.http = OpenSearchHTTP(
+                url, user=user, password=password, ca_file=ca_file, verify=verify, timeout=timeout,
+                retries=retries, backoff=backoff, sleep=sleep, headers=headers, retry_statuses=RETRY_STATUSES,
+                service_name="OpenSearch Dashboards",
+            )
+        except BackendUnavailableError as exc:
+            raise BackendUnavailableError(str(exc).replace("OpenSearch URL", "Dashboards URL")
+                                          .replace("host:port", "host:5601")) from None
+        self.url = self.http.url
 
     @classmethod
     def from_env(cls, url: str | None = None, env: Mapping[str, str] | None = None, **options: Any) -> DashboardsClient:
@@ -121,7 +110,9 @@ class DashboardsClient:
         user, password = credentials_from_env(env)
         options.setdefault("user", user)
         options.setdefault("password", password)
-        options.setdefault("ca_file", env.get(ENV_CA_FILE) or None)
+        # OpenSearch's CA only matters (and is only read) for an https Dashboards URL
+        shared_ca = env.get(ENV_OPENSEARCH_CA_FILE) if url.strip().lower().startswith("https:") else None
+        options.setdefault("ca_file", env.get(ENV_CA_FILE) or shared_ca or None)
         if env.get(ENV_INSECURE, "").lower() in ("1", "true", "yes"):
             options["verify"] = False
         return cls(url, **options)
@@ -130,7 +121,7 @@ class DashboardsClient:
         return f"DashboardsClient({self.url!r}, tenant={self.tenant!r})"
 
     def close(self) -> None:
-        self._client.close()
+        self.http.close()
 
     def __enter__(self) -> DashboardsClient:
         return self
@@ -140,41 +131,21 @@ class DashboardsClient:
 
     # -- requests -------------------------------------------------------------------------
 
-    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        # Repeating an import is safe: with overwrite it ends in the same objects.
-        attempt = 0
-        while True:
-            try:
-                resp = self._client.request(method, path, **kwargs)
-            except RETRY_EXCEPTIONS as exc:
-                if "CERTIFICATE_VERIFY_FAILED" in f"{exc} {exc.__cause__} {exc.__context__}":
-                    raise BackendUnavailableError(
-                        f"TLS certificate of {self.url} is not trusted: set {ENV_CA_FILE} to its CA file"
-                    ) from None
-                if attempt >= self.retries:
-                    raise BackendUnavailableError(
-                        f"cannot reach OpenSearch Dashboards at {self.url}: {type(exc).__name__} "
-                        f"(after {attempt + 1} attempts)"
-                    ) from None
-            else:
-                if resp.status_code not in RETRY_STATUSES or attempt >= self.retries:
-                    return resp
-            delay = min(30.0, self.backoff * 2**attempt) * (0.5 + random.random() / 2)
-            log.info("Dashboards not ready, retrying in %.1fs", delay)
-            self._sleep(delay)
-            attempt += 1
-
     def import_ndjson(self, ndjson: str, overwrite: bool = True) -> tuple[int, list[dict[str, str]] | None]:
         """Import an ndjson export: (objects imported, their type/id/title when Dashboards lists
         them). Raises DashboardsError when any object is refused."""
-        resp = self._send(
-            "POST", IMPORT_PATH,
-            params={"overwrite": "true"} if overwrite else None,
-            files={"file": ("d2s-search.ndjson", ndjson.encode("utf-8"), "application/ndjson")},
-        )
-        body = _json(resp)
-        if resp.status_code != 200:
-            raise DashboardsError(self._http_error(resp.status_code, body))
+        # Repeating an import is safe: with overwrite it ends in the same objects.
+        content, content_type = multipart_file("file", "d2s-search.ndjson", ndjson.encode("utf-8"), "application/ndjson")
+        try:
+            reply: Reply = self.http.request(
+                "POST", IMPORT_PATH, content=content, content_type=content_type,
+                params={"overwrite": "true"} if overwrite else None, raise_auth=False,
+            )
+        except BackendUnavailableError as exc:
+            raise BackendUnavailableError(str(exc).replace("D2S_OPENSEARCH_CA_FILE", ENV_CA_FILE)) from None
+        body = reply.body
+        if reply.status != 200:
+            raise DashboardsError(self._http_error(reply.status, body))
         if not isinstance(body, dict):
             raise DashboardsError(f"unexpected answer from {self.url}{IMPORT_PATH}: {str(body)[:200]}")
         errors = body.get("errors") or []
@@ -201,11 +172,12 @@ class DashboardsClient:
         return f"OpenSearch Dashboards at {self.url} answered {status}: {text}"
 
 
-def _json(resp: httpx.Response) -> Any:
-    try:
-        return resp.json()
-    except ValueError:
-        return resp.text
+def multipart_file(field_name: str, file_name: str, data: bytes, content_type: str) -> tuple[bytes, str]:
+    """One file as ``multipart/form-data`` (RFC 7578): (body, Content-Type header)."""
+    boundary = f"d2s-{uuid.uuid4().hex}"
+    head = (f'--{boundary}\r\nContent-Disposition: form-data; name="{field_name}"; filename="{file_name}"\r\n'
+            f"Content-Type: {content_type}\r\n\r\n").encode()
+    return head + data + f"\r\n--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 
 def describe_errors(errors: Sequence[Mapping[str, Any]], limit: int = 3) -> str:

@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from d2s_search.backends.opensearch.client import (
-    RETRY_EXCEPTIONS,
-    RETRY_STATUSES,
     OpenSearchHTTP,
     Reply,
+    auth_message,
 )
 from d2s_search.backends.opensearch.ml_package import ModelPackage
 from d2s_search.backends.opensearch.search_template import TEMPLATE_ID, put_template_body
@@ -48,13 +47,21 @@ SETTING_LOCAL_FILE = "plugins.ml_commons.allow_registering_model_via_local_file"
 SETTING_URL = "plugins.ml_commons.allow_registering_model_via_url"
 SETTING_ML_NODE = "plugins.ml_commons.only_run_on_ml_node"
 SETTING_MEMORY = "plugins.ml_commons.native_memory_threshold"
-# (text in an ml-commons error, what the user can do about it)
+SETTING_HEAP = "plugins.ml_commons.jvm_heap_memory_threshold"
+# (text in an ml-commons error, what the user can do about it). ml-commons 2.19.1.0/3.1.0.0,
+# plugin/.../breaker/: MemoryCircuitBreaker ("Memory Circuit Breaker") opens when JVM heap use
+# passes jvm_heap_memory_threshold (85%); NativeMemoryCircuitBreaker ("Native Memory Circuit
+# Breaker") checks native_memory_threshold (90%). The native one must be matched first.
 _HINTS = (
     ("allow_registering_model_via_local_file",
      f"allow uploads with --configure-cluster (sets {SETTING_LOCAL_FILE}=true)"),
     ("allow_registering_model_via_url", f"allow URL registration with --configure-cluster (sets {SETTING_URL}=true)"),
     ("No eligible node", f"no ML node: --configure-cluster sets {SETTING_ML_NODE}=false to use data nodes"),
-    ("Memory Circuit Breaker", f"the node is short of memory: --configure-cluster raises {SETTING_MEMORY} to 99"),
+    ("Native Memory Circuit Breaker",
+     f"the node is short of native memory: --configure-cluster raises {SETTING_MEMORY} to 99"),
+    ("Memory Circuit Breaker",
+     f"JVM heap use is over {SETTING_HEAP} (85%): give the node a larger heap (OPENSEARCH_HEAP=2g "
+     f"or more in .env, then `docker compose up -d`), or raise {SETTING_HEAP}"),
     ("model content changed", "the uploaded zip does not match its hash: run register-model again"),
 )
 
@@ -65,6 +72,10 @@ class MLCommonsError(D2SError):
 
 class MLCommonsUnavailable(MLCommonsError):
     """The cluster has no ml-commons plugin (or no neural-search for the query)."""
+
+
+class MLCommonsForbidden(MLCommonsUnavailable):
+    """This user may not use ml-commons (403): callers fall back as if it were absent."""
 
 
 # -- request bodies -------------------------------------------------------------------------
@@ -172,13 +183,24 @@ class MLCommons:
     # -- plumbing -------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, body: Any = None, what: str = "") -> dict[str, Any]:
-        reply = self.http.request(method, path, json_body=body)
+        try:
+            reply = self.http.request(method, path, json_body=body, raise_auth=False)
+        except BackendUnavailableError as exc:
+            # A breaker answers 429 (CircuitBreakingException): still busy after the retries.
+            hint = _hint(str(exc))
+            if hint:
+                raise BackendUnavailableError(f"{exc}{hint}") from None
+            raise
         return self._check(reply, what or f"{method} {path}")
 
     def _check(self, reply: Reply, what: str) -> dict[str, Any]:
         if reply.ok and isinstance(reply.body, dict):
             return reply.body
         reason = reply.error_reason()
+        if reply.status == 401:
+            raise BackendUnavailableError(auth_message(self.http.url, 401, reply))
+        if reply.status == 403:
+            raise MLCommonsForbidden(f"OpenSearch at {self.http.url} denied {what} (403): {reason}")
         if "no handler found" in reason:
             raise MLCommonsUnavailable(
                 f"{self.http.url} has no ml-commons plugin ({what} is unknown); "
@@ -187,33 +209,14 @@ class MLCommons:
         raise MLCommonsError(f"ml-commons could not {what}: {reason}{_hint(reason)}")
 
     def _post_bytes(self, path: str, data: bytes, what: str) -> dict[str, Any]:
-        """POST raw bytes (a model chunk), retrying like OpenSearchHTTP.
+        """POST raw bytes (a model chunk) over the same connection, auth, TLS and retries.
 
-        OpenSearchHTTP.request sends JSON or NDJSON only; ml-commons reads the chunk as the
-        raw body, whatever its Content-Type (opensearch-py-ml sends it as application/json).
+        ml-commons reads the chunk as the raw body, whatever its Content-Type (opensearch-py-ml
+        sends it as application/json).
         """
-        client = self.http._client  # the same connection, auth and TLS settings
-        attempt = 0
-        while True:
-            try:
-                resp = client.post(path, content=data, headers={"Content-Type": "application/json"},
-                                   timeout=300.0)
-            except RETRY_EXCEPTIONS as exc:
-                if attempt >= self.http.retries:
-                    raise BackendUnavailableError(f"cannot reach OpenSearch at {self.http.url} to {what}: "
-                                                  f"{type(exc).__name__}") from None
-                self.http._wait(attempt, None, f"{what}: {type(exc).__name__}")
-                attempt += 1
-                continue
-            if resp.status_code in RETRY_STATUSES and attempt < self.http.retries:
-                self.http._wait(attempt, resp.headers.get("Retry-After"), f"{what}: {resp.status_code}")
-                attempt += 1
-                continue
-            try:
-                body = resp.json() if resp.content else {}
-            except ValueError:
-                body = resp.text
-            return self._check(Reply(resp.status_code, body), what)
+        reply = self.http.request("POST", path, content=data, content_type="application/json",
+                                  timeout=300.0, raise_auth=False)
+        return self._check(reply, what)
 
     def _wait_until(self, what: str, check: Callable[[], tuple[bool, str]]) -> str:
         deadline = self._clock() + self.timeout

@@ -3,15 +3,26 @@
 What ml-commons does with it (read from its source, ``DLModel`` and
 ``SparseEncodingTranslator``): unzip; exactly one ``*.onnx`` (or ``*.pt``) file at the top
 level is the model, ``tokenizer.json`` next to it is loaded with HuggingFace tokenizers; per
-text it feeds ``input_ids`` and ``attention_mask`` (int64, batch of 1) by position, and turns
+text it feeds two int64 tensors of shape (1, seq) **by name** and turns
 *every* output tensor into ``{token: weight}`` with one ``tokenizer.decode([i],
 skip_special_tokens=True)`` per non-zero index i. neural-search then uses the first tensor
 and queries the ``rank_features`` field with those tokens as feature names.
 
-So ``text.onnx`` cannot go in as it is (its first output is the dense vector). The zip holds
-a wrapper graph, made with the ``onnx`` package (no torch):
+The names: opensearch-project/ml-commons 2.19.1.0 and 3.1.0.0,
+``ml-algorithms/.../algorithms/SentenceTransformerTranslator.java`` (which
+``sparse_encoding/SparseEncodingTranslator.java`` extends) names them ``input1.input_ids``
+and ``input1.attention_mask``; DJL's ``Batchifier.STACK`` keeps the names while stacking to
+(1, seq) (deepjavalibrary/djl ``api/.../translate/StackBatchifier.java``), and DJL's
+``OrtSymbolBlock.forwardInternal`` (``engines/onnxruntime/onnxruntime-engine/...``) feeds
+named tensors by name, throwing "Invalid input tensor name" for a name that is not a graph
+input. So the graph's inputs carry exactly those names (:data:`SERVER_INPUTS`), or the deploy
+warm-up fails and the model ends ``DEPLOY_FAILED``.
 
-    input_ids, attention_mask --Slice(:max_length)--> text graph --> sparse
+So ``text.onnx`` cannot go in as it is (its first output is the dense vector; its inputs are
+``input_ids``, ``attention_mask``). The zip holds a wrapper graph, made with the ``onnx``
+package (no torch):
+
+    input1.input_ids, input1.attention_mask --Slice(:max_length)--> text graph --> sparse
         --Mul(keep)--> --Min(64)--> --top max_terms--> output   (batch, |V|), the only output
 
 * ``keep`` zeroes the terms the server could not match against our documents: special
@@ -44,6 +55,8 @@ from d2s_search.errors import BundleError
 ONNX_NAME = "d2s-sparse-encoder.onnx"
 INFO_NAME = "d2s-model.json"
 OUTPUT = "output"
+# The tensor names ml-commons' SentenceTransformerTranslator gives DJL (see the docstring).
+SERVER_INPUTS = {"input_ids": "input1.input_ids", "attention_mask": "input1.attention_mask"}
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed, so the same bundle always gives the same zip hash
 MAX_PROTO_BYTES = 2**31 - 1  # a single-file ONNX model must stay under protobuf's 2 GB
 # Under the default max_clause_count (1024), with room for a few filter clauses.
@@ -134,6 +147,8 @@ def sparse_encoder_graph(text_onnx: Path, keep: np.ndarray, max_length: int,
 
     renamed = {name: f"{name}__d2s_cut" for name in inputs}
     _rename_uses(graph, renamed)
+    for graph_input in graph.input:  # fed by name by DJL: the translator's names
+        graph_input.name = SERVER_INPUTS[graph_input.name]
     consts = [
         numpy_helper.from_array(np.array([0], dtype=np.int64), "d2s_cut_start"),
         numpy_helper.from_array(np.array([max_length], dtype=np.int64), "d2s_cut_end"),
@@ -143,7 +158,8 @@ def sparse_encoder_graph(text_onnx: Path, keep: np.ndarray, max_length: int,
     ]
     graph.initializer.extend(consts)
     cuts = [
-        helper.make_node("Slice", [name, "d2s_cut_start", "d2s_cut_end", "d2s_cut_axis"], [renamed[name]],
+        helper.make_node("Slice", [SERVER_INPUTS[name], "d2s_cut_start", "d2s_cut_end", "d2s_cut_axis"],
+                         [renamed[name]],
                          name=f"d2s_cut_{name}")
         for name in inputs
     ]

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from d2s_search.backends.base import Document, IndexIdentity, SparseVector
+from d2s_search.backends.opensearch.cluster import Dialect
 from d2s_search.backends.opensearch.features import (
     NEURAL_SPARSE_MAX_WEIGHT,
     prune,
@@ -29,6 +30,21 @@ SPARSE_FIELD = "sparse"
 DENSE_FIELD = "dense"
 DEFAULT_MAX_CLAUSES = 1024  # indices.query.bool.max_clause_count default
 MAX_RESULT_WINDOW = 10_000  # index.max_result_window default
+# index.max_rescore_window default (OpenSearch server/.../index/IndexSettings.java,
+# MAX_RESCORE_WINDOW_SETTING, 2.x and 3.x): a larger rescore window_size fails the search.
+MAX_RESCORE_WINDOW = 10_000
+# Clauses kept free under max_clause_count: the limit counts every leaf (filters, the hybrid
+# query's k-NN clause), and plugins may add a clause or two; sitting exactly at it is fragile.
+CLAUSE_MARGIN = 8
+NEWEST = Dialect()
+SPARSE_RANK_FEATURES = "rank_features"
+SPARSE_SEISMIC = "seismic"
+# SEISMIC parameters sent when creating the field. neural-search 3.3.0.0
+# sparse/common/SparseConstants.java defaults: n_postings -1 (derived from the segment),
+# cluster_ratio 0.1, summary_prune_ratio 0.4, approximate_threshold 1,000,000 documents per
+# segment before the approximate index is built, quantization_ceiling_ingest 3.0 (document
+# weights are quantized to 8 bits up to it: larger ones are clipped), _search 16.
+SEISMIC_DEFAULTS: dict[str, Any] = {"approximate_threshold": 1_000_000, "quantization_ceiling_ingest": 3.0}
 PIPELINE_MINMAX = "d2s-hybrid-minmax"
 PIPELINE_RRF = "d2s-hybrid-rrf"
 # Fields a search hit needs to become a Hit (matched terms come from the stored features).
@@ -46,15 +62,28 @@ def index_body(
     replicas: int = 0,
     m: int = 16,
     ef_construction: int = 128,
+    sparse_index: str = SPARSE_RANK_FEATURES,
+    seismic: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``PUT /<index>`` body: settings plus the mapping, ``_meta`` carrying the bundle."""
+    """The ``PUT /<index>`` body: settings plus the mapping, ``_meta`` carrying the bundle.
+
+    ``sparse_index="seismic"`` (OpenSearch 3.3+, neural-search): the sparse field is a
+    ``sparse_vector`` with the SEISMIC approximate index (keys are vocabulary ids, see
+    :mod:`d2s_search.backends.opensearch.seismic`); ``seismic`` overrides its parameters.
+    """
     if engine not in ("faiss", "lucene"):
         raise QueryError(f"unknown k-NN engine {engine!r} (use faiss or lucene)")
+    if sparse_index not in (SPARSE_RANK_FEATURES, SPARSE_SEISMIC):
+        raise QueryError(f"unknown sparse index {sparse_index!r} (use {SPARSE_RANK_FEATURES} or {SPARSE_SEISMIC})")
     dim = identity.dense_dim if identity else 256
-    return {
-        "settings": {
-            "index": {"number_of_shards": shards, "number_of_replicas": replicas, "knn": True}
-        },
+    settings: dict[str, Any] = {"number_of_shards": shards, "number_of_replicas": replicas, "knn": True}
+    sparse_mapping: dict[str, Any] = {"type": "rank_features"}
+    if sparse_index == SPARSE_SEISMIC:
+        settings["sparse"] = True  # neural-search 3.3.0.0 SparseSettings.IS_SPARSE_INDEX_SETTING
+        sparse_mapping = {"type": "sparse_vector",
+                          "method": {"name": "seismic", "parameters": {**SEISMIC_DEFAULTS, **(seismic or {})}}}
+    body = {
+        "settings": {"index": settings},
         "mappings": {
             "dynamic": "strict",
             "_meta": {
@@ -66,7 +95,7 @@ def index_body(
                 **({"bundle_path": identity.bundle_path} if identity and identity.bundle_path else {}),
             },
             "properties": {
-                SPARSE_FIELD: {"type": "rank_features"},
+                SPARSE_FIELD: sparse_mapping,
                 DENSE_FIELD: {
                     "type": "knn_vector",
                     "dimension": dim,
@@ -87,6 +116,10 @@ def index_body(
             },
         },
     }
+    if sparse_index == SPARSE_SEISMIC:
+        body["mappings"]["_meta"]["sparse_index"] = SPARSE_SEISMIC
+        body["mappings"]["_meta"]["sparse_keys"] = "vocabulary ids (positions in the bundle's vocabulary)"
+    return body
 
 
 def meta_identity(meta: Mapping[str, Any] | None) -> IndexIdentity | None:
@@ -125,21 +158,13 @@ def doc_source(doc: Document, top_terms: int = 20) -> dict[str, Any]:
     return src
 
 
-def bulk_index_lines(index: str, docs: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:
-    """NDJSON lines (action, source) for ``_bulk``; ``index`` overwrites, so retries are safe."""
-    lines: list[str] = []
-    for doc_id, source in docs:
-        lines.append(_dumps({"index": {"_index": index, "_id": doc_id}}))
-        lines.append(_dumps(source))
-    return lines
+def bulk_index_actions(index: str, docs: Iterable[tuple[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """``opensearchpy.helpers`` actions: ``index`` by content-hash id (overwrites: retry-safe)."""
+    return [{"_op_type": "index", "_index": index, "_id": doc_id, "_source": source} for doc_id, source in docs]
 
 
-def bulk_delete_lines(index: str, ids: Iterable[str]) -> list[str]:
-    return [_dumps({"delete": {"_index": index, "_id": i}}) for i in ids]
-
-
-def ndjson(lines: Sequence[str]) -> str:
-    return "\n".join(lines) + "\n"
+def bulk_delete_actions(index: str, ids: Iterable[str]) -> list[dict[str, Any]]:
+    return [{"_op_type": "delete", "_index": index, "_id": i} for i in ids]
 
 
 def mget_body(ids: Sequence[str]) -> dict[str, Any]:
@@ -170,6 +195,12 @@ def query_weights(query: SparseVector, max_clauses: int) -> dict[str, float]:
     return prune(sendable_weights(query), max_clauses)
 
 
+def clause_budget(max_clauses: int, other_clauses: int = 0) -> int:
+    """Terms a query may have: Lucene counts every leaf clause against ``max_clause_count``
+    (filters included); :data:`CLAUSE_MARGIN` more stay free."""
+    return max(1, int(max_clauses) - other_clauses - CLAUSE_MARGIN)
+
+
 def rank_feature_clauses(weights: Mapping[str, float]) -> list[dict[str, Any]]:
     """One ``rank_feature`` clause per term: score = boost * stored value, i.e. the dot product."""
     return [
@@ -187,8 +218,7 @@ def sparse_query(
 ) -> dict[str, Any]:
     """``bool.should`` of ``rank_feature`` (or one ``neural_sparse`` with ``query_tokens``)."""
     filter_clauses = filters.clauses()
-    # Lucene counts every leaf clause against max_clause_count, filters included.
-    weights = query_weights(query, max(1, max_clauses - len(filter_clauses)))
+    weights = query_weights(query, clause_budget(max_clauses, len(filter_clauses)))
     if not weights:
         raise QueryError("the query has no terms with a positive weight")
     if neural_sparse:
@@ -261,12 +291,14 @@ def two_phase_body(
     """Retrieve with ``first``, rescore the top ``window`` with ``full``.
 
     ``query_weight: 0`` makes a rescored hit's score exactly the full query's score; the window
-    covers the whole page, or hits past it would keep their first-phase scores.
+    covers the whole page, or hits past it would keep their first-phase scores. It stays within
+    ``index.max_rescore_window`` (:data:`MAX_RESCORE_WINDOW`; the page itself is already kept
+    within ``index.max_result_window``, which has the same default).
     """
     body = sparse_search_body(first, k, offset=offset, max_clauses=max_clauses, filters=filters)
     rescore_q = sparse_query(full, max_clauses=max_clauses)
     body["rescore"] = {
-        "window_size": max(int(window), offset + k),
+        "window_size": min(max(int(window), offset + k), MAX_RESCORE_WINDOW),
         "query": {
             "rescore_query": rescore_q,
             "query_weight": 0.0,
@@ -310,25 +342,72 @@ def hybrid_search_body(
     max_clauses: int = DEFAULT_MAX_CLAUSES,
     filters: Filters = NO_FILTERS,
     neural_sparse: bool = False,
+    dialect: Dialect = NEWEST,
+    sparse_clause: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``hybrid`` query (sparse, dense); fusion happens in the search pipeline."""
+    """The ``hybrid`` query (sparse, dense); fusion happens in the search pipeline.
+
+    ``sparse_clause`` replaces the sparse sub-query (a SEISMIC index's :func:`seismic_query`).
+
+    Both sub-queries collect ``depth = max(window, offset + k)`` candidates per shard on every
+    page, so ``window`` matters on page 1 and pages 1 and 2 fuse the same pool. From 2.19 that
+    is ``pagination_depth``; before, ``from: 0, size: depth`` and :func:`hybrid_page` cuts the
+    page out (see :mod:`d2s_search.backends.opensearch.cluster`).
+    """
     _page(k, offset)
-    depth = max(int(window or 0), offset + k)
+    depth = min(max(int(window or 0), offset + k), MAX_RESULT_WINDOW)
     queries = [
-        sparse_query(sparse, max_clauses=max_clauses, filters=filters, neural_sparse=neural_sparse),
+        # the k-NN sub-query is one more leaf clause
+        sparse_clause or sparse_query(sparse, max_clauses=max_clauses - 1, filters=filters,
+                                      neural_sparse=neural_sparse),
         knn_query(vector, depth, filters),
     ]
     hybrid: dict[str, Any] = {"queries": queries}
-    if offset:
-        hybrid["pagination_depth"] = depth  # required by OpenSearch 3.x when paging
-    body = search_body({"hybrid": hybrid}, k, offset)
-    return body
+    if dialect.pagination_depth:
+        hybrid["pagination_depth"] = depth  # bounded by index.max_result_window
+        return search_body({"hybrid": hybrid}, k, offset)
+    return search_body({"hybrid": hybrid}, depth, 0)
+
+
+def hybrid_page(hits: Sequence[Any], k: int, offset: int, dialect: Dialect = NEWEST) -> list[Any]:
+    """The page of a hybrid answer: clusters before 2.19 returned the whole candidate pool."""
+    return list(hits) if dialect.pagination_depth else list(hits)[offset : offset + k]
+
+
+def seismic_query(ids: Mapping[str, float], k: int, *, top_n: int = 10, heap_factor: float = 1.0,
+                  filters: Filters = NO_FILTERS) -> dict[str, Any]:
+    """``neural_sparse`` on a SEISMIC ``sparse_vector`` field: ``query_tokens`` keyed by
+    vocabulary id, ``method_parameters`` from neural-search 3.3.0.0
+    ``sparse/query/SparseAnnQueryBuilder.java``: ``top_n`` query tokens kept (default 10),
+    ``k`` hits per shard (default 10), ``heap_factor`` (recall vs speed, default 1.0), ``filter``."""
+    if not ids:
+        raise QueryError("the query has no terms with a positive weight")
+    params: dict[str, Any] = {"top_n": int(top_n), "k": int(k), "heap_factor": float(heap_factor)}
+    clauses = filters.clauses()
+    if clauses:
+        params["filter"] = clauses[0] if len(clauses) == 1 else {"bool": {"filter": clauses}}
+    return {"neural_sparse": {SPARSE_FIELD: {"query_tokens": dict(ids), "method_parameters": params}}}
+
+
+def seismic_search_body(ids: Mapping[str, float], k: int, *, offset: int = 0, top_n: int = 10,
+                        heap_factor: float = 1.0, filters: Filters = NO_FILTERS) -> dict[str, Any]:
+    _page(k, offset)
+    return search_body(seismic_query(ids, offset + k, top_n=top_n, heap_factor=heap_factor, filters=filters),
+                       k, offset)
 
 
 # -- search pipelines --------------------------------------------------------------------
 
 
 def minmax_pipeline_body(weights: tuple[float, float] = (0.5, 0.5)) -> dict[str, Any]:
+    """Min-max normalisation, then a weighted mean.
+
+    The dense run's scores are k-NN scores, not inner products: ``1 + ip`` for ``ip >= 0`` and
+    ``1 / (1 - ip)`` below (k-NN ``SpaceType.INNER_PRODUCT``). That map is monotonic, so ranks
+    (and RRF) are unaffected, but it is not linear for negative inner products: min-max over it
+    squeezes the negative range, so a candidate pool with negative inner products is fused on
+    a different scale than the plain inner products (``Hit.parts`` reports the exact ones).
+    """
     ws, wd = _fusion_weights(weights)
     return {
         "description": "d2s-search hybrid: min-max normalised sparse and dense scores, "
@@ -347,14 +426,20 @@ def minmax_pipeline_body(weights: tuple[float, float] = (0.5, 0.5)) -> dict[str,
     }
 
 
-def rrf_pipeline_body(rank_constant: int = 60) -> dict[str, Any]:
+def rrf_pipeline_body(rank_constant: int = 60, dialect: Dialect = NEWEST) -> dict[str, Any]:
+    """Reciprocal rank fusion; where ``rank_constant`` goes depends on the version (cluster.py)."""
     if rank_constant < 1:
         raise QueryError("the RRF rank constant must be at least 1")
+    if not dialect.rrf:
+        raise QueryError("RRF fusion needs OpenSearch 2.19 or later; use min_max")
+    combination: dict[str, Any] = {"technique": "rrf"}
+    if dialect.rrf_rank_constant_top_level:
+        combination["rank_constant"] = rank_constant
+    else:
+        combination["parameters"] = {"rank_constant": rank_constant}
     return {
         "description": "d2s-search hybrid: reciprocal rank fusion of the sparse and dense runs",
-        "phase_results_processors": [
-            {"score-ranker-processor": {"combination": {"technique": "rrf", "rank_constant": rank_constant}}}
-        ],
+        "phase_results_processors": [{"score-ranker-processor": {"combination": combination}}],
     }
 
 
@@ -370,9 +455,10 @@ def pipeline_name(method: str, weights: tuple[float, float] = (0.5, 0.5), rank_c
     return f"{PIPELINE_MINMAX}-{ws:.4f}-{wd:.4f}"
 
 
-def pipeline_body(method: str, weights: tuple[float, float] = (0.5, 0.5), rank_constant: int = 60) -> dict[str, Any]:
+def pipeline_body(method: str, weights: tuple[float, float] = (0.5, 0.5), rank_constant: int = 60,
+                  dialect: Dialect = NEWEST) -> dict[str, Any]:
     if method == "rrf":
-        return rrf_pipeline_body(rank_constant)
+        return rrf_pipeline_body(rank_constant, dialect)
     pipeline_name(method, weights)  # validates the method
     return minmax_pipeline_body(weights)
 

@@ -55,7 +55,7 @@ def template_params(
 ) -> dict[str, Any]:
     """Mustache params for ``query`` (escaped, float32, pruned like the client-side plan)."""
     q._page(k, offset)
-    weights = q.query_weights(query, max(1, max_clauses - (1 if path_prefix else 0)))
+    weights = q.query_weights(query, q.clause_budget(max_clauses, 1 if path_prefix else 0))
     if not weights:
         raise QueryError("the query has no terms with a positive weight")
     features: list[dict[str, Any]] = [{"name": key, "weight": w} for key, w in weights.items()]

@@ -48,12 +48,14 @@ def server_side_body(text: str, model_id: str, k: int = 10, *, offset: int = 0,
 
 
 def resolve_model_id(http: OpenSearchHTTP, bundle: Any) -> str | None:
-    """The deployed model registered for ``bundle`` (by name), if any; None without ml-commons."""
+    """The deployed model registered for ``bundle`` (by name), if any; None without ml-commons,
+    or when this user may not search the model index (403: the search template still works)."""
     from d2s_search.backends.opensearch.ml_package import model_name
 
     try:
         found = MLCommons(http).find_model(model_name(bundle))
-    except MLCommonsUnavailable:
+    except MLCommonsUnavailable as exc:
+        log.info("no model lookup: %s", exc)
         return None
     return found[0] if found and found[1] in DEPLOYED else None
 
@@ -79,6 +81,7 @@ def server_side_query(
 def _server_side(backend: Any, text: str, model_id: str, k: int, explain: int, offset: int = 0,
                  path_prefix: str | None = None) -> tuple[list[Hit], dict[str, float]]:
     body = server_side_body(text, model_id, k, offset=offset, path_prefix=path_prefix)
+    backend.settle()
     reply = backend.http.request("POST", f"/{backend.index_name}/_search", json_body=body)
     if not reply.ok:
         reason = reply.error_reason()
@@ -99,6 +102,7 @@ def template_query(
     path_prefix: str | None = None,
 ) -> list[Hit]:
     """Search with the stored template ``d2s-sparse`` and weights encoded by the client."""
+    backend.settle()
     body = search_template_body(query, k, offset=offset, path_prefix=path_prefix, explain=explain > 0,
                                 max_clauses=backend.max_clauses())
     reply = backend.http.request("POST", f"/{backend.index_name}/_search/template", json_body=body)

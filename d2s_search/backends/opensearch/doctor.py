@@ -1,0 +1,238 @@
+"""``d2s-search doctor``: what the configured cluster can do for d2s-search, one check a line.
+
+Every check reads the cluster (nothing is written) and ends ``ok``, ``warn``, ``fail`` or
+``skip`` (could not be read, e.g. a user without ``cluster:monitor/*`` or Serverless, which
+has no ``GET /``, ``_cat`` or ``_nodes``). The plans each need (component names as
+``_cat/plugins`` lists them):
+
+    sparse, two-phase          core (rank_features, rescore)
+    dense                      opensearch-knn
+    hybrid (min-max)           opensearch-neural-search + opensearch-knn, OpenSearch >= 2.10
+    hybrid (RRF)               the same, OpenSearch >= 2.19
+    neural_sparse (tokens)     opensearch-neural-search
+    server-side model          opensearch-neural-search + opensearch-ml
+    sparse_vector / SEISMIC    opensearch-neural-search, OpenSearch >= 3.3
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from d2s_search.backends.opensearch import queries as q
+from d2s_search.backends.opensearch.cluster import (
+    DISTRIBUTION_SERVERLESS,
+    HYBRID_QUERY,
+    RRF,
+    SPARSE_VECTOR_SEISMIC,
+    ClusterInfo,
+    version_text,
+)
+from d2s_search.errors import BackendUnavailableError, D2SError
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+KNN, NEURAL, ML, SECURITY = "opensearch-knn", "opensearch-neural-search", "opensearch-ml", "opensearch-security"
+ML_SETTINGS = (
+    "plugins.ml_commons.only_run_on_ml_node",
+    "plugins.ml_commons.allow_registering_model_via_local_file",
+    "plugins.ml_commons.allow_registering_model_via_url",
+    "plugins.ml_commons.native_memory_threshold",
+    "plugins.ml_commons.jvm_heap_memory_threshold",
+)
+MIN_ML_HEAP = 2 * 1024**3  # below this, loading an ONNX model trips the heap breaker easily
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"check": self.name, "status": self.status, "detail": self.detail, **({"data": self.data} if self.data else {})}
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return any(c.status == FAIL for c in self.checks)
+
+    def get(self, name: str) -> Check | None:
+        return next((c for c in self.checks if c.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": not self.failed, "checks": [c.to_json() for c in self.checks]}
+
+
+def diagnose(backend: Any, identity: Any = None) -> Report:
+    """Run every check against ``backend`` (an OpenSearchBackend); ``identity`` is the bundle's."""
+    report = Report()
+    add = report.checks.append
+    root = backend.http.request("GET", "/", raise_auth=False)
+    info: ClusterInfo = backend.cluster()
+    if root.ok:
+        add(Check("reachable", OK, f"{backend.url} answered as cluster {info.cluster_name or '?'}"))
+    elif info.distribution == DISTRIBUTION_SERVERLESS:
+        add(Check("reachable", OK, f"{backend.url} (Serverless has no GET /: {root.status})"))
+    else:
+        add(Check("reachable", FAIL if root.status in (401,) else WARN, f"GET / answered {root.status}: {root.error_reason()}"))
+    version = info.version
+    if version is None:
+        note = " (Elasticsearch-compatibility mode reports 7.10.2)" if info.extra.get("compatibility_mode") else ""
+        add(Check("version", WARN, f"unknown{note}; request bodies for the newest release are used"))
+    else:
+        add(Check("version", OK if version >= HYBRID_QUERY else WARN, f"OpenSearch {version_text(version)}",
+                  {"version": version_text(version)}))
+    add(Check("distribution", OK, info.distribution))
+
+    plugins = _plugins(backend)
+    if plugins is None:
+        add(Check("plugins", SKIP, "cannot list plugins (_cat/plugins not allowed or not offered)"))
+        present = {KNN, NEURAL, ML} if info.distribution == DISTRIBUTION_SERVERLESS else set()
+    else:
+        present = plugins
+        wanted = (KNN, NEURAL, ML, SECURITY)
+        shown = ", ".join(f"{name.removeprefix('opensearch-')} {'yes' if name in present else 'no'}" for name in wanted)
+        missing = [n for n in (KNN, NEURAL) if n not in present]
+        add(Check("plugins", WARN if missing else OK, shown, {"present": sorted(present)}))
+    add(_plans(info, present, plugins is not None))
+    add(_bodies(info))
+    add(_clauses(backend))
+    add(_ml(backend, present if plugins is not None else None))
+    add(_index(backend, identity))
+    return report
+
+
+def _plugins(backend: Any) -> set[str] | None:
+    reply = backend.http.request("GET", "/_cat/plugins", params={"format": "json"}, raise_auth=False)
+    if not reply.ok or not isinstance(reply.body, list):
+        return None
+    return {str(row.get("component", "")) for row in reply.body if isinstance(row, Mapping)}
+
+
+def _plans(info: ClusterInfo, present: set[str], known: bool) -> Check:
+    d = info.dialect
+    has = present.__contains__
+    plans = {
+        "sparse": True, "two-phase": True,
+        "dense": has(KNN),
+        "hybrid min-max": has(KNN) and has(NEURAL) and d.hybrid,
+        "hybrid rrf": has(KNN) and has(NEURAL) and d.version >= RRF,
+        "neural_sparse": has(NEURAL),
+        "server-side model": has(NEURAL) and has(ML),
+        "sparse_vector (SEISMIC)": has(NEURAL) and d.version >= SPARSE_VECTOR_SEISMIC,
+    }
+    working = [p for p, ok in plans.items() if ok]
+    not_working = [p for p, ok in plans.items() if not ok]
+    detail = f"work: {', '.join(working)}" + (f"; not: {', '.join(not_working)}" if not_working else "")
+    if not known:
+        detail += " (plugins unknown: assumed from the distribution)"
+    return Check("plans", OK if plans["hybrid min-max"] else WARN, detail, {"plans": plans})
+
+
+def _bodies(info: ClusterInfo) -> Check:
+    d = info.dialect
+    hybrid = "hybrid: pagination_depth" if d.pagination_depth else "hybrid: from 0, size = window, page cut here"
+    if not d.rrf:
+        rrf = "rrf: not available before 2.19"
+    elif d.rrf_rank_constant_top_level:
+        rrf = "rrf: combination.rank_constant"
+    else:
+        rrf = "rrf: combination.parameters.rank_constant"
+    return Check("request bodies", OK, f"{hybrid}; {rrf} (for {version_text(info.version)})",
+                 {"pagination_depth": d.pagination_depth, "rrf_rank_constant_top_level": d.rrf_rank_constant_top_level})
+
+
+def _clauses(backend: Any) -> Check:
+    reply = backend.http.request("GET", "/_cluster/settings",
+                                 params={"include_defaults": "true", "flat_settings": "true"}, raise_auth=False)
+    limit = backend.max_clauses()
+    budget = q.clause_budget(limit)
+    if reply.status in (401, 403):
+        return Check("max_clause_count", WARN, f"cannot read cluster settings ({reply.status}); assuming {limit} "
+                     f"(queries keep {budget} terms)", {"max_clause_count": limit})
+    return Check("max_clause_count", OK, f"{limit} (queries keep their {budget} strongest terms)",
+                 {"max_clause_count": limit})
+
+
+def _ml(backend: Any, present: set[str] | None) -> Check:
+    if present is not None and ML not in present:
+        return Check("ml-commons", SKIP, "no ml-commons plugin: query --server-side uses the search template")
+    reply = backend.http.request("GET", "/_cluster/settings",
+                                 params={"include_defaults": "true", "flat_settings": "true"}, raise_auth=False)
+    if not reply.ok or not isinstance(reply.body, dict):
+        return Check("ml-commons", SKIP, f"cannot read cluster settings ({reply.status})")
+    values: dict[str, Any] = {}
+    for key in ML_SETTINGS:
+        for scope in ("transient", "persistent", "defaults"):
+            if key in reply.body.get(scope, {}):
+                values[key] = reply.body[scope][key]
+                break
+    short = {k.removeprefix("plugins.ml_commons."): v for k, v in values.items()}
+    problems = []
+    if str(values.get(ML_SETTINGS[0], "")).lower() == "true":
+        problems.append("only_run_on_ml_node=true (no ML node? --configure-cluster sets it false)")
+    if str(values.get(ML_SETTINGS[1], "")).lower() == "false":
+        problems.append("uploads not allowed (--configure-cluster allows them)")
+    heap = _heap(backend)
+    if heap:
+        short["heap_max"] = f"{heap['heap_max'] / 1024**3:.1f} GiB"
+        short["heap_used_percent"] = heap["heap_used_percent"]
+        threshold = int(values.get(ML_SETTINGS[4], 85) or 85)
+        if heap["heap_max"] < MIN_ML_HEAP:
+            problems.append(f"heap {short['heap_max']} < 2 GiB: set OPENSEARCH_HEAP=2g or more")
+        if threshold < 100 and heap["heap_used_percent"] > threshold:
+            problems.append(f"heap use {heap['heap_used_percent']}% is over jvm_heap_memory_threshold ({threshold}%)")
+    detail = ", ".join(f"{k}={v}" for k, v in short.items()) or "settings not reported"
+    if problems:
+        detail += "; " + "; ".join(problems)
+    return Check("ml-commons", WARN if problems else OK, detail, {"settings": short})
+
+
+def _heap(backend: Any) -> dict[str, int] | None:
+    reply = backend.http.request("GET", "/_nodes/stats/jvm", raise_auth=False)
+    if not reply.ok or not isinstance(reply.body, dict):
+        return None
+    nodes = list((reply.body.get("nodes") or {}).values())
+    mems = [n.get("jvm", {}).get("mem", {}) for n in nodes]
+    mems = [m for m in mems if "heap_max_in_bytes" in m]
+    if not mems:
+        return None
+    smallest = min(mems, key=lambda m: m["heap_max_in_bytes"])
+    return {"heap_max": int(smallest["heap_max_in_bytes"]),
+            "heap_used_percent": max(int(m.get("heap_used_percent", 0)) for m in mems)}
+
+
+def _index(backend: Any, identity: Any) -> Check:
+    try:
+        stored = backend._stored_identity()
+    except BackendUnavailableError:
+        raise
+    except D2SError as exc:
+        return Check("index", FAIL, str(exc))
+    name = backend.index_name
+    if stored is None:
+        return Check("index", WARN, f"no index {name!r} yet (`d2s-search index create` or ingest makes it)")
+    mapping = backend._mapping()
+    props = next(iter(mapping.values())).get("mappings", {}).get("properties", {})
+    sparse_type = props.get(q.SPARSE_FIELD, {}).get("type")
+    dense = props.get(q.DENSE_FIELD, {})
+    count = backend._count(name)
+    data = {"index": name, "fingerprint": stored.fingerprint, "documents": count, "sparse_field": sparse_type,
+            "dense_dim": dense.get("dimension")}
+    detail = f"{name}: {count} documents, sparse {sparse_type}, dense {dense.get('type')}[{dense.get('dimension')}]"
+    if sparse_type not in ("rank_features", "sparse_vector"):
+        return Check("index", FAIL, f"{detail}; `{q.SPARSE_FIELD}` is not rank_features/sparse_vector", data)
+    if identity is None:
+        return Check("index", OK, f"{detail}, bundle {stored.fingerprint[:12] or '?'} (no local bundle to compare)", data)
+    if stored.fingerprint and stored.fingerprint != identity.fingerprint:
+        return Check("index", FAIL, f"{detail}; filled with bundle {stored.fingerprint[:12]}, the local bundle is "
+                     f"{identity.fingerprint[:12]} (use that bundle or `index reindex`)", data)
+    if identity.dense_dim and dense.get("dimension") and dense["dimension"] != identity.dense_dim:
+        return Check("index", FAIL, f"{detail}; the bundle makes {identity.dense_dim}-d vectors", data)
+    return Check("index", OK, f"{detail}, bundle {identity.fingerprint[:12]} matches", data)

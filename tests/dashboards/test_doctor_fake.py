@@ -1,0 +1,50 @@
+"""``doctor`` against the ml-commons fake cluster: plugins, versions, ml-commons settings, heap, 403."""
+
+from __future__ import annotations
+
+from d2s_search.backends.opensearch.backend import OpenSearchBackend
+from d2s_search.backends.opensearch.doctor import OK, WARN, diagnose
+from d2s_search.backends.opensearch.ml_commons import MLCommons
+
+
+def checks(cluster, identity=None):
+    b = OpenSearchBackend(cluster.url, index_name="d2s-doc", sleep=lambda s: None)
+    try:
+        return {c.name: c for c in diagnose(b, identity).checks}
+    finally:
+        b.close()
+
+
+def test_full_cluster_on_2_19(make_cluster):
+    by = checks(make_cluster(version="2.19.1", heap_max_bytes=4 * 1024**3))
+    assert by["version"].detail == "OpenSearch 2.19.1" and by["plugins"].status == OK
+    plans = by["plans"].data["plans"]
+    assert all(plans[p] for p in ("dense", "hybrid min-max", "hybrid rrf", "neural_sparse", "server-side model"))
+    assert not plans["sparse_vector (SEISMIC)"]
+    assert by["request bodies"].detail.startswith("hybrid: pagination_depth; rrf: combination.parameters.rank_constant")
+    # ml-commons defaults on a single node: no ML node, no uploads
+    ml = by["ml-commons"]
+    assert ml.status == WARN and "only_run_on_ml_node=true" in ml.detail and "uploads not allowed" in ml.detail
+
+
+def test_ml_settings_after_configure_cluster_and_heap(make_cluster):
+    cluster = make_cluster(version="3.1.0", heap_max_bytes=1024**3, heap_used_percent=90)
+    MLCommons(OpenSearchBackend(cluster.url, sleep=lambda s: None).http).configure_cluster()
+    by = checks(cluster)
+    ml = by["ml-commons"]
+    assert "only_run_on_ml_node=false" in ml.detail and "uploads not allowed" not in ml.detail
+    assert "OPENSEARCH_HEAP=2g" in ml.detail and "over jvm_heap_memory_threshold (85%)" in ml.detail
+    assert by["request bodies"].detail.startswith("hybrid: pagination_depth; rrf: combination.rank_constant")
+
+
+def test_old_cluster_gets_old_bodies_and_no_rrf(make_cluster):
+    by = checks(make_cluster(version="2.11.1", ml_enabled=False))
+    assert not by["plans"].data["plans"]["hybrid rrf"] and by["plans"].data["plans"]["hybrid min-max"]
+    assert "from 0, size = window" in by["request bodies"].detail and "not available before 2.19" in by["request bodies"].detail
+    assert by["ml-commons"].status == "skip"
+
+
+def test_403_on_settings_is_a_warning_not_a_failure(make_cluster):
+    by = checks(make_cluster(forbidden={"/_cluster/settings": "cluster:monitor/settings"}))
+    assert by["max_clause_count"].status == WARN and "assuming 1024" in by["max_clause_count"].detail
+    assert by["ml-commons"].status == "skip"
