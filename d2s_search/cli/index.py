@@ -164,3 +164,36 @@ def make_reencoder(bundle, device: str = "auto") -> Callable[[Document], Documen
                         ingested_at=doc.ingested_at)
 
     return reencode
+
+
+@index.command("check")
+@click.option("--index", envvar="D2S_INDEX", show_envvar=True, default="./d2s-index", show_default=True,
+              type=click.Path(file_okay=False), help="Folder of the embedded local index.")
+@click.option("--repair", is_flag=True,
+              help="Rebuild what is derived (the search cache; the database file from its readable pages) "
+                   "and report the documents that are lost.")
+@json_option
+def index_check(index, repair, as_json) -> int:
+    """Integrity of a local index: SQLite's own check, the cache against its checksums."""
+    from d2s_search.backends.local import LocalBackend
+
+    store = LocalBackend(index)
+    if not store.exists():
+        raise D2SError(f"no index at {index}")
+    try:
+        report = store.check(repair=repair)
+    finally:
+        store.close()
+    healthy = not report["database"] and not report["cache"]
+    lines = [f"database: {'ok' if not report['database'] else report['database'][0]}",
+             f"cache:    {'ok' if not report['cache'] else report['cache'][0]}"]
+    if "database_repair" in report:
+        lines.append(f"database: {report['database_repair']}")
+    if report["repaired"]:
+        lines.append(f"repaired: search cache rebuilt from the database ({report['documents']} documents)")
+        lost = report["lost_documents"]
+        lines.append(f"lost:     {len(lost)} document(s) whose stored vectors are damaged" if lost else "lost:     nothing")
+    _emit({**report, "healthy": healthy}, as_json, lines)
+    if repair:
+        return EXIT_OK if report["repaired"] and not report["lost_documents"] else EXIT_FAILED
+    return EXIT_OK if healthy else EXIT_FAILED

@@ -27,7 +27,7 @@ from ...errors import BundleMismatchError, IndexStoreError, QueryError
 from ..base import Document, Hit, IndexIdentity, SparseVector
 from . import cache as cache_mod
 from . import kernels, store
-from .cache import SHARD_ROWS, CacheUnusable, Shard, Structures
+from .cache import CacheUnusable, Shard, Structures
 from .store import FORMAT, Transaction
 
 __all__ = ["LocalBackend", "FORMAT"]
@@ -428,26 +428,28 @@ class LocalBackend:
         return current
 
     def _refresh(self, current: Structures | None, index_id: str, generation: int, mutations: int) -> Structures:
+        problem = None
         if current is None:
             try:
                 current = cache_mod.load(self.cache_dir)
             except CacheUnusable as exc:
                 if str(exc) != "no cache yet":
-                    self._warn(f"search cache of {self.path} unusable ({exc}): rebuilding it from the database")
+                    problem = str(exc)
                 current = None
         if current is not None and current.index_id != index_id:
-            self._warn(f"search cache of {self.path} belongs to another index: rebuilding it from the database")
+            problem = "it belongs to another index"
         if current is not None and current.index_id == index_id and current.generation == generation:
             return current
         db = self._connect(False)
         if (
             current is not None and current.index_id == index_id and current.mutations == mutations
             and current.generation < generation and current.dim == self._dim()
+            and current.shard_rows == cache_mod.SHARD_ROWS
         ):
             (older,) = db.execute("SELECT COUNT(*) FROM docs WHERE seq <= ?", (current.max_seq,)).fetchone()
             if older == current.size:  # only appended since: extend the last shard and add new ones
                 return self._build(index_id, generation, mutations, base=current)[0]
-        return self._build(index_id, generation, mutations, base=None)[0]
+        return self._build(index_id, generation, mutations, base=None, problem=problem)[0]
 
     def _rebuild(self) -> tuple[Structures, list[int]]:
         meta = self._meta()
@@ -460,15 +462,20 @@ class LocalBackend:
     def _dim(self) -> int:
         return self.identity.dense_dim if self.identity else 0
 
-    def _build(self, index_id: str, generation: int, mutations: int, base: Structures | None) -> tuple[Structures, list[int]]:
+    def _build(self, index_id: str, generation: int, mutations: int, base: Structures | None,
+               problem: str | None = None) -> tuple[Structures, list[int]]:
+        """Search structures from SQLite (from scratch, or ``base`` extended with the rows
+        appended since), saved to the cache; ``problem`` is why the cache on disk was not
+        used (said in the one warning line)."""
         db = self._connect(False)
         n_cols = db.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM terms").fetchone()[0]
         dim = self._dim() or _first_dim(db)
         max_seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM docs").fetchone()[0]
+        shard_rows = cache_mod.SHARD_ROWS
         shards: list[Shard] = []
         since = 0
         if base is not None:
-            shards = [s for s in base.shards if s.rows == SHARD_ROWS]  # full shards never change
+            shards = [s for s in base.shards if s.rows == shard_rows]  # full shards never change
             if len(shards) < len(base.shards):
                 since = int(base.shards[len(shards)].arrays["seqs"][0]) - 1
             else:
@@ -484,24 +491,29 @@ class LocalBackend:
             good, bad = cache_mod.parse_rows(batch, n_cols, dim)
             pending.extend(good)
             lost.extend(bad)
-            while len(pending) >= SHARD_ROWS or (not batch and pending):
-                shards.append(cache_mod.build_shard(start, pending[:SHARD_ROWS], n_cols, dim))
+            while len(pending) >= shard_rows or (not batch and pending):
+                shards.append(cache_mod.build_shard(start, pending[:shard_rows], n_cols, dim))
                 start += shards[-1].rows
-                pending = pending[SHARD_ROWS:]
+                pending = pending[shard_rows:]
             if not batch:
                 break
         if lost:
             self._warn(f"{len(lost)} document(s) in {self.db_path} have damaged vectors and cannot be searched "
                        f"(run `d2s-search index check --index {self.path}`)")
         built = Structures(index_id=index_id, generation=generation, mutations=mutations, max_seq=max_seq,
-                           dim=dim, shards=shards)
+                           dim=dim, shards=shards, shard_rows=shard_rows)
+        kept = ""
         if index_id:
             try:
                 built.state_dir = cache_mod.save(self.cache_dir, built, reuse=base)
                 built = cache_mod.load(self.cache_dir)  # memory-mapped: the pages are shared
             except (OSError, CacheUnusable) as exc:
-                self._warn(f"cannot write the search cache in {self.cache_dir} ({exc}): keeping it in memory")
+                kept = f"; it cannot be written ({exc}), so it is kept in memory"
                 built.state_dir = None
+        if problem:
+            self._warn(f"search cache of {self.path} unusable ({problem}): rebuilt from the database{kept}")
+        elif kept:
+            self._warn(f"search cache of {self.path} rebuilt{kept}")
         return built, lost
 
     # -- search ---------------------------------------------------------------------------
@@ -517,7 +529,7 @@ class LocalBackend:
         cols, weights = self._query_columns(query)
         if cols.size == 0 or state.size == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        buffer = np.empty(SHARD_ROWS, dtype=np.float32)
+        buffer = np.empty(state.shard_rows, dtype=np.float32)
         candidates = []
         for shard in state.shards:
             self._validated(shard)
@@ -574,7 +586,7 @@ class LocalBackend:
     def _rescore(self, state: Structures, rows: np.ndarray, query: SparseVector) -> np.ndarray:
         cols, weights = self._query_columns(query)
         out = np.zeros(rows.size, dtype=np.float32)
-        shard_of = rows // SHARD_ROWS
+        shard_of = rows // state.shard_rows
         for j in np.unique(shard_of).tolist():
             shard = state.shards[j]
             self._validated(shard)
@@ -652,7 +664,7 @@ class LocalBackend:
         out: list[list[tuple[str, float]]] = [[] for _ in rows.tolist()]
         if cols.size == 0 or n <= 0:
             return out
-        shard_of = rows // SHARD_ROWS
+        shard_of = rows // state.shard_rows
         terms = self._terms
         for j in np.unique(shard_of).tolist():
             shard = state.shards[j]

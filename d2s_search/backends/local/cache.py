@@ -116,6 +116,7 @@ class Structures:
     max_seq: int
     dim: int
     shards: list[Shard]
+    shard_rows: int  # every shard but the last holds exactly this many rows
     state_dir: Path | None = None  # None: in memory only (the cache could not be written)
 
     @property
@@ -123,7 +124,7 @@ class Structures:
         return sum(s.rows for s in self.shards)
 
     def locate(self, row: int) -> tuple[Shard, int]:
-        shard = self.shards[row // SHARD_ROWS]
+        shard = self.shards[row // self.shard_rows]
         return shard, row - shard.start
 
 
@@ -194,6 +195,9 @@ def save(cache_dir: Path, structures: Structures, reuse: Structures | None) -> P
     ``current`` at it and remove states nobody uses. Returns the state folder."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     remove_leftovers(cache_dir)
+    pointer = cache_dir / POINTER
+    if pointer.is_dir() and not pointer.is_symlink() and not any(pointer.iterdir()):
+        pointer.rmdir()  # an empty folder where the pointer belongs holds nothing to lose
     tmp = cache_dir / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
@@ -216,7 +220,7 @@ def save(cache_dir: Path, structures: Structures, reuse: Structures | None) -> P
         header = {
             "format": CACHE_FORMAT, "index_id": structures.index_id, "generation": structures.generation,
             "mutations": structures.mutations, "max_seq": structures.max_seq, "dim": structures.dim,
-            "shard_rows": SHARD_ROWS, "shards": shards_meta, "written_at": time.time(),
+            "shard_rows": structures.shard_rows, "shards": shards_meta, "written_at": time.time(),
         }
         header_bytes = json.dumps(header).encode()
         with open(tmp / "header.json", "wb") as f:
@@ -303,7 +307,7 @@ def load(cache_dir: Path) -> Structures:
         return Structures(
             index_id=str(header["index_id"]), generation=int(header["generation"]),
             mutations=int(header["mutations"]), max_seq=int(header["max_seq"]), dim=int(header["dim"]),
-            shards=shards, state_dir=state_dir,
+            shards=shards, shard_rows=SHARD_ROWS, state_dir=state_dir,
         )
     except CacheUnusable:
         raise
