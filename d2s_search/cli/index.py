@@ -18,7 +18,7 @@ from d2s_search.cli.options import (
 )
 from d2s_search.cli.output import emit as _emit
 from d2s_search.cli.output import emit_json as _emit_json
-from d2s_search.errors import EXIT_FAILED, EXIT_OK, D2SError, ImageRejected
+from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, D2SError, ImageRejected
 
 
 @click.group()
@@ -192,8 +192,11 @@ def index_check(index, repair, as_json) -> int:
     if report["repaired"]:
         lines.append(f"repaired: search cache rebuilt from the database ({report['documents']} documents)")
         lost = report["lost_documents"]
-        lines.append(f"lost:     {len(lost)} document(s) whose stored vectors are damaged" if lost else "lost:     nothing")
+        lines.append(f"lost:     {len(lost)} document(s) unreadable or with damaged vectors ({', '.join(lost[:5])})"
+                     if lost else "lost:     nothing")
     _emit({**report, "healthy": healthy}, as_json, lines)
     if repair:
-        return EXIT_OK if report["repaired"] and not report["lost_documents"] else EXIT_FAILED
+        if not report["repaired"]:
+            return EXIT_FAILED
+        return EXIT_PARTIAL if report["lost_documents"] else EXIT_OK
     return EXIT_OK if healthy else EXIT_FAILED

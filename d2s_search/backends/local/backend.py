@@ -368,38 +368,42 @@ class LocalBackend:
             elif structures.generation != int(meta.get("generation", "0")):
                 report["cache"].append("the cache is older than the database (it is brought up to date on the next search)")
         except CacheUnusable as exc:
-            report["cache"].append(str(exc))
+            if str(exc) != "no cache yet":  # none yet is fine: the first search writes it
+                report["cache"].append(str(exc))
         except sqlite3.DatabaseError:
             pass
         if repair:
+            unreadable: list[str] = []
             if report["database"]:
-                report["database_repair"] = self._repair_database()
+                report["database_repair"], unreadable = self._repair_database()
             try:
                 built, lost = self._rebuild()
-                report["lost_documents"] = lost
+                report["lost_documents"] = unreadable + [f"seq {seq}" for seq in lost]
                 report["documents"] = built.size
                 report["repaired"] = True
             except sqlite3.DatabaseError as exc:
                 report["database"].append(f"could not read the documents back: {exc}")
         return report
 
-    def _repair_database(self) -> str:
-        """Rebuild the database file from what SQLite can still read (VACUUM INTO a new file)."""
+    def _repair_database(self) -> tuple[str, list[str]]:
+        """Rewrite the database from what SQLite can still read: meta, terms and every
+        document row readable by its rowid, into a new file that replaces the old one."""
         db = self._connect(False)
         tmp = self.path / f".tmp-{os.getpid()}-repair-{store.DB_NAME}"
         tmp.unlink(missing_ok=True)
-        try:
-            db.execute("VACUUM INTO ?", (str(tmp),))
-        except sqlite3.DatabaseError as exc:
+        salvaged, unreadable = store.salvage(db, tmp)
+        if salvaged is None:
             tmp.unlink(missing_ok=True)
-            return f"the database could not be copied ({exc}): delete the index and ingest again"
+            return f"the database could not be read at all ({unreadable[0]}): delete the index and ingest again", []
         self.close()
         for suffix in ("-wal", "-shm"):
             (self.path / f"{store.DB_NAME}{suffix}").unlink(missing_ok=True)
         os.replace(tmp, self.db_path)
         store.fsync_dir(self.path)
         self._write_checked = False
-        return "the database was rewritten from its readable pages"
+        self._terms, self._term_ids = [""], {}
+        lost = f"; {len(unreadable)} unreadable: {', '.join(unreadable[:5])}" if unreadable else ""
+        return f"the database was rewritten from its readable pages ({salvaged} documents kept{lost})", unreadable
 
     # -- search structures ----------------------------------------------------------------
 

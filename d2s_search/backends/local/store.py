@@ -74,6 +74,43 @@ def quick_check(db: sqlite3.Connection) -> list[str]:
     return [] if rows == ["ok"] else rows
 
 
+def salvage(db: sqlite3.Connection, target: Path) -> tuple[int | None, list[str]]:
+    """Copy every readable row of a damaged database into a new one at ``target``.
+
+    Documents are read one rowid at a time, so a damaged page loses only its own rows.
+    Returns (documents copied, what could not be read: document ids when the id index
+    still lists them, else seq numbers); (None, [reason]) when nothing can be read.
+    """
+    try:
+        top = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'docs'").fetchone()
+        max_seq = int(top[0]) if top else 0
+    except sqlite3.DatabaseError as exc:
+        return None, [str(exc)]
+    new = connect(target)
+    copied, missing = 0, []
+    with Transaction(new):
+        for table, columns in (("meta", "key, value"), ("terms", "id, term")):
+            try:
+                new.executemany(f"INSERT OR IGNORE INTO {table} VALUES (?, ?)",
+                                db.execute(f"SELECT {columns} FROM {table}").fetchall())
+            except sqlite3.DatabaseError:
+                missing.append(f"(part of the {table} table)")
+        bump(new, mutation=True)
+        columns = "seq, id, path, url, size_bytes, width, height, ingested_at, term_ids, weights, dense"
+        for seq in range(1, max_seq + 1):
+            try:
+                row = db.execute(f"SELECT {columns} FROM docs WHERE seq = ?", (seq,)).fetchone()
+            except sqlite3.DatabaseError:
+                missing.append(f"seq {seq}")
+                continue
+            if row is not None:
+                new.execute(f"INSERT INTO docs({columns}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", row)
+                copied += 1
+        new.execute("INSERT OR REPLACE INTO sqlite_sequence(name, seq) VALUES ('docs', ?)", (max_seq,))
+    new.close()
+    return copied, missing
+
+
 def new_identity_rows() -> list[tuple[str, str]]:
     return [("index_id", uuid.uuid4().hex), ("generation", "0"), ("mutations", "0")]
 
