@@ -655,12 +655,20 @@ class LocalBackend:
         if len(rows) == 0:
             return []
         matched = self._explain(state, rows, query, explain) if (explain and query) else [[] for _ in rows]
-        hits = []
-        for row, score, terms in zip(rows.tolist(), np.asarray(scores).tolist(), matched):
-            shard, local = state.locate(row)
-            hits.append(Hit(id=shard.string("ids", local), score=float(score), path=shard.string("paths", local),
-                            url=shard.url(local), matched=terms))
-        return hits
+        ids: list[str] = [""] * len(rows)
+        paths: list[str] = [""] * len(rows)
+        urls: list[str | None] = [None] * len(rows)
+        shard_of = rows // state.shard_rows
+        for j in np.unique(shard_of).tolist():
+            shard = state.shards[j]
+            picked = np.flatnonzero(shard_of == j)
+            local = rows[picked] - shard.start
+            has_url = shard.arrays["has_url"][local].tolist()
+            for i, doc_id, path, url, present in zip(picked.tolist(), shard.strings("ids", local),
+                                                     shard.strings("paths", local), shard.strings("urls", local), has_url):
+                ids[i], paths[i], urls[i] = doc_id, path, url if present else None
+        return [Hit(id=doc_id, score=score, path=path, url=url, matched=terms)
+                for doc_id, score, path, url, terms in zip(ids, np.asarray(scores, dtype=np.float64).tolist(), paths, urls, matched)]
 
     def _explain(self, state: Structures, rows: np.ndarray, query: SparseVector, n: int) -> list[list[tuple[str, float]]]:
         """The n terms contributing most to each row's sparse score, largest first."""

@@ -64,6 +64,7 @@ class Shard:
     arrays: dict[str, np.ndarray]
     files: dict[str, list[int]] = field(default_factory=dict)  # name -> [size, crc32]
     validated: bool = False
+    _views: dict[str, memoryview] = field(default_factory=dict, repr=False)
 
     @property
     def rows(self) -> int:
@@ -98,9 +99,16 @@ class Shard:
         self.validated = True
 
     def string(self, name: str, row: int) -> str:
+        return self.strings(name, np.asarray([row]))[0]
+
+    def strings(self, name: str, rows: np.ndarray) -> list[str]:
+        """The strings of these rows (offsets gathered at once, bytes sliced from a memoryview)."""
         offsets = self.arrays[f"{name}_offsets"]
-        lo, hi = int(offsets[row]), int(offsets[row + 1])
-        return bytes(self.arrays[f"{name}_blob"][lo:hi]).decode("utf-8", "surrogatepass")
+        view = self._views.get(name)
+        if view is None:
+            view = self._views[name] = memoryview(np.ascontiguousarray(self.arrays[f"{name}_blob"])).cast("B")
+        return [view[lo:hi].tobytes().decode("utf-8", "surrogatepass")
+                for lo, hi in zip(offsets[rows].tolist(), offsets[rows + 1].tolist())]
 
     def url(self, row: int) -> str | None:
         return self.string("urls", row) if self.arrays["has_url"][row] else None
@@ -329,7 +337,7 @@ def _open_array(path: Path, size: int, crc: int | None, dtype) -> np.ndarray:
     array = np.load(path, mmap_mode="r" if size > 1 << 16 else None, allow_pickle=False)
     if array.dtype != np.dtype(dtype):
         raise CacheUnusable(f"{path.name} holds {array.dtype}, not {np.dtype(dtype)}")
-    return array
+    return np.asarray(array)  # a plain ndarray view of the mapping: np.memmap's indexing is slow
 
 
 def verify_all(structures: Structures) -> list[str]:
