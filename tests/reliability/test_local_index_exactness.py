@@ -108,3 +108,58 @@ def test_shards_of_real_size_equal_brute_force(tmp_path):
         for k in (10, 1000):
             assert_ranking(backend.sparse_search(q.full, k, explain=0), brute_force_sparse(docs, q.full), k)
             assert_ranking(backend.dense_search(q.dense, k, explain=0), brute_force_dense(docs, q.dense), k)
+
+
+def test_dense_is_exact_below_the_threshold_and_clustered_above(tmp_path, monkeypatch):
+    """Above APPROXIMATE_DENSE_FROM the dense plan scores the nearest clusters only: its
+    scores are exact inner products, its recall high on clustered vectors; it survives a
+    reopen (centroids cached) and appends (new rows joined to the old clusters)."""
+    from d2s_search.backends.base import Document
+    from d2s_search.backends.local import backend as backend_mod
+
+    monkeypatch.setattr(cache, "SHARD_ROWS", 64)
+    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 300)
+    rng = np.random.default_rng(11)
+    centres = rng.normal(size=(12, 16)).astype(np.float32) * 3
+
+    def docs(n, start):
+        out = []
+        for i in range(start, start + n):
+            vec = centres[i % 12] + rng.normal(size=16).astype(np.float32) * 0.5
+            out.append(Document(id=f"{i:064x}", path=f"/p/{i}", size_bytes=1, width=1, height=1,
+                                sparse={VOCAB[i % len(VOCAB)]: 1.0}, dense=vec))
+        return out
+
+    backend = LocalBackend(tmp_path / "idx")
+    backend.open(IDENTITY)
+    collection = docs(250, 0)
+    backend.upsert(collection)
+    q = centres[3] + rng.normal(size=16).astype(np.float32) * 0.5
+    assert backend._search_state().centroids is None  # below: exact
+    assert_ranking(backend.dense_search(q, 10, explain=0), brute_force_dense(collection, q), 10)
+    collection += docs(400, 250)
+    backend.upsert(collection[250:])
+    state = backend._search_state()
+    assert state.centroids is not None and all("ivf_order" in s.arrays for s in state.shards)
+    reopened = LocalBackend(tmp_path / "idx")
+    reopened.open(IDENTITY, create=False)
+    for b in (backend, reopened):
+        recalls = []
+        for c in range(12):
+            query = centres[c] + rng.normal(size=16).astype(np.float32) * 0.5
+            want = brute_force_dense(collection, query)[:10]
+            hits = b.dense_search(query, 10, explain=0)
+            exact = dict(brute_force_dense(collection, query))
+            for h in hits:  # whatever it returns carries the exact score
+                assert h.score == pytest.approx(exact[h.id], rel=1e-4, abs=1e-4)
+            recalls.append(len({h.id for h in hits} & {d for d, _ in want}) / 10)
+        assert np.mean(recalls) >= 0.9
+    more = docs(100, 650)
+    reopened.upsert(more)  # appended rows join the existing clusters
+    state = reopened._search_state()
+    assert np.array_equal(state.centroids, backend._search_state().centroids)
+    assert sum(s.arrays["ivf_order"].size for s in state.shards) == 750
+    collection += more
+    query = centres[0] + rng.normal(size=16).astype(np.float32) * 0.5
+    want = {d for d, _ in brute_force_dense(collection, query)[:10]}
+    assert len({h.id for h in reopened.dense_search(query, 10, explain=0)} & want) >= 8

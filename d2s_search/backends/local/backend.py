@@ -30,7 +30,13 @@ from . import kernels, store
 from .cache import CacheUnusable, Shard, Structures
 from .store import FORMAT, Transaction
 
-__all__ = ["LocalBackend", "FORMAT"]
+__all__ = ["LocalBackend", "FORMAT", "APPROXIMATE_DENSE_FROM"]
+
+# Dense search is exact (every vector scored, in place) below this many documents and an
+# inverted file above it: about 4*sqrt(n) k-means clusters, of which the nearest
+# 1/DENSE_PROBE_DIVISOR are scored. Recall on real embeddings: docs/benchmarks.md.
+APPROXIMATE_DENSE_FROM = 100_000
+DENSE_PROBE_DIVISOR = 16
 
 
 def _db_errors(method):
@@ -506,6 +512,7 @@ class LocalBackend:
                        f"(run `d2s-search index check --index {self.path}`)")
         built = Structures(index_id=index_id, generation=generation, mutations=mutations, max_seq=max_seq,
                            dim=dim, shards=shards, shard_rows=shard_rows)
+        self._cluster_dense(built, base)
         kept = ""
         if index_id:
             try:
@@ -519,6 +526,26 @@ class LocalBackend:
         elif kept:
             self._warn(f"search cache of {self.path} rebuilt{kept}")
         return built, lost
+
+    def _cluster_dense(self, built: Structures, base: Structures | None) -> None:
+        """Above APPROXIMATE_DENSE_FROM documents: centroids (kept across appends) and each
+        shard's cluster member lists (computed once per shard; the vectors stay in place)."""
+        if built.size < APPROXIMATE_DENSE_FROM or built.dim == 0:
+            for shard in built.shards:
+                shard.arrays.pop("ivf_order", None)
+                shard.arrays.pop("ivf_offsets", None)
+            return
+        centroids = base.centroids if base is not None and base.centroids is not None else None
+        if centroids is None:
+            sample = np.vstack([np.asarray(s.arrays["dense"]) for s in built.shards[:4]])
+            clusters = int(min(4096, max(8, 4 * np.sqrt(built.size)), max(1, len(sample) // 39)))
+            centroids = kernels.train_centroids(sample, clusters)
+            for shard in built.shards:  # new centroids: every shard's lists are recomputed
+                shard.arrays.pop("ivf_order", None)
+        built.centroids = centroids
+        for shard in built.shards:
+            if "ivf_order" not in shard.arrays:
+                shard.arrays["ivf_order"], shard.arrays["ivf_offsets"] = kernels.assign_clusters(shard.arrays["dense"], centroids)
 
     # -- search ---------------------------------------------------------------------------
 
@@ -611,12 +638,22 @@ class LocalBackend:
                 return []
             if query.shape[0] != state.dim:
                 raise QueryError(f"query vector has {query.shape[0]} dims, the index {state.dim}")
+            probes = None
+            if state.centroids is not None:
+                n_probe = max(1, len(state.centroids) // DENSE_PROBE_DIVISOR)
+                probes = np.argpartition(-(state.centroids @ query), n_probe - 1)[:n_probe]
             candidates = []
             for shard in state.shards:
                 self._validated(shard)
-                scores = shard.arrays["dense"] @ query
-                rows = kernels.top_rows_any_sign(scores, k)
-                candidates.append((rows + shard.start, scores[rows]))
+                if probes is None:  # exact: every vector, read in place
+                    scores = shard.arrays["dense"] @ query
+                    rows = kernels.top_rows_any_sign(scores, k)
+                    candidates.append((rows + shard.start, scores[rows]))
+                    continue
+                members = kernels.probe_rows(shard.arrays["ivf_order"], shard.arrays["ivf_offsets"], probes)
+                scores = shard.arrays["dense"][members] @ query
+                best = kernels.top_rows_any_sign(scores, k)
+                candidates.append((members[best].astype(np.int64) + shard.start, scores[best]))
             rows, scores = kernels.merge_top(candidates, k)
             return self._hits(state, rows, scores, explain_with or {}, explain)
 

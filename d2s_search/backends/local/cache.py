@@ -45,12 +45,15 @@ STALE_SECONDS = 120  # an unreferenced state this old is no longer being written
 
 STRING_FIELDS = ("ids", "paths", "urls")
 # Arrays whose CRC-32 is verified on every open (small); the others on `index check`.
-SMALL = {"seqs", "ids_offsets", "paths_offsets", "urls_offsets", "has_url", "csr_indptr", "csc_indptr"}
+SMALL = {"seqs", "ids_offsets", "paths_offsets", "urls_offsets", "has_url", "csr_indptr", "csc_indptr", "ivf_offsets"}
+# Present only when the dense side is approximate (see backend.APPROXIMATE_DENSE_FROM).
+OPTIONAL = {"ivf_order", "ivf_offsets"}
 DTYPES = {
     "seqs": np.int64, "has_url": np.bool_, "dense": np.float32,
     "csr_indptr": np.int64, "csr_indices": np.int32, "csr_data": np.float32,
     "csc_indptr": np.int32, "csc_indices": np.int32, "csc_data": np.float32,
     **{f"{s}_blob": np.uint8 for s in STRING_FIELDS}, **{f"{s}_offsets": np.int64 for s in STRING_FIELDS},
+    "ivf_order": np.int32, "ivf_offsets": np.int64,
 }
 
 
@@ -88,6 +91,8 @@ class Shard:
                 raise DamagedArrays("dense vectors do not match the rows")
             if a["has_url"].shape[0] != rows:
                 raise DamagedArrays("url flags do not match the rows")
+            if "ivf_order" in a:  # the dense clusters' member lists: ids inside the shard
+                check_postings(a["ivf_offsets"], a["ivf_order"], a["ivf_order"], max(rows, 1))
             for name in STRING_FIELDS:
                 offsets, blob = a[f"{name}_offsets"], a[f"{name}_blob"]
                 if offsets.shape[0] != rows + 1 or offsets[0] != 0 or offsets[-1] != blob.shape[0] or (
@@ -125,7 +130,8 @@ class Structures:
     dim: int
     shards: list[Shard]
     shard_rows: int  # every shard but the last holds exactly this many rows
-    state_dir: Path | None = None  # None: in memory only (the cache could not be written)
+    state_dir: Path | None = None
+    centroids: np.ndarray | None = None  # (clusters, dim) when the dense side is approximate  # None: in memory only (the cache could not be written)
 
     @property
     def size(self) -> int:
@@ -225,7 +231,11 @@ def save(cache_dir: Path, structures: Structures, reuse: Structures | None) -> P
                 files[name] = _write_array(target, array)
             shard.files = files
             shards_meta.append({"start": shard.start, "rows": shard.rows, "files": files})
+        centroids = None
+        if structures.centroids is not None:
+            centroids = _write_array(tmp / "centroids.npy", structures.centroids)
         header = {
+            "centroids": centroids,
             "format": CACHE_FORMAT, "index_id": structures.index_id, "generation": structures.generation,
             "mutations": structures.mutations, "max_seq": structures.max_seq, "dim": structures.dim,
             "shard_rows": structures.shard_rows, "shards": shards_meta, "written_at": time.time(),
@@ -302,7 +312,7 @@ def load(cache_dir: Path) -> Structures:
                     raise CacheUnusable(f"unknown cache array {name_}")
                 path = state_dir / f"shard-{len(shards):05d}-{name_}.npy"
                 arrays[name_] = _open_array(path, size, crc_ if name_ in SMALL else None, DTYPES[name_])
-            missing = set(DTYPES) - set(arrays)
+            missing = set(DTYPES) - OPTIONAL - set(arrays)
             if missing:
                 raise CacheUnusable(f"the cache lacks {sorted(missing)[0]}")
             shard = Shard(start=start, arrays=arrays, files=meta["files"])
@@ -312,7 +322,16 @@ def load(cache_dir: Path) -> Structures:
                 raise CacheUnusable("the cache's shard sizes are inconsistent")
             shards.append(shard)
             start += shard.rows
+        centroids = None
+        if header.get("centroids"):
+            size, crc = header["centroids"]
+            centroids = _open_array(state_dir / "centroids.npy", size, crc, np.float32)
+            if centroids.ndim != 2 or centroids.shape[1] != int(header["dim"]) or not all(
+                "ivf_order" in s.arrays and s.arrays["ivf_offsets"].shape == (len(centroids) + 1,) for s in shards
+            ):
+                raise CacheUnusable("the dense clusters do not match the vectors")
         return Structures(
+            centroids=centroids,
             index_id=str(header["index_id"]), generation=int(header["generation"]),
             mutations=int(header["mutations"]), max_seq=int(header["max_seq"]), dim=int(header["dim"]),
             shards=shards, shard_rows=SHARD_ROWS, state_dir=state_dir,

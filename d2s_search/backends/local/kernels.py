@@ -156,3 +156,36 @@ def explain_rows(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, rows
         lo, hi = bounds[i], min(bounds[i + 1], bounds[i] + n)
         out.append(list(zip(cols[lo:hi].tolist(), contrib[lo:hi].tolist())))
     return out
+
+
+# -- approximate dense search: an inverted file over the vectors, used in place -------------
+
+
+def train_centroids(vectors: np.ndarray, clusters: int, seed: int = 0) -> np.ndarray:
+    """k-means centroids (faiss, one thread) on at most 64 vectors per cluster."""
+    import faiss
+
+    rng = np.random.default_rng(seed)
+    sample = vectors[np.sort(rng.choice(len(vectors), size=min(len(vectors), 64 * clusters), replace=False))]
+    kmeans = faiss.Kmeans(vectors.shape[1], clusters, niter=12, seed=seed, spherical=False, verbose=False)
+    kmeans.train(np.ascontiguousarray(sample, dtype=np.float32))
+    return kmeans.centroids.astype(np.float32)
+
+
+def assign_clusters(dense: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows sorted by nearest centroid by inner product, offsets per cluster)."""
+    nearest = np.empty(len(dense), dtype=np.int64)
+    for lo in range(0, len(dense), 8192):
+        nearest[lo : lo + 8192] = np.argmax(np.asarray(dense[lo : lo + 8192]) @ centroids.T, axis=1)
+    order = np.argsort(nearest, kind="stable").astype(np.int32)
+    offsets = np.zeros(len(centroids) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(nearest, minlength=len(centroids)), out=offsets[1:])
+    return order, offsets
+
+
+def probe_rows(order: np.ndarray, offsets: np.ndarray, clusters: np.ndarray) -> np.ndarray:
+    """The rows of the given clusters (sorted, so scores gather memory in order)."""
+    parts = [order[offsets[c] : offsets[c + 1]] for c in clusters.tolist()]
+    rows = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+    rows.sort()
+    return rows
