@@ -139,7 +139,7 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
             result = run_server_side(store, text, k=k, explain=explain, model_id=model_id, bundle=bundle_obj,
                                      encoder_factory=lambda: Encoder(bundle_obj, device=device))
             return _show_result(result, as_json)
-        encoder = Encoder(bundle_obj, device=device)
+        encoder = Encoder(bundle_obj, device=device, quick_start=True)  # one query per process
         if image_path:
             from d2s_search.errors import ImageRejected
             from d2s_search.images import load_image

@@ -34,7 +34,7 @@ __all__ = ["LocalBackend", "FORMAT", "APPROXIMATE_DENSE_FROM"]
 
 # Dense search is exact (every vector scored, in place) below this many documents and an
 # inverted file above it: about 4*sqrt(n) k-means clusters, of which the nearest
-# 1/DENSE_PROBE_DIVISOR are scored. Recall on real embeddings: docs/benchmarks.md.
+# 1/DENSE_PROBE_DIVISOR (at least 8) are scored. Recall on real embeddings: docs/benchmarks.md.
 APPROXIMATE_DENSE_FROM = 100_000
 DENSE_PROBE_DIVISOR = 16
 
@@ -184,7 +184,8 @@ class LocalBackend:
             elif target.exists() or target.is_symlink():
                 target.unlink()
         for leftover in self.path.glob(".tmp-*"):
-            leftover.unlink(missing_ok=True)
+            if store.is_temp_name(leftover.name) and leftover.is_file() and not leftover.is_symlink():
+                leftover.unlink(missing_ok=True)
         if created_folder:
             with contextlib.suppress(OSError):  # something appeared meanwhile: leave the folder
                 self.path.rmdir()
@@ -618,7 +619,7 @@ class LocalBackend:
         cols, weights = self._query_columns(query)
         out = np.zeros(rows.size, dtype=np.float32)
         shard_of = rows // state.shard_rows
-        for j in np.unique(shard_of).tolist():
+        for j in sorted(set(shard_of.tolist())):
             shard = state.shards[j]
             self._validated(shard)
             picked = np.flatnonzero(shard_of == j)
@@ -640,7 +641,7 @@ class LocalBackend:
                 raise QueryError(f"query vector has {query.shape[0]} dims, the index {state.dim}")
             probes = None
             if state.centroids is not None:
-                n_probe = max(1, len(state.centroids) // DENSE_PROBE_DIVISOR)
+                n_probe = min(len(state.centroids), max(8, len(state.centroids) // DENSE_PROBE_DIVISOR))
                 probes = np.argpartition(-(state.centroids @ query), n_probe - 1)[:n_probe]
             candidates = []
             for shard in state.shards:
@@ -696,7 +697,7 @@ class LocalBackend:
         paths: list[str] = [""] * len(rows)
         urls: list[str | None] = [None] * len(rows)
         shard_of = rows // state.shard_rows
-        for j in np.unique(shard_of).tolist():
+        for j in sorted(set(shard_of.tolist())):
             shard = state.shards[j]
             picked = np.flatnonzero(shard_of == j)
             local = rows[picked] - shard.start
@@ -715,7 +716,7 @@ class LocalBackend:
             return out
         shard_of = rows // state.shard_rows
         terms = self._terms
-        for j in np.unique(shard_of).tolist():
+        for j in sorted(set(shard_of.tolist())):
             shard = state.shards[j]
             a = shard.arrays
             picked = np.flatnonzero(shard_of == j)

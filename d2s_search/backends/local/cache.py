@@ -36,11 +36,11 @@ from pathlib import Path
 import numpy as np
 
 from .kernels import DamagedArrays, check_postings
-from .store import fsync_dir, write_atomic
+from .store import CACHE_POINTER as POINTER
+from .store import fsync_dir, is_temp_name, write_atomic
 
 SHARD_ROWS = 65536
 CACHE_FORMAT = "d2s-local-cache/2"
-POINTER = "current"
 STALE_SECONDS = 120  # an unreferenced state this old is no longer being written by anyone
 
 STRING_FIELDS = ("ids", "paths", "urls")
@@ -381,11 +381,6 @@ def verify_all(structures: Structures) -> list[str]:
 # -- housekeeping -------------------------------------------------------------------------------
 
 
-def is_cache_entry(entry: os.DirEntry) -> bool:
-    """A name in cache/ written by this module (anything else is left alone)."""
-    return entry.name == POINTER or entry.name.startswith(("state-", ".tmp-"))
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -404,7 +399,7 @@ def remove_leftovers(folder: Path) -> list[str]:
     except OSError:
         return removed
     for entry in entries:
-        if not entry.name.startswith(".tmp-"):
+        if not is_temp_name(entry.name):
             continue
         try:
             pid = int(entry.name.split("-")[1])

@@ -24,6 +24,7 @@ FORMAT = "d2s-local/1"
 DB_NAME = "index.sqlite"
 MANIFEST_NAME = "d2s-index.json"
 CACHE_DIR = "cache"
+CACHE_POINTER = "current"  # cache/current names the cache state in use
 # Everything the index may create in its folder (SQLite adds -wal/-shm/-journal beside the db).
 OWNED_NAMES = (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", f"{DB_NAME}-journal", MANIFEST_NAME, CACHE_DIR)
 
@@ -158,17 +159,26 @@ def foreign_entries(folder: Path) -> list[str]:
     """Names in the index folder (and its cache folder) the index did not create."""
     foreign = []
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        if entry.name not in OWNED_NAMES:
+        if entry.name not in OWNED_NAMES and not is_temp_name(entry.name):
             foreign.append(entry.name)
         elif entry.is_symlink():
             foreign.append(f"{entry.name} (a symbolic link)")
     cache = folder / CACHE_DIR
     if cache.is_dir() and not cache.is_symlink():
-        from .cache import is_cache_entry
-
         foreign.extend(f"{CACHE_DIR}/{e.name}" for e in sorted(os.scandir(cache), key=lambda e: e.name)
-                       if not is_cache_entry(e))
+                       if not is_cache_entry(e.name))
     return foreign
+
+
+def is_cache_entry(name: str) -> bool:
+    """A name in cache/ written by the cache module (anything else is left alone)."""
+    return name == CACHE_POINTER or name.startswith("state-") or is_temp_name(name)
+
+
+def is_temp_name(name: str) -> bool:
+    """A temp file name this package writes: ``.tmp-<pid>-...``."""
+    parts = name.split("-", 2)
+    return len(parts) == 3 and parts[0] == ".tmp" and parts[1].isdigit()
 
 
 def fsync_dir(folder: Path) -> None:
