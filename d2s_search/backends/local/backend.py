@@ -616,16 +616,28 @@ class LocalBackend:
         return self._searching(run)
 
     def _rescore(self, state: Structures, rows: np.ndarray, query: SparseVector) -> np.ndarray:
+        """Exact scores of these rows: from their own postings (row-wise) when the window is
+        small, else by scoring the shard's query postings and picking (whichever reads less)."""
         cols, weights = self._query_columns(query)
         out = np.zeros(rows.size, dtype=np.float32)
         shard_of = rows // state.shard_rows
+        buffer = None
         for j in sorted(set(shard_of.tolist())):
             shard = state.shards[j]
             self._validated(shard)
             picked = np.flatnonzero(shard_of == j)
             a = shard.arrays
-            out[picked] = kernels.rescore_rows(a["csr_indptr"], a["csr_indices"], a["csr_data"],
-                                               rows[picked] - shard.start, cols, weights)
+            local = rows[picked] - shard.start
+            row_reads = int((a["csr_indptr"][local + 1] - a["csr_indptr"][local]).sum())
+            known = cols[cols < shard.n_cols]
+            posting_reads = int((a["csc_indptr"][known + 1] - a["csc_indptr"][known]).sum())
+            if row_reads <= posting_reads:
+                out[picked] = kernels.rescore_rows(a["csr_indptr"], a["csr_indices"], a["csr_data"], local, cols, weights)
+            else:
+                if buffer is None:
+                    buffer = np.empty(state.shard_rows, dtype=np.float32)
+                kernels.accumulate(a["csc_indptr"], a["csc_indices"], a["csc_data"], shard.rows, cols, weights, buffer)
+                out[picked] = buffer[local]
         return out
 
     @_db_errors

@@ -176,11 +176,10 @@ def explain_rows(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, rows
     order = np.lexsort((cols, -contrib, owner))
     owner, cols, contrib = owner[order], cols[order], contrib[order]
     bounds = np.searchsorted(owner, np.arange(rows.size + 1))
-    out = []
-    for i in range(rows.size):
-        lo, hi = bounds[i], min(bounds[i + 1], bounds[i] + n)
-        out.append(list(zip(cols[lo:hi].tolist(), contrib[lo:hi].tolist())))
-    return out
+    top = np.arange(owner.size) - bounds[owner] < n  # the first n of each row
+    owner, pairs = owner[top], list(zip(cols[top].tolist(), contrib[top].tolist()))
+    bounds = np.searchsorted(owner, np.arange(rows.size + 1)).tolist()
+    return [pairs[bounds[i] : bounds[i + 1]] for i in range(rows.size)]
 
 
 # -- approximate dense search: an inverted file over the vectors, used in place -------------
