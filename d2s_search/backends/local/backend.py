@@ -332,7 +332,7 @@ class LocalBackend:
         db = self._connect(False)
         meta = self._meta()
         docs, avg_terms = db.execute("SELECT COUNT(*), AVG(LENGTH(term_ids)) / 4.0 FROM docs").fetchone()
-        disk = sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file() and f.name in _owned_or_cache(f, self.path))
+        disk = _owned_bytes(self.path)
         return {
             "backend": self.name,
             "location": str(self.path),
@@ -762,9 +762,24 @@ def _floats(blob) -> np.ndarray:
         return np.zeros(0, dtype="<f4")
 
 
-def _owned_or_cache(f: Path, root: Path) -> set[str]:
-    rel = f.relative_to(root).parts
-    return {f.name} if rel and rel[0] in store.OWNED_NAMES else set()
+def _owned_bytes(folder: Path) -> int:
+    """Bytes of the files the index owns (never a walk of a photo folder it lives in);
+    hard-linked cache files are counted once."""
+    seen, total = set(), 0
+    for name in store.OWNED_NAMES:
+        top = folder / name
+        if top.is_symlink():
+            continue
+        files = top.rglob("*") if top.is_dir() else [top]
+        for f in files:
+            try:
+                st = f.lstat()
+            except OSError:
+                continue
+            if f.is_file() and not f.is_symlink() and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return total
 
 
 def _chunks(items: list, size: int):
