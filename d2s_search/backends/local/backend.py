@@ -33,7 +33,7 @@ from .store import FORMAT, Transaction
 __all__ = ["LocalBackend", "FORMAT", "APPROXIMATE_DENSE_FROM"]
 
 # Dense search is exact (every vector scored, in place) below this many documents and an
-# inverted file above it: about 4*sqrt(n) k-means clusters, of which the nearest
+# inverted file above it: about 4*sqrt(n) (at most 2,048) k-means clusters, of which the nearest
 # 1/DENSE_PROBE_DIVISOR (at least 8) are scored. Recall on real embeddings: docs/benchmarks.md.
 APPROXIMATE_DENSE_FROM = 100_000
 DENSE_PROBE_DIVISOR = 16
@@ -460,7 +460,8 @@ class LocalBackend:
             (older,) = db.execute("SELECT COUNT(*) FROM docs WHERE seq <= ?", (current.max_seq,)).fetchone()
             if older == current.size:  # only appended since: extend the last shard and add new ones
                 return self._build(index_id, generation, mutations, base=current)[0]
-        return self._build(index_id, generation, mutations, base=None, problem=problem)[0]
+        hint = current.centroids if current is not None and current.index_id == index_id else None
+        return self._build(index_id, generation, mutations, base=None, problem=problem, centroids=hint)[0]
 
     def _rebuild(self) -> tuple[Structures, list[int]]:
         meta = self._meta()
@@ -474,7 +475,7 @@ class LocalBackend:
         return self.identity.dense_dim if self.identity else 0
 
     def _build(self, index_id: str, generation: int, mutations: int, base: Structures | None,
-               problem: str | None = None) -> tuple[Structures, list[int]]:
+               problem: str | None = None, centroids: np.ndarray | None = None) -> tuple[Structures, list[int]]:
         """Search structures from SQLite (from scratch, or ``base`` extended with the rows
         appended since), saved to the cache; ``problem`` is why the cache on disk was not
         used (said in the one warning line)."""
@@ -513,7 +514,7 @@ class LocalBackend:
                        f"(run `d2s-search index check --index {self.path}`)")
         built = Structures(index_id=index_id, generation=generation, mutations=mutations, max_seq=max_seq,
                            dim=dim, shards=shards, shard_rows=shard_rows)
-        self._cluster_dense(built, base)
+        self._cluster_dense(built, base.centroids if base is not None else centroids)
         kept = ""
         if index_id:
             try:
@@ -528,18 +529,20 @@ class LocalBackend:
             self._warn(f"search cache of {self.path} rebuilt{kept}")
         return built, lost
 
-    def _cluster_dense(self, built: Structures, base: Structures | None) -> None:
-        """Above APPROXIMATE_DENSE_FROM documents: centroids (kept across appends) and each
-        shard's cluster member lists (computed once per shard; the vectors stay in place)."""
+    def _cluster_dense(self, built: Structures, centroids: np.ndarray | None) -> None:
+        """Above APPROXIMATE_DENSE_FROM documents: centroids (trained once, then kept across
+        appends and rebuilds: deleting documents barely moves them) and each shard's
+        cluster member lists (computed once per shard; the vectors stay in place)."""
         if built.size < APPROXIMATE_DENSE_FROM or built.dim == 0:
             for shard in built.shards:
                 shard.arrays.pop("ivf_order", None)
                 shard.arrays.pop("ivf_offsets", None)
             return
-        centroids = base.centroids if base is not None and base.centroids is not None else None
+        if centroids is not None and centroids.shape[1] != built.dim:
+            centroids = None
         if centroids is None:
             sample = np.vstack([np.asarray(s.arrays["dense"]) for s in built.shards[:4]])
-            clusters = int(min(4096, max(8, 4 * np.sqrt(built.size)), max(1, len(sample) // 39)))
+            clusters = int(min(2048, max(8, 4 * np.sqrt(built.size)), max(1, len(sample) // 39)))
             centroids = kernels.train_centroids(sample, clusters)
             for shard in built.shards:  # new centroids: every shard's lists are recomputed
                 shard.arrays.pop("ivf_order", None)

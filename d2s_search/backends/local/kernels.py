@@ -186,12 +186,12 @@ def explain_rows(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, rows
 
 
 def train_centroids(vectors: np.ndarray, clusters: int, seed: int = 0) -> np.ndarray:
-    """k-means centroids (faiss, one thread) on at most 64 vectors per cluster."""
+    """k-means centroids (faiss, one thread) on at most 40 vectors per cluster."""
     import faiss
 
     rng = np.random.default_rng(seed)
-    sample = vectors[np.sort(rng.choice(len(vectors), size=min(len(vectors), 64 * clusters), replace=False))]
-    kmeans = faiss.Kmeans(vectors.shape[1], clusters, niter=12, seed=seed, spherical=False, verbose=False)
+    sample = vectors[np.sort(rng.choice(len(vectors), size=min(len(vectors), 40 * clusters), replace=False))]
+    kmeans = faiss.Kmeans(vectors.shape[1], clusters, niter=10, seed=seed, spherical=False, verbose=False)
     kmeans.train(np.ascontiguousarray(sample, dtype=np.float32))
     return kmeans.centroids.astype(np.float32)
 
