@@ -44,7 +44,10 @@ def index_of(vectors: np.ndarray, folder: Path, approximate: bool) -> local_pkg.
     return b
 
 
-def measure(name: str, vectors: np.ndarray, queries: np.ndarray, k: int) -> dict:
+def measure(name: str, vectors: np.ndarray, queries: np.ndarray, k: int, clusters: int | None = None) -> dict:
+    """Recall of the approximate plan against the exact one; ``clusters`` fixes the cluster
+    count (small real sets: the default rule would probe every cluster)."""
+    backend_mod.DENSE_CLUSTERS = clusters
     with tempfile.TemporaryDirectory() as tmp:
         exact, approx = index_of(vectors, Path(tmp), False), index_of(vectors, Path(tmp), True)
         recalls, t_exact, t_approx = [], [], []
@@ -58,17 +61,41 @@ def measure(name: str, vectors: np.ndarray, queries: np.ndarray, k: int) -> dict
             t_approx.append(t2 - t1)
             recalls.append(len(want & got) / len(want))
         clusters = len(approx._search_state().centroids)
+        floor = 8 if backend_mod.DENSE_CLUSTERS is None else 1
         return {"vectors": name, "documents": len(vectors), "queries": len(queries), "k": k, "clusters": clusters,
-                "probed": min(clusters, max(8, clusters // backend_mod.DENSE_PROBE_DIVISOR)),
+                "probed": min(clusters, max(floor, clusters // backend_mod.DENSE_PROBE_DIVISOR)),
                 f"recall@{k}": round(float(np.mean(recalls)), 3),
                 "exact_p50_ms": round(float(np.median(t_exact)) * 1000, 3),
                 "approximate_p50_ms": round(float(np.median(t_approx)) * 1000, 3)}
+
+
+def photo_runs(index: Path, bundle_path: Path, n_queries: int) -> list[dict]:
+    """The flickr8k-800 photos as the ingest stored them; their captions through the same
+    bundle's text encoder as queries."""
+    import csv
+    import sqlite3
+
+    from d2s_search.bundle import Bundle
+    from d2s_search.encoder import Encoder
+
+    db = sqlite3.connect(index / "index.sqlite")
+    vectors = np.stack([np.frombuffer(blob, dtype="<f4") for (blob,) in db.execute("SELECT dense FROM docs ORDER BY seq")])
+    db.close()
+    captions_file = CLIP.parent / "flickr8k-800" / "captions.txt"
+    with open(captions_file, newline="") as f:
+        captions = [row["caption"] for row in csv.DictReader(f)][::5][:n_queries]
+    encoder = Encoder(Bundle.load(bundle_path), device="cpu")
+    queries = np.vstack([encoder.encode_texts(captions[i : i + 32]).dense for i in range(0, len(captions), 32)])
+    name = f"flickr8k-800 photos, {Bundle.load(bundle_path).manifest.get('model')} (captions -> photos)"
+    return [measure(name, vectors, queries, 10, clusters=c) for c in (16, 32)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--synthetic", type=int, default=123_000)
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--photos-index", help="a local index of the flickr8k-800 photos (dense vectors from SQLite)")
+    parser.add_argument("--bundle", help="the bundle that filled --photos-index (encodes the caption queries)")
     args = parser.parse_args()
     out = {"command": "python benchmarks/bench_dense_recall.py " + " ".join(sys.argv[1:]),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_average": os.getloadavg(), "runs": []}
@@ -76,9 +103,11 @@ def main() -> None:
         images = np.load(CLIP / "image_embeddings.npy")[::5]  # 100 distinct images
         captions = np.load(CLIP / "text_embeddings.npy")
         for k in (1, 10):
-            out["runs"].append(measure("CLIP ViT-B/32 flickr8k-100 (captions -> images)", images, captions, k))
+            out["runs"].append(measure("CLIP ViT-B/32 flickr8k-100 (captions -> images)", images, captions, k, clusters=16))
     else:
         out["runs"].append({"vectors": "CLIP", "skipped": f"{CLIP} not found"})
+    if args.photos_index and args.bundle:
+        out["runs"].extend(photo_runs(Path(args.photos_index), Path(args.bundle), args.queries))
     if args.synthetic:
         vectors = dense_vectors(args.synthetic, 256, seed=1)
         queries = dense_vectors(args.queries, 256, seed=2)

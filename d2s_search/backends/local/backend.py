@@ -36,7 +36,8 @@ __all__ = ["LocalBackend", "FORMAT", "APPROXIMATE_DENSE_FROM"]
 # inverted file above it: about 4*sqrt(n) (at most 2,048) k-means clusters, of which the nearest
 # 1/DENSE_PROBE_DIVISOR (at least 8) are scored. Recall on real embeddings: docs/benchmarks.md.
 APPROXIMATE_DENSE_FROM = 100_000
-DENSE_PROBE_DIVISOR = 16
+DENSE_PROBE_DIVISOR = 4
+DENSE_CLUSTERS: int | None = None  # fixed cluster count (recall benchmarks); None: the rule above
 
 
 def _db_errors(method):
@@ -542,7 +543,7 @@ class LocalBackend:
             centroids = None
         if centroids is None:
             sample = np.vstack([np.asarray(s.arrays["dense"]) for s in built.shards[:4]])
-            clusters = int(min(2048, max(8, 4 * np.sqrt(built.size)), max(1, len(sample) // 39)))
+            clusters = DENSE_CLUSTERS or int(min(2048, max(8, 4 * np.sqrt(built.size)), max(1, len(sample) // 39)))
             centroids = kernels.train_centroids(sample, clusters)
             for shard in built.shards:  # new centroids: every shard's lists are recomputed
                 shard.arrays.pop("ivf_order", None)
@@ -656,7 +657,8 @@ class LocalBackend:
                 raise QueryError(f"query vector has {query.shape[0]} dims, the index {state.dim}")
             probes = None
             if state.centroids is not None:
-                n_probe = min(len(state.centroids), max(8, len(state.centroids) // DENSE_PROBE_DIVISOR))
+                n_probe = min(len(state.centroids), max(8 if DENSE_CLUSTERS is None else 1,
+                                                         len(state.centroids) // DENSE_PROBE_DIVISOR))
                 probes = np.argpartition(-(state.centroids @ query), n_probe - 1)[:n_probe]
             candidates = []
             for shard in state.shards:
