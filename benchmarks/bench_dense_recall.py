@@ -86,7 +86,7 @@ def photo_runs(index: Path, bundle_path: Path, n_queries: int) -> list[dict]:
         captions = [row["caption"] for row in csv.DictReader(f)][::5][:n_queries]
     encoder = Encoder(Bundle.load(bundle_path), device="cpu")
     queries = np.vstack([encoder.encode_texts(captions[i : i + 32]).dense for i in range(0, len(captions), 32)])
-    name = f"flickr8k-800 photos, {Bundle.load(bundle_path).manifest.get('model')} (captions -> photos)"
+    name = f"flickr8k-800 photos, {bundle_path.name} bundle (captions -> photos)"
     return [measure(name, vectors, queries, 10, clusters=c) for c in (16, 32)]
 
 

@@ -690,7 +690,9 @@ class LocalBackend:
         if not ids:
             return []
         db = self._connect(False)
-        seq_of = dict(db.execute(f"SELECT id, seq FROM docs WHERE id IN ({','.join('?' * len(ids))})", ids))
+        seq_of: dict[str, int] = {}
+        for chunk in _chunks(ids, 500):
+            seq_of.update(db.execute(f"SELECT id, seq FROM docs WHERE id IN ({','.join('?' * len(chunk))})", chunk))
         out = []
         for doc_id in ids:
             seq = seq_of.get(doc_id)
