@@ -169,7 +169,7 @@ def main() -> None:
     csr = sp.vstack([sp.csr_matrix((s.arrays["csr_data"], s.arrays["csr_indices"], s.arrays["csr_indptr"]),
                                    shape=(s.rows, s.n_cols)) for s in state.shards], format="csr")
     n_cols = csr.shape[1]
-    dense_matrix = np.vstack([np.asarray(s.arrays["dense"]) for s in state.shards])
+    dense_matrix = np.vstack([s.dense_rows() for s in state.shards])
     term_col = backend._term_ids
 
     def brute_sparse(q: QueryVectors, k: int):

@@ -76,7 +76,7 @@ def damage_flip_small(index):
 
 
 def damage_header(index):
-    (state_dir(index) / "header.json").write_bytes(b'{"format": "d2s-local-cache/2", "shards": [}')
+    (state_dir(index) / "header.json").write_bytes(b'{"format": "d2s-local-cache/3", "shards": [}')
 
 
 def damage_pointer_is_a_folder(index):

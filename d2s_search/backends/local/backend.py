@@ -532,25 +532,30 @@ class LocalBackend:
 
     def _cluster_dense(self, built: Structures, centroids: np.ndarray | None) -> None:
         """Above APPROXIMATE_DENSE_FROM documents: centroids (trained once, then kept across
-        appends and rebuilds: deleting documents barely moves them) and each shard's
-        cluster member lists (computed once per shard; the vectors stay in place)."""
+        appends and rebuilds: deleting documents barely moves them) and, per shard, its
+        vectors stored in cluster order (each cluster one contiguous run, scored in place)
+        with ``ivf_order`` (position -> row) and ``ivf_offsets`` (cluster -> positions)."""
         if built.size < APPROXIMATE_DENSE_FROM or built.dim == 0:
             for shard in built.shards:
-                shard.arrays.pop("ivf_order", None)
-                shard.arrays.pop("ivf_offsets", None)
+                if "ivf_order" in shard.arrays:
+                    _unclustered(shard)
             return
         if centroids is not None and centroids.shape[1] != built.dim:
             centroids = None
         if centroids is None:
-            sample = np.vstack([np.asarray(s.arrays["dense"]) for s in built.shards[:4]])
+            sample = np.vstack([s.dense_rows() for s in built.shards[:4]])
             clusters = DENSE_CLUSTERS or int(min(2048, max(8, 4 * np.sqrt(built.size)), max(1, len(sample) // 39)))
             centroids = kernels.train_centroids(sample, clusters)
-            for shard in built.shards:  # new centroids: every shard's lists are recomputed
-                shard.arrays.pop("ivf_order", None)
+            for shard in built.shards:  # new centroids: every shard is clustered again
+                if "ivf_order" in shard.arrays:
+                    _unclustered(shard)
         built.centroids = centroids
         for shard in built.shards:
             if "ivf_order" not in shard.arrays:
-                shard.arrays["ivf_order"], shard.arrays["ivf_offsets"] = kernels.assign_clusters(shard.arrays["dense"], centroids)
+                order, offsets = kernels.assign_clusters(shard.arrays["dense"], centroids)
+                shard.arrays["dense"] = np.ascontiguousarray(np.asarray(shard.arrays["dense"])[order])
+                shard.arrays["ivf_order"], shard.arrays["ivf_offsets"] = order, offsets
+                shard.dirty |= {"dense", "ivf_order", "ivf_offsets"}
 
     # -- search ---------------------------------------------------------------------------
 
@@ -668,10 +673,11 @@ class LocalBackend:
                     rows = kernels.top_rows_any_sign(scores, k)
                     candidates.append((rows + shard.start, scores[rows]))
                     continue
-                members = kernels.probe_rows(shard.arrays["ivf_order"], shard.arrays["ivf_offsets"], probes)
-                scores = shard.arrays["dense"][members] @ query
+                positions, scores = kernels.score_clusters(shard.arrays["dense"], shard.arrays["ivf_offsets"],
+                                                           probes, query)
                 best = kernels.top_rows_any_sign(scores, k)
-                candidates.append((members[best].astype(np.int64) + shard.start, scores[best]))
+                rows = shard.arrays["ivf_order"][positions[best]].astype(np.int64)
+                candidates.append((rows + shard.start, scores[best]))
             rows, scores = kernels.merge_top(candidates, k)
             return self._hits(state, rows, scores, explain_with or {}, explain)
 
@@ -748,6 +754,14 @@ class LocalBackend:
 
 class _Retry(Exception):
     """A shard was found damaged during a search: rebuild and search again."""
+
+
+def _unclustered(shard: Shard) -> None:
+    """Back to row order (the clusters are about to change or go)."""
+    shard.arrays["dense"] = shard.dense_rows()
+    shard.arrays.pop("ivf_order")
+    shard.arrays.pop("ivf_offsets")
+    shard.dirty.add("dense")
 
 
 def _first_dim(db: sqlite3.Connection) -> int:

@@ -8,7 +8,8 @@ process):
 * ``csc_*``: postings, term -> shard-local row ids (exact term-at-a-time scoring; the score
   array of one shard, 256 KB, stays in the CPU cache);
 * ``csr_*``: the same matrix row-wise (rescoring and explanations of returned hits);
-* ``dense``: the dense vectors, used in place;
+* ``dense``: the dense vectors, used in place (in row order; in cluster order, with
+  ``ivf_order``/``ivf_offsets``, when the dense side is approximate);
 * ``ids``/``paths``/``urls``: the strings a hit shows, as one byte blob plus offsets.
 
 Layout: ``cache/state-<generation>-<random>/`` holds ``header.json`` and the arrays;
@@ -40,7 +41,7 @@ from .store import CACHE_POINTER as POINTER
 from .store import fsync_dir, is_temp_name, write_atomic
 
 SHARD_ROWS = 65536
-CACHE_FORMAT = "d2s-local-cache/2"
+CACHE_FORMAT = "d2s-local-cache/3"  # 3: clustered dense vectors stored in cluster order
 STALE_SECONDS = 120  # an unreferenced state this old is no longer being written by anyone
 
 STRING_FIELDS = ("ids", "paths", "urls")
@@ -67,6 +68,7 @@ class Shard:
     arrays: dict[str, np.ndarray]
     files: dict[str, list[int]] = field(default_factory=dict)  # name -> [size, crc32]
     validated: bool = False
+    dirty: set[str] = field(default_factory=set)  # arrays changed since loaded (never hard-linked)
     _views: dict[str, memoryview] = field(default_factory=dict, repr=False)
 
     @property
@@ -102,6 +104,15 @@ class Shard:
         except (DamagedArrays, KeyError, IndexError) as exc:
             raise CacheUnusable(f"shard at row {self.start} is damaged: {exc}") from None
         self.validated = True
+
+    def dense_rows(self) -> np.ndarray:
+        """The dense vectors in row order (stored in cluster order when clustered)."""
+        dense = np.asarray(self.arrays["dense"])
+        if "ivf_order" not in self.arrays:
+            return dense
+        rows = np.empty_like(dense)
+        rows[self.arrays["ivf_order"]] = dense
+        return rows
 
     def string(self, name: str, row: int) -> str:
         return self.strings(name, np.asarray([row]))[0]
@@ -221,7 +232,7 @@ def save(cache_dir: Path, structures: Structures, reuse: Structures | None) -> P
             files = {}
             for name, array in shard.arrays.items():
                 target = tmp / f"shard-{j:05d}-{name}.npy"
-                if old is not None and name in old.files:
+                if old is not None and name in old.files and name not in shard.dirty:
                     try:
                         os.link(reuse.state_dir / f"shard-{j:05d}-{name}.npy", target)
                         files[name] = old.files[name]

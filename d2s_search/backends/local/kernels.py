@@ -207,9 +207,14 @@ def assign_clusters(dense: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarra
     return order, offsets
 
 
-def probe_rows(order: np.ndarray, offsets: np.ndarray, clusters: np.ndarray) -> np.ndarray:
-    """The rows of the given clusters (sorted, so scores gather memory in order)."""
-    parts = [order[offsets[c] : offsets[c + 1]] for c in clusters.tolist()]
-    rows = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-    rows.sort()
-    return rows
+def score_clusters(dense: np.ndarray, offsets: np.ndarray, clusters: np.ndarray,
+                   query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Inner products of the query with every vector of the given clusters (vectors stored
+    in cluster order: one contiguous run each, read in place). Returns (positions, scores)."""
+    bounds = offsets.tolist()
+    spans = [(bounds[c], bounds[c + 1]) for c in np.sort(clusters).tolist() if bounds[c + 1] > bounds[c]]
+    if not spans:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+    scores = np.concatenate([dense[lo:hi] @ query for lo, hi in spans])
+    positions = np.concatenate([np.arange(lo, hi) for lo, hi in spans])
+    return positions, scores
