@@ -55,6 +55,9 @@ def index_delete(backend, index, url, index_name, yes, as_json) -> int:
     if not store.exists():
         raise D2SError(f"no index to delete at {url or index}")
     where = f"{url}/{index_name}" if url and (backend or "opensearch") == "opensearch" else index
+    refusal = getattr(store, "why_not_droppable", lambda: None)()  # local: refuse before asking
+    if refusal:
+        raise D2SError(refusal)
     if not yes and not click.confirm(f"delete the index at {where}?", err=True):
         return EXIT_FAILED
     store.drop()

@@ -87,3 +87,12 @@ def test_a_folder_that_is_not_an_index_is_never_deleted(tmp_path, capsys):
     (folder / "a.jpg").write_bytes(b"x")
     code, _, err = run_cli(["index", "delete", "--index", folder, "--yes"], capsys)
     assert code == 1 and (folder / "a.jpg").exists()
+
+
+def test_refusal_comes_before_the_confirmation_prompt(tmp_path, capsys):
+    index = tmp_path / "idx"
+    filled_index(index, synthetic_docs(3, seed=1)).close()
+    (index / "photo.jpg").write_bytes(b"x")
+    code, out, err = run_cli(["index", "delete", "--index", index], capsys)  # no --yes, no input
+    assert code == 1 and "not deleting anything" in err and "delete the index at" not in err
+    assert (index / "photo.jpg").exists() and (index / "index.sqlite").exists()

@@ -168,15 +168,9 @@ class LocalBackend:
         self.close()
         if not self.path.exists():
             return
-        if not self.path.is_dir() or self.path.is_symlink() or not self.exists():
-            raise IndexStoreError(f"{self.path} does not look like a d2s index; not deleting it")
-        foreign = store.foreign_entries(self.path)
-        if foreign:
-            shown = ", ".join(repr(n) for n in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-            raise IndexStoreError(
-                f"{self.path} also holds files the index did not create ({shown}); not deleting anything. "
-                f"Remove the index's own files by hand: {', '.join(store.OWNED_NAMES)}"
-            )
+        reason = self.why_not_droppable()
+        if reason:
+            raise IndexStoreError(reason)
         created_folder = store.read_manifest(self.path).get("created_folder", False)
         for name in store.OWNED_NAMES:
             target = self.path / name
@@ -190,6 +184,17 @@ class LocalBackend:
         if created_folder:
             with contextlib.suppress(OSError):  # something appeared meanwhile: leave the folder
                 self.path.rmdir()
+
+    def why_not_droppable(self) -> str | None:
+        """Why :meth:`drop` would refuse (None: it would not), to ask before any prompt."""
+        if not self.path.is_dir() or self.path.is_symlink() or not self.exists():
+            return f"{self.path} does not look like a d2s index; not deleting it"
+        foreign = store.foreign_entries(self.path)
+        if not foreign:
+            return None
+        shown = ", ".join(repr(n) for n in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        return (f"{self.path} also holds files the index did not create ({shown}); not deleting anything. "
+                f"Remove the index's own files by hand: {', '.join(store.OWNED_NAMES)}")
 
     # -- writing --------------------------------------------------------------------------
 
