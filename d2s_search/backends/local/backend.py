@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import shutil
 import sqlite3
 import sys
@@ -361,62 +360,10 @@ class LocalBackend:
     # -- integrity ------------------------------------------------------------------------
 
     def check(self, repair: bool = False) -> dict:
-        """Integrity of SQLite and of the cache. With ``repair``: rebuild what is derived
-        (the cache) from SQLite and report the documents whose stored vectors are lost."""
-        report: dict = {"location": str(self.path), "database": [], "cache": [], "lost_documents": [], "repaired": False}
-        try:
-            db = self._connect(False)
-        except IndexStoreError as exc:
-            report["database"].append(str(exc))
-            return report
-        report["database"] = store.quick_check(db)
-        if report["database"]:
-            report["database"] = [store.damaged(self.db_path, sqlite3.DatabaseError(p)).args[0] for p in report["database"][:1]] + report["database"][1:]
-        try:
-            structures = cache_mod.load(self.cache_dir)
-            report["cache"] = cache_mod.verify_all(structures)
-            meta = self._meta()
-            if structures.index_id != meta.get("index_id"):
-                report["cache"].append("the cache belongs to another index")
-            elif structures.generation != int(meta.get("generation", "0")):
-                report["cache"].append("the cache is older than the database (it is brought up to date on the next search)")
-        except CacheUnusable as exc:
-            if str(exc) != "no cache yet":  # none yet is fine: the first search writes it
-                report["cache"].append(str(exc))
-        except sqlite3.DatabaseError:
-            pass
-        if repair:
-            unreadable: list[str] = []
-            if report["database"]:
-                report["database_repair"], unreadable = self._repair_database()
-            try:
-                built, lost = self._rebuild()
-                report["lost_documents"] = unreadable + [f"seq {seq}" for seq in lost]
-                report["documents"] = built.size
-                report["repaired"] = True
-            except sqlite3.DatabaseError as exc:
-                report["database"].append(f"could not read the documents back: {exc}")
-        return report
+        """Integrity of SQLite and of the cache (see :mod:`.integrity`)."""
+        from .integrity import check
 
-    def _repair_database(self) -> tuple[str, list[str]]:
-        """Rewrite the database from what SQLite can still read: meta, terms and every
-        document row readable by its rowid, into a new file that replaces the old one."""
-        db = self._connect(False)
-        tmp = self.path / f".tmp-{os.getpid()}-repair-{store.DB_NAME}"
-        tmp.unlink(missing_ok=True)
-        salvaged, unreadable = store.salvage(db, tmp)
-        if salvaged is None:
-            tmp.unlink(missing_ok=True)
-            return f"the database could not be read at all ({unreadable[0]}): delete the index and ingest again", []
-        self.close()
-        for suffix in ("-wal", "-shm"):
-            (self.path / f"{store.DB_NAME}{suffix}").unlink(missing_ok=True)
-        os.replace(tmp, self.db_path)
-        store.fsync_dir(self.path)
-        self._write_checked = False
-        self._terms, self._term_ids = [""], {}
-        lost = f"; {len(unreadable)} unreadable: {', '.join(unreadable[:5])}" if unreadable else ""
-        return f"the database was rewritten from its readable pages ({salvaged} documents kept{lost})", unreadable
+        return check(self, repair)
 
     # -- search structures ----------------------------------------------------------------
 
