@@ -1,5 +1,6 @@
-"""The embedded local index: SQLite store (``store``), memory-mapped search structures in
-doc-id shards (``cache``) and the scoring kernels (``kernels``), behind ``LocalBackend``."""
+"""The embedded local index behind ``LocalBackend``: the SQLite store and the files the
+index owns (``store``), memory-mapped search structures in doc-id shards (``cache``), the
+scoring kernels (``kernels``) and ``index check`` / repair (``integrity``)."""
 
 from __future__ import annotations
 
