@@ -96,3 +96,31 @@ def test_refusal_comes_before_the_confirmation_prompt(tmp_path, capsys):
     code, out, err = run_cli(["index", "delete", "--index", index], capsys)  # no --yes, no input
     assert code == 1 and "not deleting anything" in err and "delete the index at" not in err
     assert (index / "photo.jpg").exists() and (index / "index.sqlite").exists()
+
+
+def test_an_index_of_the_first_format_is_adopted_and_deletable(tmp_path):
+    """Made before index ids and manifests: no index_id in meta, no d2s-index.json, the
+    single-file cache `cache/search-state.npz` (with a temp of a dead writer)."""
+    import sqlite3
+
+    from d2s_search.backends.local import LocalBackend
+
+    index = tmp_path / "idx"
+    filled_index(index, synthetic_docs(6, seed=1)).close()
+    db = sqlite3.connect(index / "index.sqlite")
+    db.execute("DELETE FROM meta WHERE key IN ('index_id', 'generation')")
+    db.commit()
+    db.close()
+    (index / "d2s-index.json").unlink()
+    (index / "cache").mkdir()
+    (index / "cache" / "search-state.npz").write_bytes(b"PK old cache")
+    (index / "cache" / ".4194999.tmp.npz").write_bytes(b"half")
+    backend = LocalBackend(index)
+    backend.open(None, create=False)
+    index_id, _ = backend.generation()
+    assert len(index_id) == 32  # adopted: an identity of its own now
+    assert backend.sparse_search({"w1": 1.0, "w2": 1.0, "w3": 1.0}, 3)
+    assert not (index / "cache" / "search-state.npz").exists()  # replaced by the shards
+    assert backend.why_not_droppable() is None
+    backend.drop()
+    assert list(index.iterdir()) == []  # its files gone; the folder, not known to be its own, stays

@@ -38,7 +38,7 @@ import numpy as np
 
 from .kernels import DamagedArrays, check_postings
 from .store import CACHE_POINTER as POINTER
-from .store import fsync_dir, is_temp_name, write_atomic
+from .store import LEGACY_CACHE, fsync_dir, is_temp_name, write_atomic
 
 SHARD_ROWS = 65536
 CACHE_FORMAT = "d2s-local-cache/3"  # 3: clustered dense vectors stored in cluster order
@@ -264,6 +264,9 @@ def save(cache_dir: Path, structures: Structures, reuse: Structures | None) -> P
     fsync_dir(cache_dir)
     write_atomic(cache_dir / POINTER, f"{final.name} {zlib.crc32(header_bytes)}\n".encode())
     remove_unused_states(cache_dir, keep={final.name, reuse.state_dir.name if reuse and reuse.state_dir else ""})
+    legacy = cache_dir / LEGACY_CACHE  # replaced by the shards just written
+    if legacy.is_file() and not legacy.is_symlink():
+        legacy.unlink()
     return final
 
 

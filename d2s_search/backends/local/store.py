@@ -170,9 +170,14 @@ def foreign_entries(folder: Path) -> list[str]:
     return foreign
 
 
+LEGACY_CACHE = "search-state.npz"  # the single-file cache of d2s-local/1 before shards
+
+
 def is_cache_entry(name: str) -> bool:
-    """A name in cache/ written by the cache module (anything else is left alone)."""
-    return name == CACHE_POINTER or name.startswith("state-") or is_temp_name(name)
+    """A name in cache/ written by this package, now or by the first version (a
+    ``search-state.npz`` and its ``.<pid>.tmp.npz`` temps); anything else is left alone."""
+    legacy_temp = name.startswith(".") and name.endswith(".tmp.npz") and name[1:-8].isdigit()
+    return name in (CACHE_POINTER, LEGACY_CACHE) or name.startswith("state-") or is_temp_name(name) or legacy_temp
 
 
 def is_temp_name(name: str) -> bool:
