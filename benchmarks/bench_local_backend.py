@@ -1,12 +1,15 @@
 """Local-backend query latency on a paper-shaped synthetic collection.
 
-    python benchmarks/bench_local_backend.py [--docs 123000] [--queries 300] [--threads 1]
+    python benchmarks/bench_local_backend.py [--docs 123000] [--queries 300]
 
-Measures p50/p99 latency at k=10 and k=1000 for sparse (exact), two-phase and dense
-search through ``LocalBackend`` (one thread), each next to a brute-force reference
-measured in the same run: exhaustive doc-at-a-time scoring of every document (scipy CSR
-mat-vec) + full sort for sparse, a numpy mat-mul over all vectors + full sort for dense.
-The index is built once and cached under benchmarks/.cache/.
+Measures p50/p99 latency at k=10 and k=1000 of the full search call (hits with ids, paths,
+URLs; with and without 5 explained words) for sparse (exact), two-phase, dense and hybrid
+through ``LocalBackend`` (one thread), each interleaved query by query with a brute-force
+reference measured in the same run: exhaustive doc-at-a-time scoring of every document
+(scipy CSR mat-vec) + full sort for sparse, a numpy mat-vec over all vectors + full sort
+for dense. Also: build time, open time (a new process, warm page cache), resident memory
+against the size of the stored matrices, and two-phase recall against exact.
+The index is built once through the real backend and cached under benchmarks/.cache/.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,25 +29,31 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 from benchmarks.synthetic import dense_vectors, sample_vectors, zipf_probabilities  # noqa: E402
 from d2s_search.backends.base import Document, IndexIdentity  # noqa: E402
 from d2s_search.backends.local import LocalBackend  # noqa: E402
+from d2s_search.search import QueryVectors, SearchOptions, run_query  # noqa: E402
 
 DIM = 256
+TERMS = [f"t{i}" for i in range(30522)]
 
 
-def build_index(path: Path, n_docs: int, seed: int = 0) -> tuple[LocalBackend, list[str]]:
-    identity = IndexIdentity(fingerprint=f"synthetic-{n_docs}-{seed}", dense_dim=DIM, model="synthetic")
-    terms = [f"t{i}" for i in range(30522)]
+def identity(n_docs: int, seed: int) -> IndexIdentity:
+    return IndexIdentity(fingerprint=f"synthetic-{n_docs}-{seed}", dense_dim=DIM, model="synthetic")
+
+
+def build_index(path: Path, n_docs: int, seed: int = 0) -> tuple[LocalBackend, dict]:
     backend = LocalBackend(path, threads=1)
     if backend.exists():
-        backend.open(identity, create=False)
+        backend.open(identity(n_docs, seed), create=False)
         if backend.count() == n_docs:
-            return backend, terms
+            return backend, {}
         backend.drop()
         backend = LocalBackend(path, threads=1)
-    backend.open(identity)
+    backend.open(identity(n_docs, seed))
     probs = zipf_probabilities(seed=seed)
     t0 = time.perf_counter()
     batch = 5000
@@ -53,14 +64,18 @@ def build_index(path: Path, n_docs: int, seed: int = 0) -> tuple[LocalBackend, l
         docs = [
             Document(
                 id=f"{start + i:064x}", path=f"/synthetic/{start + i}.jpg", size_bytes=0, width=0, height=0,
-                sparse={terms[t]: float(w) for t, w in zip(ids.tolist(), ws.tolist())}, dense=dense[i],
+                sparse={TERMS[t]: float(w) for t, w in zip(ids.tolist(), ws.tolist())}, dense=dense[i],
             )
             for i, (ids, ws) in enumerate(vecs)
         ]
         backend.upsert(docs)
         print(f"\rbuilding: {start + n}/{n_docs} docs ({time.perf_counter() - t0:.0f}s)", end="", file=sys.stderr)
     print(file=sys.stderr)
-    return backend, terms
+    ingest_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    backend._search_state()
+    return backend, {"ingest_seconds": round(ingest_s, 1), "cache_build_seconds": round(time.perf_counter() - t0, 1),
+                     "build_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
 
 
 def percentiles(samples: list[float]) -> dict:
@@ -68,13 +83,49 @@ def percentiles(samples: list[float]) -> dict:
     return {"p50_ms": round(float(np.percentile(arr, 50)), 3), "p99_ms": round(float(np.percentile(arr, 99)), 3)}
 
 
-def timed(fn, queries) -> list[float]:
-    out = []
-    for q in queries:
-        t0 = time.perf_counter()
-        fn(q)
-        out.append(time.perf_counter() - t0)
-    return out
+def interleaved(plans: dict, queries: list, warm: int = 10) -> dict:
+    """Every plan on query 1, then every plan on query 2, ... (the order rotates per query),
+    so load changes on the shared machine hit plan and reference alike."""
+    names = list(plans)
+    for q in queries[:warm]:
+        for name in names:
+            plans[name](q)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i, q in enumerate(queries):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            t0 = time.perf_counter()
+            plans[name](q)
+            times[name].append(time.perf_counter() - t0)
+    return {name: percentiles(t) for name, t in times.items()}
+
+
+OPEN_SCRIPT = """
+import json, sys, time
+t0 = time.perf_counter()
+from d2s_search.backends.local import LocalBackend
+imported = time.perf_counter()
+b = LocalBackend(sys.argv[1]); b.open(None, create=False); state = b._search_state()
+opened = time.perf_counter()
+queries = json.loads(sys.argv[2])
+for q in queries:
+    b.sparse_search(q, 10, explain=5)
+status = open('/proc/self/status').read()
+rss = int(status.split('VmRSS:')[1].split()[0]) // 1024
+peak = int(status.split('VmHWM:')[1].split()[0]) // 1024  # ru_maxrss would count the forking parent
+print(json.dumps({"import_s": imported - t0, "open_s": opened - imported, "rss_mb_after_queries": rss,
+                  "peak_rss_mb": peak}))
+"""
+
+
+def open_in_new_process(path: Path, queries: list) -> dict:
+    """Open time and memory of a fresh process (the page cache is warm: the files were just read)."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    sparse = json.dumps([q.full for q in queries[:100]])
+    runs = [json.loads(subprocess.run([sys.executable, "-c", OPEN_SCRIPT, str(path), sparse], env=env, check=True,
+                                      capture_output=True, text=True).stdout) for _ in range(3)]
+    best = min(runs, key=lambda r: r["open_s"])
+    return {"open_seconds_best_of_3": round(best["open_s"], 3), "import_seconds": round(best["import_s"], 3),
+            "rss_mb_after_100_queries": best["rss_mb_after_queries"], "peak_rss_mb": best["peak_rss_mb"]}
 
 
 def main() -> None:
@@ -83,15 +134,20 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--cache", default=str(Path(__file__).parent / ".cache"))
     parser.add_argument("--rebuild", action="store_true")
+    parser.add_argument("--k", default="10,1000", help="comma-separated k values (e.g. 10 for a quick 1M run)")
     parser.add_argument("--json", dest="json_out", help="also write the results to this file")
     args = parser.parse_args()
+    ks = [int(k) for k in args.k.split(",")]
 
     path = Path(args.cache) / f"local-{args.docs}"
     if args.rebuild and path.exists():
         shutil.rmtree(path)
-    backend, terms = build_index(path, args.docs)
+    backend, build = build_index(path, args.docs)
+    backend.close()
+    backend = LocalBackend(path, threads=1)
+    backend.open(None, create=False)
     t0 = time.perf_counter()
-    state = backend._search_state()  # load (or build) the search structures once
+    state = backend._search_state()  # open the search structures (memory-mapped)
     load_s = time.perf_counter() - t0
 
     probs = zipf_probabilities(seed=0)
@@ -99,68 +155,93 @@ def main() -> None:
     raw = sample_vectors(args.queries, 10, 40, probs, seed=12345)
     queries = []
     for ids, ws in raw:
-        full = {terms[t]: float(w) for t, w in zip(ids.tolist(), ws.tolist())}
+        full = {TERMS[t]: float(w) for t, w in zip(ids.tolist(), ws.tolist())}
         # The query's own words: about a third of its terms, as a BLIP query of ~10 tokens.
         own_n = max(3, len(ids) // 3)
         own_ids = rng.choice(ids, size=min(own_n, len(ids)), replace=False)
-        own = {terms[t]: full[terms[t]] for t in own_ids.tolist()}
-        queries.append((full, own, dense_vectors(1, DIM, seed=int(rng.integers(1 << 30)))[0]))
+        own = {TERMS[t]: full[TERMS[t]] for t in own_ids.tolist()}
+        queries.append(QueryVectors(full=full, own=own, dense=dense_vectors(1, DIM, seed=int(rng.integers(1 << 30)))[0]))
+    assert all(q.full for q in queries)
 
-    csr = state.csr
-    term_col = {t: backend._term_ids[t] for t in terms if t in backend._term_ids}
-    dense_matrix = state.dense
+    # References over one contiguous copy of everything (built outside the timings).
+    import scipy.sparse as sp
 
-    def brute_sparse(q, k):
-        qvec = np.zeros(csr.shape[1], dtype=np.float32)
-        for t, w in q[0].items():
-            if t in term_col:
+    csr = sp.vstack([sp.csr_matrix((s.arrays["csr_data"], s.arrays["csr_indices"], s.arrays["csr_indptr"]),
+                                   shape=(s.rows, s.n_cols)) for s in state.shards], format="csr")
+    n_cols = csr.shape[1]
+    dense_matrix = np.vstack([s.dense_rows() for s in state.shards])
+    term_col = backend._term_ids
+
+    def brute_sparse(q: QueryVectors, k: int):
+        qvec = np.zeros(n_cols, dtype=np.float32)
+        for t, w in q.full.items():
+            if t in term_col and term_col[t] < n_cols:
                 qvec[term_col[t]] = w
         scores = csr @ qvec  # every document, doc-at-a-time
         return np.argsort(-scores, kind="stable")[:k]
 
-    def brute_dense(q, k):
-        scores = dense_matrix @ q[2]
+    def brute_dense(q: QueryVectors, k: int):
+        scores = dense_matrix @ q.dense
         return np.argsort(-scores, kind="stable")[:k]
 
+    def plan(mode: str, k: int, explain: int):
+        options = SearchOptions(mode=mode, k=k, explain=explain)
+        return lambda q: run_query(backend, q, options)
+
     results = {}
-    for k in (10, 1000):
+    for k in ks:
         plans = {
-            "sparse": lambda q, k=k: backend.sparse_search(q[0], k, explain=0),
-            "two-phase": lambda q, k=k: backend.two_phase_search(q[1], q[0], k, max(100, 10 * k), explain=0),
-            "dense": lambda q, k=k: backend.dense_search(q[2], k, explain=0),
+            "sparse": plan("sparse", k, 0),
+            "sparse, 5 words explained": plan("sparse", k, 5),
+            "two-phase": plan("two-phase", k, 0),
+            "dense": plan("dense", k, 0),
+            "hybrid, 5 words explained": plan("hybrid", k, 5),
             "brute-force sparse": lambda q, k=k: brute_sparse(q, k),
             "brute-force dense": lambda q, k=k: brute_dense(q, k),
         }
-        for name, fn in plans.items():
-            timed(fn, queries[:10])  # warm-up
-            results[f"{name} @{k}"] = percentiles(timed(fn, queries))
+        for name, value in interleaved(plans, queries).items():
+            results[f"{name} @{k}"] = value
     # Correctness alongside speed: the exact plan returns the brute-force top-10.
+    ids = [s.string("ids", i) for s in state.shards for i in range(s.rows)]
     agree = sum(
-        [h.id for h in backend.sparse_search(q[0], 10, explain=0)]
-        == [state.ids[r].decode() for r in brute_sparse(q, 10)]
-        for q in queries[:50]
+        [h.id for h in backend.sparse_search(q.full, 10, explain=0)] == [ids[r] for r in brute_sparse(q, 10)]
+        for q in queries[:100]
     )
-    postings = np.diff(state.csc.indptr)
+    recall = np.mean([
+        len({h.id for h in run_query(backend, q, SearchOptions(mode="two-phase", k=10)).hits}
+            & {h.id for h in backend.sparse_search(q.full, 10, explain=0)}) / 10
+        for q in queries[:100]
+    ])
+    posting_lengths = np.zeros(n_cols, dtype=np.int64)
+    for shard in state.shards:
+        per_term = np.diff(shard.arrays["csc_indptr"])
+        posting_lengths[: per_term.size] += per_term
+    stored = sum(f.stat().st_size for f in state.state_dir.glob("*.npy"))
     summary = {
         "command": "python benchmarks/bench_local_backend.py " + " ".join(sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d"),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_average": os.getloadavg(),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, one search thread",
         "docs": args.docs,
-        "postings": int(state.csr.nnz),
-        "mean_terms_per_doc": round(state.csr.nnz / max(1, state.size), 1),
-        "longest_posting_list": int(postings.max()),
-        "mean_query_terms": round(float(np.mean([len(q[0]) for q in queries])), 1),
-        "load_seconds": round(load_s, 2),
-        "exact_top10_agreement": f"{agree}/50",
+        "shards": len(state.shards),
+        "postings": int(csr.nnz),
+        "mean_terms_per_doc": round(csr.nnz / max(1, state.size), 1),
+        "longest_posting_list": int(posting_lengths.max()),
+        "mean_query_terms": round(float(np.mean([len(q.full) for q in queries])), 1),
+        "empty_queries": sum(not q.full for q in queries),
+        "open_seconds_in_process": round(load_s, 3),
+        **open_in_new_process(path, queries),
+        "stored_matrices_mb": round(stored / 2**20),
+        **build,
+        "exact_top10_agreement": f"{agree}/100",
+        "two_phase_recall_at_10_vs_exact": round(float(recall), 3),
         "latency": results,
     }
-    for key in ("sparse", "two-phase"):
-        for k in (10, 1000):
-            ref = results[f"brute-force sparse @{k}"]["p50_ms"]
-            summary.setdefault("speedup_vs_brute_force_p50", {})[f"{key} @{k}"] = round(ref / results[f"{key} @{k}"]["p50_ms"], 1)
-    for k in (10, 1000):
-        ref = results[f"brute-force dense @{k}"]["p50_ms"]
-        summary["speedup_vs_brute_force_p50"][f"dense @{k}"] = round(ref / results[f"dense @{k}"]["p50_ms"], 1)
+    ratios = summary.setdefault("speedup_vs_brute_force_p50", {})
+    for k in ks:
+        for name in ("sparse", "sparse, 5 words explained", "two-phase", "hybrid, 5 words explained"):
+            ratios[f"{name} @{k}"] = round(results[f"brute-force sparse @{k}"]["p50_ms"] / results[f"{name} @{k}"]["p50_ms"], 1)
+        ratios[f"dense @{k}"] = round(results[f"brute-force dense @{k}"]["p50_ms"] / results[f"dense @{k}"]["p50_ms"], 1)
     text = json.dumps(summary, indent=2)
     print(text)
     if args.json_out:

@@ -20,23 +20,38 @@ def zipf_probabilities(vocab: int = VOCAB, exponent: float = 1.0, seed: int = 0)
 
 
 def sample_vectors(n: int, low: int, high: int, probs: np.ndarray, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """n sparse vectors as (term ids sorted, float32 weights)."""
+    """n sparse vectors as (term ids sorted, float32 weights), each with exactly its drawn
+    length (low..high) of distinct terms: never empty, however many vectors one call asks for."""
     rng = np.random.default_rng(seed)
     vocab = len(probs)
     lengths = rng.integers(low, high + 1, size=n)
+    pool = _DrawPool(rng, probs, int(lengths.sum() * 1.6) + 1000)
     out = []
-    # Sampling without replacement from a Zipf law: draw extra, keep the first unique ones.
-    draws = rng.choice(vocab, size=int(lengths.sum() * 1.6) + 1000, p=probs)
-    pos = 0
-    for length in lengths:
-        chunk = draws[pos : pos + int(length * 1.6) + 8]
-        pos += len(chunk)
-        terms = np.unique(chunk)[:length] if len(np.unique(chunk)) >= length else np.unique(chunk)
-        rng.shuffle(terms)
-        terms = np.sort(terms[:length])
+    for length in lengths.tolist():
+        length = min(length, vocab)
+        # Sampling without replacement from a Zipf law: draw extra, top up until enough distinct.
+        terms = np.unique(pool.take(int(length * 1.6) + 8))
+        while terms.size < length:
+            terms = np.union1d(terms, pool.take(length))
+        terms = np.sort(rng.permutation(terms)[:length])
         weights = np.log1p(rng.gamma(1.5, 0.8, size=len(terms))).astype(np.float32) + np.float32(0.01)
         out.append((terms.astype(np.int32), weights))
     return out
+
+
+class _DrawPool:
+    """Zipf draws made in bulk (one ``rng.choice`` per refill, not per vector)."""
+
+    def __init__(self, rng: np.random.Generator, probs: np.ndarray, size: int) -> None:
+        self.rng, self.probs, self.size = rng, probs, max(size, 1000)
+        self.draws, self.pos = rng.choice(len(probs), size=self.size, p=probs), 0
+
+    def take(self, count: int) -> np.ndarray:
+        if self.pos + count > self.draws.size:
+            self.draws, self.pos = self.rng.choice(len(self.probs), size=max(self.size, count), p=self.probs), 0
+        chunk = self.draws[self.pos : self.pos + count]
+        self.pos += count
+        return chunk
 
 
 def dense_vectors(n: int, dim: int, seed: int) -> np.ndarray:

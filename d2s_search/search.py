@@ -126,11 +126,18 @@ def hybrid(backend: Backend, query: QueryVectors, options: SearchOptions) -> lis
     if native is not None:
         return native(query.full, query.dense, options)
     n = options.candidates
-    sparse_hits = backend.sparse_search(query.full, n, explain=options.explain)
-    dense_hits = backend.dense_search(query.dense, n, explain_with=query.full, explain=options.explain)
+    # A backend that can explain given hits does it after fusion, for the k hits returned only.
+    explain_hits = getattr(backend, "explain_hits", None)
+    per_run = 0 if explain_hits is not None else options.explain
+    sparse_hits = backend.sparse_search(query.full, n, explain=per_run)
+    dense_hits = backend.dense_search(query.dense, n, explain_with=query.full, explain=per_run)
     if options.fusion == "rrf":
-        return fuse_rrf({"sparse": sparse_hits, "dense": dense_hits}, options.k, options.rrf_k)
-    return fuse_minmax({"sparse": sparse_hits, "dense": dense_hits}, {"sparse": 1 - options.alpha, "dense": options.alpha}, options.k)
+        fused = fuse_rrf({"sparse": sparse_hits, "dense": dense_hits}, options.k, options.rrf_k)
+    else:
+        fused = fuse_minmax({"sparse": sparse_hits, "dense": dense_hits}, {"sparse": 1 - options.alpha, "dense": options.alpha}, options.k)
+    if explain_hits is not None and options.explain:
+        explain_hits(fused, query.full, options.explain)
+    return fused
 
 
 def fuse_minmax(runs: dict[str, list[Hit]], weights: dict[str, float], k: int) -> list[Hit]:

@@ -29,6 +29,15 @@ def config_dir() -> Path:
     return Path(base) / "d2s-search"
 
 
+def cache_dir() -> Path:
+    """Derived files worth keeping between runs (e.g. optimised ONNX graphs): under the
+    config dir when D2S_CONFIG_DIR is set, else ``$XDG_CACHE_HOME/d2s-search``."""
+    if os.environ.get("D2S_CONFIG_DIR"):
+        return config_dir() / "cache"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "d2s-search"
+
+
 def config_file() -> Path | None:
     for candidate in (Path("d2s-search.toml"), config_dir() / "config.toml"):
         if candidate.is_file():

@@ -182,8 +182,9 @@ def test_cache_extends_on_add_and_rebuilds_on_delete(tmp_path, tiny_blip_bundle)
     reopened.open(identity, create=False)
     assert [(h.id[-1], h.score) for h in reopened.sparse_search({"car": 1.0}, 10)] == [("2", 4.0), ("1", 0.5)]
     assert reopened.stats()["documents"] == 2
-    # A damaged cache is rebuilt from SQLite, silently and correctly.
-    (tmp_path / "idx" / "cache" / "search-state.npz").write_bytes(b"garbage")
+    # A damaged cache is rebuilt from SQLite (one warning line) and correctly.
+    for shard_file in (tmp_path / "idx" / "cache").glob("state-*/shard-*-csc_indices.npy"):
+        shard_file.write_bytes(b"garbage")
     fresh = LocalBackend(tmp_path / "idx")
     fresh.open(identity, create=False)
     assert [h.id[-1] for h in fresh.sparse_search({"car": 1.0}, 10)] == ["2", "1"]

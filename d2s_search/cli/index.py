@@ -22,7 +22,7 @@ from d2s_search.cli.options import (
 )
 from d2s_search.cli.output import emit as _emit
 from d2s_search.cli.output import emit_json as _emit_json
-from d2s_search.errors import EXIT_OK, D2SError, ImageRejected
+from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, D2SError, ImageRejected
 from d2s_search.pathtext import stored_path
 
 
@@ -106,6 +106,9 @@ def index_delete(backend, index, url, index_name, yes, as_json) -> int:
     try:
         if not store.exists():
             raise D2SError(f"no index to delete at {where}")
+        refusal = getattr(store, "why_not_droppable", lambda: None)()  # local: refuse before asking
+        if refusal:
+            raise D2SError(refusal)
         if not yes:
             if not sys.stdin.isatty():
                 raise click.UsageError(f"not asking without a terminal: pass --yes to delete the index at {where}")
@@ -301,3 +304,39 @@ def _elastic_reindex(bundle, url, index_name, insecure, shards, replicas, keep_o
     _emit(out, as_json, [f"reindexed {out['documents']} documents: {index_name} now points at {out['to']} "
                          f"(was {out['from']}{', kept' if out['kept_old'] else ', deleted'})"])
     return EXIT_OK
+
+
+@index.command("check")
+@click.option("--index", envvar="D2S_INDEX", show_envvar=True, default="./d2s-index", show_default=True,
+              type=click.Path(file_okay=False), help="Folder of the embedded local index.")
+@click.option("--repair", is_flag=True,
+              help="Rebuild what is derived (the search cache; the database file from its readable pages) "
+                   "and report the documents that are lost.")
+@json_option
+def index_check(index, repair, as_json) -> int:
+    """Integrity of a local index: SQLite's own check, the cache against its checksums."""
+    from d2s_search.backends.local import LocalBackend
+
+    store = LocalBackend(index)
+    if not store.exists():
+        raise D2SError(f"no index at {index}")
+    try:
+        report = store.check(repair=repair)
+    finally:
+        store.close()
+    healthy = not report["database"] and not report["cache"]
+    lines = [f"database: {'ok' if not report['database'] else report['database'][0]}",
+             f"cache:    {'ok' if not report['cache'] else report['cache'][0]}"]
+    if "database_repair" in report:
+        lines.append(f"database: {report['database_repair']}")
+    if report["repaired"]:
+        lines.append(f"repaired: search cache rebuilt from the database ({report['documents']} documents)")
+        lost = report["lost_documents"]
+        lines.append(f"lost:     {len(lost)} document(s) unreadable or with damaged vectors ({', '.join(lost[:5])})"
+                     if lost else "lost:     nothing")
+    _emit({**report, "healthy": healthy}, as_json, lines)
+    if repair:
+        if not report["repaired"]:
+            return EXIT_FAILED
+        return EXIT_PARTIAL if report["lost_documents"] else EXIT_OK
+    return EXIT_OK if healthy else EXIT_FAILED

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -55,7 +54,6 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
     from d2s_search.serve.image_urls import url_builder
 
     url_for = url_builder(url_base, paths) if url_base else None  # a bad base fails before any work
-    folder_existed = os.path.lexists(index)
     opened = open_index(backend, index, url, index_name, bundle, create=True, verify=True)
     store = opened.store
     err = console(stderr=True)
@@ -89,19 +87,20 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
             )
     finally:
         if opened.created and (report is None or report.stored == 0):
-            _discard_new_index(store, folder_existed)  # no empty index that answers "no results"
+            _discard_new_index(store)  # no empty index that answers "no results"
         store.close()
     return _report_ingest(report, as_json)
 
 
-def _discard_new_index(store, folder_existed: bool) -> None:
-    """Remove an index this run created and left empty (only what the run made). Best effort:
-    runs while another error may be on its way out, which must not be hidden."""
+def _discard_new_index(store) -> None:
+    """Remove an index this run created and left empty (only the index's own files, and its
+    folder only when the index made it). Best effort: runs while another error may be on its way
+    out, which must not be hidden."""
     try:
         if store.stats().get("documents") != 0:
             return  # someone else stored documents meanwhile, or the count is unknown
         if store.name == "local":
-            store.remove_created(keep_folder=folder_existed)
+            store.remove_created()  # only its own files, even beside the user's
         else:
             store.drop()
     except (D2SError, OSError):
@@ -178,7 +177,7 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
             result = run_server_side(store, text, k=k, explain=explain, model_id=model_id, bundle=bundle_obj,
                                      encoder_factory=lambda: Encoder(bundle_obj, device=device))
             return _show_result(result, as_json, paths_only)
-        encoder = Encoder(bundle_obj, device=device)
+        encoder = Encoder(bundle_obj, device=device, quick_start=True)  # one query per process
         if image_path:
             from d2s_search.errors import ImageRejected
             from d2s_search.images import load_image

@@ -1,0 +1,799 @@
+"""The embedded default backend: no server, one folder.
+
+SQLite (WAL, :mod:`.store`) is the durable source of truth; every upsert batch is one
+transaction, so an interrupted ingest keeps whole batches and a re-run skips them. The
+search structures (:mod:`.cache`) are derived from it, tied to it by the index identity
+(``index_id`` + ``generation``), memory-mapped from ``cache/`` and scored shard by shard
+(:mod:`.kernels`). A cache that is missing, stale, foreign or damaged is rebuilt from
+SQLite with one warning line; a cache extends across appends and is rebuilt after deletes
+or replacements.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import shutil
+import sqlite3
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import BundleMismatchError, IndexStoreError, QueryError
+from ..base import Document, Hit, IndexIdentity, SparseVector
+from . import cache as cache_mod
+from . import kernels, store
+from .cache import CacheUnusable, Shard, Structures
+from .store import FORMAT, Transaction
+
+__all__ = ["LocalBackend", "FORMAT", "APPROXIMATE_DENSE_FROM"]
+
+# Dense search is exact (every vector scored, in place) below this many documents and an
+# inverted file above it: about 4*sqrt(n) (at most 2,048) k-means clusters, of which the nearest
+# 1/DENSE_PROBE_DIVISOR (at least 8) are scored. Recall on real embeddings: docs/benchmarks.md.
+APPROXIMATE_DENSE_FROM = 100_000
+DENSE_PROBE_DIVISOR = 4
+DENSE_CLUSTERS: int | None = None  # fixed cluster count (recall benchmarks); None: the rule above
+
+
+def _db_errors(method):
+    """SQLite damage becomes one IndexStoreError line, never a traceback."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.DatabaseError as exc:
+            raise store.damaged(self.db_path, exc) from None
+
+    return wrapper
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, path: str | Path, threads: int | None = 1) -> None:
+        self.path = Path(path).expanduser()
+        self.threads = threads
+        self._db: sqlite3.Connection | None = None
+        self._terms: list[str] = [""]  # term id -> term (ids start at 1)
+        self._term_ids: dict[str, int] = {}
+        self._structures_cache: Structures | None = None
+        self._seen_version: tuple | None = None
+        self._write_checked = False
+        self._warned: set[str] = set()
+        self.identity: IndexIdentity | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def db_path(self) -> Path:
+        return self.path / store.DB_NAME
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.path / store.CACHE_DIR
+
+    def exists(self) -> bool:
+        return self.db_path.is_file()
+
+    def _connect(self, create: bool) -> sqlite3.Connection:
+        if self._db is not None:
+            return self._db
+        new = not self.exists()
+        if new:
+            if not create:
+                raise IndexStoreError(f"no index at {self.path}: ingest some images first (`d2s-search ingest PATH`)")
+            if self.db_path.exists() or self.db_path.is_symlink():
+                raise IndexStoreError(f"{self.db_path} is not a regular file")
+            created_folder = not self.path.exists()
+            self.path.mkdir(parents=True, exist_ok=True)
+        db = store.connect(self.db_path)
+        self._db = db
+        if new:
+            try:
+                with Transaction(db):
+                    db.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)", store.new_identity_rows())
+                index_id = db.execute("SELECT value FROM meta WHERE key = 'index_id'").fetchone()[0]
+                store.write_manifest(self.path, index_id, created_folder)
+            except sqlite3.DatabaseError as exc:
+                raise store.damaged(self.db_path, exc) from None
+        return db
+
+    def _meta(self) -> dict[str, str]:
+        return dict(self._connect(False).execute("SELECT key, value FROM meta"))
+
+    @_db_errors
+    def open(self, identity: IndexIdentity | None, create: bool = True) -> None:
+        """Open the index; with ``identity`` check (or, when new, record) the bundle."""
+        db = self._connect(create)
+        meta = self._meta()
+        if meta.get("format", FORMAT) != FORMAT:
+            raise IndexStoreError(f"{self.path}: unknown index format {meta.get('format')!r}")
+        if "index_id" not in meta:  # made before index identities: give it one now
+            try:
+                with Transaction(db):
+                    db.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)", store.new_identity_rows()[:2])
+            except sqlite3.OperationalError:
+                pass  # read-only: the cache is then rebuilt in memory
+        if identity is not None:
+            recorded = meta.get("bundle_fingerprint")
+            if recorded is None:
+                if not create:
+                    raise IndexStoreError(f"{self.path} is empty: ingest some images first")
+                self._check_writable(db)
+                with Transaction(db):
+                    for key, value in (
+                        ("format", FORMAT),
+                        ("bundle_fingerprint", identity.fingerprint),
+                        ("bundle_model", identity.model),
+                        ("dense_dim", str(identity.dense_dim)),
+                        ("created_at", str(time.time())),
+                        ("bundle_path", identity.bundle_path),
+                    ):
+                        db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+                    store.bump(db, mutation=False)
+            elif recorded != identity.fingerprint:
+                at = f" at {meta['bundle_path']}" if meta.get("bundle_path") else ""
+                raise BundleMismatchError(
+                    f"index {self.path} was filled with bundle {recorded[:12]} ({meta.get('bundle_model', '?')}){at}, "
+                    f"not {identity.fingerprint[:12]} ({identity.model}): use that bundle, or another --index"
+                )
+            elif create and identity.bundle_path and meta.get("bundle_path") != identity.bundle_path:
+                self.record_bundle_path(identity.bundle_path)  # the same bundle, moved or copied
+        try:
+            self.identity = identity or (
+                IndexIdentity(meta["bundle_fingerprint"], int(meta["dense_dim"]), meta.get("bundle_model", ""),
+                              meta.get("bundle_path", ""))
+                if "bundle_fingerprint" in meta
+                else None
+            )
+        except (KeyError, ValueError):
+            raise IndexStoreError(f"{self.db_path} has damaged metadata: delete the index and ingest again") from None
+        self._terms, self._term_ids = [""], {}
+        self._load_terms()
+        cache_mod.remove_leftovers(self.path)
+        if self.cache_dir.is_dir():
+            cache_mod.remove_leftovers(self.cache_dir)
+
+    def record_bundle_path(self, path: str) -> None:
+        """Remember where the bundle that fills this index lives (a hint for commands without --bundle)."""
+        db = self._connect(False)
+        with Transaction(db):
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('bundle_path', ?)", (path,))
+
+    def document_paths(self) -> list[tuple[str, str]]:
+        """(id, path) of every document, in ingest order."""
+        return self._connect(False).execute("SELECT id, path FROM docs ORDER BY seq").fetchall()
+
+    def paths_of(self, ids: Iterable[str]) -> dict[str, str]:
+        """id -> stored path for the given ids that are stored (no vectors decoded)."""
+        db = self._connect(False)
+        found: dict[str, str] = {}
+        for chunk in _chunks(list(ids), 500):
+            found.update(db.execute(f"SELECT id, path FROM docs WHERE id IN ({','.join('?' * len(chunk))})", chunk))
+        return found
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        self._structures_cache = None
+        self._seen_version = None
+
+    def drop(self) -> None:
+        """Delete the files the index created; refuse (deleting nothing) when the folder
+        holds anything else."""
+        self.close()
+        if not self.path.exists():
+            return
+        reason = self.why_not_droppable()
+        if reason:
+            raise IndexStoreError(reason)
+        self._remove_owned()
+
+    def remove_created(self) -> None:
+        """Undo the creation of an index that stayed empty: its own files only (whatever else
+        its folder holds stays), and the folder when the index made it."""
+        self.close()
+        if self.path.is_dir() and not self.path.is_symlink():
+            self._remove_owned()
+
+    def _remove_owned(self) -> None:
+        created_folder = store.read_manifest(self.path).get("created_folder", False)
+        for name in store.OWNED_NAMES:
+            target = self.path / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+        for leftover in self.path.glob(".tmp-*"):
+            if store.is_temp_name(leftover.name) and leftover.is_file() and not leftover.is_symlink():
+                leftover.unlink(missing_ok=True)
+        if created_folder:
+            with contextlib.suppress(OSError):  # something appeared meanwhile: leave the folder
+                self.path.rmdir()
+
+    def why_not_droppable(self) -> str | None:
+        """Why :meth:`drop` would refuse (None: it would not), to ask before any prompt."""
+        if not self.path.is_dir() or self.path.is_symlink() or not self.exists():
+            return f"{self.path} does not look like a d2s index; not deleting it"
+        foreign = store.foreign_entries(self.path)
+        if not foreign:
+            return None
+        shown = ", ".join(repr(n) for n in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        return (f"{self.path} also holds files the index did not create ({shown}); not deleting anything. "
+                f"Remove the index's own files by hand: {', '.join(store.OWNED_NAMES)}")
+
+    # -- writing --------------------------------------------------------------------------
+
+    def _load_terms(self) -> None:
+        """Read the terms added since the last call (term ids only grow)."""
+        rows = self._connect(False).execute(
+            "SELECT id, term FROM terms WHERE id >= ? ORDER BY id", (len(self._terms),)
+        ).fetchall()
+        if not rows:
+            return
+        top = rows[-1][0] + 1
+        if top > len(self._terms):
+            self._terms.extend([""] * (top - len(self._terms)))
+        for term_id, term in rows:
+            if term_id > 0:
+                self._terms[term_id] = term
+                self._term_ids[term] = term_id
+
+    def _check_writable(self, db: sqlite3.Connection) -> None:
+        """Refuse to write into a database SQLite finds damaged (once per connection)."""
+        if self._write_checked:
+            return
+        problems = store.quick_check(db)
+        if problems:
+            raise IndexStoreError(
+                f"{self.db_path} is damaged ({problems[0]}); nothing was written: run "
+                f"`d2s-search index check --index {self.path} --repair`"
+            )
+        self._write_checked = True
+
+    def _ensure_terms(self, db: sqlite3.Connection, terms: Iterable[str]) -> None:
+        self._load_terms()
+        new = sorted({t for t in terms if t not in self._term_ids})
+        if not new:
+            return
+        db.executemany("INSERT OR IGNORE INTO terms(term) VALUES (?)", [(t,) for t in new])
+        for term in new:
+            (term_id,) = db.execute("SELECT id FROM terms WHERE term = ?", (term,)).fetchone()
+            self._term_ids[term] = term_id
+            if term_id >= len(self._terms):
+                self._terms.extend([""] * (term_id + 1 - len(self._terms)))
+            self._terms[term_id] = term
+
+    @_db_errors
+    def upsert(self, docs: Sequence[Document]) -> None:
+        if not docs:
+            return
+        db = self._connect(True)
+        self._check_writable(db)
+        with Transaction(db):
+            self._ensure_terms(db, (t for d in docs for t in d.sparse))
+            replaced = db.execute(
+                f"SELECT COUNT(*) FROM docs WHERE id IN ({','.join('?' * len(docs))})", [d.id for d in docs]
+            ).fetchone()[0]
+            rows = []
+            for d in docs:
+                items = [(self._term_ids[t], w) for t, w in d.sparse.items() if w > 0]
+                items.sort()
+                term_ids = np.fromiter((i for i, _ in items), dtype="<i4", count=len(items))
+                weights = np.fromiter((w for _, w in items), dtype="<f4", count=len(items))
+                rows.append(
+                    (
+                        d.id, d.path, d.url, int(d.size_bytes), int(d.width), int(d.height),
+                        d.ingested_at or time.time(), term_ids.tobytes(), weights.tobytes(),
+                        np.asarray(d.dense, dtype="<f4").tobytes(),
+                    )
+                )
+            db.executemany(
+                "INSERT INTO docs(id, path, url, size_bytes, width, height, ingested_at, term_ids, weights, dense) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET path=excluded.path, url=excluded.url, "
+                "size_bytes=excluded.size_bytes, width=excluded.width, height=excluded.height, "
+                "ingested_at=excluded.ingested_at, term_ids=excluded.term_ids, weights=excluded.weights, "
+                "dense=excluded.dense",
+                rows,
+            )
+            store.bump(db, mutation=bool(replaced))  # rows changed in place: the cache is rebuilt
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('last_ingest_at', ?)", (str(time.time()),))
+
+    @_db_errors
+    def delete(self, ids: Iterable[str]) -> int:
+        ids = list(ids)
+        if not ids:
+            return 0
+        db = self._connect(False)
+        self._check_writable(db)
+        removed = 0
+        with Transaction(db):
+            for chunk in _chunks(ids, 500):
+                removed += db.execute(f"DELETE FROM docs WHERE id IN ({','.join('?' * len(chunk))})", chunk).rowcount
+            if removed:
+                store.bump(db, mutation=True)
+        return removed
+
+    # -- reading --------------------------------------------------------------------------
+
+    @_db_errors
+    def ids_present(self, ids: Iterable[str]) -> set[str]:
+        db = self._connect(False)
+        present: set[str] = set()
+        for chunk in _chunks(list(ids), 500):
+            present.update(
+                r[0] for r in db.execute(f"SELECT id FROM docs WHERE id IN ({','.join('?' * len(chunk))})", chunk)
+            )
+        return present
+
+    @_db_errors
+    def get(self, ids: Sequence[str]) -> list[Document]:
+        db = self._connect(False)
+        self._load_terms()  # another process may have added terms since (a running `serve`)
+        found: dict[str, Document] = {}
+        for chunk in _chunks(list(ids), 500):
+            for row in db.execute(
+                "SELECT id, path, url, size_bytes, width, height, ingested_at, term_ids, weights, dense "
+                f"FROM docs WHERE id IN ({','.join('?' * len(chunk))})",
+                chunk,
+            ):
+                found[row[0]] = Document(
+                    id=row[0], path=row[1], url=row[2], size_bytes=row[3], width=row[4], height=row[5],
+                    ingested_at=row[6], sparse=self._stored_sparse(row[7], row[8]),
+                    dense=_floats(row[9]).copy(),
+                )
+        return [found[i] for i in ids if i in found]
+
+    def _stored_sparse(self, term_blob: bytes, weight_blob: bytes) -> SparseVector:
+        """A stored sparse vector; term ids outside the vocabulary (damage) are left out."""
+        term_ids, weights = _ints(term_blob), _floats(weight_blob)
+        n = min(term_ids.size, weights.size)
+        terms = self._terms
+        return {
+            terms[i]: float(w)
+            for i, w in zip(term_ids[:n].tolist(), weights[:n].tolist())
+            if 0 < i < len(terms) and terms[i]
+        }
+
+    @_db_errors
+    def count(self) -> int:
+        return self._connect(False).execute("SELECT COUNT(*) FROM docs").fetchone()[0]
+
+    @_db_errors
+    def stats(self) -> dict:
+        db = self._connect(False)
+        meta = self._meta()
+        docs, avg_terms = db.execute("SELECT COUNT(*), AVG(LENGTH(term_ids)) / 4.0 FROM docs").fetchone()
+        disk = _owned_bytes(self.path)
+        return {
+            "backend": self.name,
+            "location": str(self.path),
+            "documents": docs,
+            "distinct_terms": db.execute("SELECT COUNT(*) FROM terms").fetchone()[0],
+            "mean_terms_per_document": round(avg_terms or 0.0, 2),
+            "bundle_fingerprint": meta.get("bundle_fingerprint"),
+            "bundle_model": meta.get("bundle_model"),
+            "dense_dim": int(meta["dense_dim"]) if "dense_dim" in meta else None,
+            "created_at": _iso(meta.get("created_at")),
+            "last_ingest_at": _iso(meta.get("last_ingest_at")),
+            "disk_bytes": disk,
+        }
+
+    def generation(self) -> tuple[str, int]:
+        """(index_id, generation): changes with every write by any process."""
+        meta = self._meta()
+        return meta.get("index_id", ""), int(meta.get("generation", "0"))
+
+    # -- integrity ------------------------------------------------------------------------
+
+    def check(self, repair: bool = False) -> dict:
+        """Integrity of SQLite and of the cache (see :mod:`.integrity`)."""
+        from .integrity import check
+
+        return check(self, repair)
+
+    # -- search structures ----------------------------------------------------------------
+
+    def _warn(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            print(f"warning: {message}", file=sys.stderr)
+
+    def _search_state(self) -> Structures:
+        """The search structures of the current generation (loaded, extended or rebuilt)."""
+        db = self._connect(False)
+        try:
+            version = (db.execute("PRAGMA data_version").fetchone()[0], db.total_changes)
+            current = self._structures_cache
+            if current is not None and version == self._seen_version:
+                return current
+            meta = self._meta()
+            index_id, generation = meta.get("index_id", ""), int(meta.get("generation", "0"))
+            mutations = int(meta.get("mutations", "0"))
+            self._load_terms()
+            if current is None or current.index_id != index_id or current.generation != generation:
+                current = self._refresh(current, index_id, generation, mutations)
+        except sqlite3.DatabaseError as exc:
+            raise store.damaged(self.db_path, exc) from None
+        self._structures_cache, self._seen_version = current, version
+        return current
+
+    def _refresh(self, current: Structures | None, index_id: str, generation: int, mutations: int) -> Structures:
+        problem = None
+        if current is None:
+            try:
+                current = cache_mod.load(self.cache_dir)
+            except CacheUnusable as exc:
+                if str(exc) != "no cache yet":
+                    problem = str(exc)
+                current = None
+        if current is not None and current.index_id != index_id:
+            problem = "it belongs to another index"
+        if current is not None and current.index_id == index_id and current.generation == generation:
+            return current
+        db = self._connect(False)
+        if (
+            current is not None and current.index_id == index_id and current.mutations == mutations
+            and current.generation < generation and current.dim == self._dim()
+            and current.shard_rows == cache_mod.SHARD_ROWS
+        ):
+            (older,) = db.execute("SELECT COUNT(*) FROM docs WHERE seq <= ?", (current.max_seq,)).fetchone()
+            if older == current.size:  # only appended since: extend the last shard and add new ones
+                return self._build(index_id, generation, mutations, base=current)[0]
+        hint = current.centroids if current is not None and current.index_id == index_id else None
+        return self._build(index_id, generation, mutations, base=None, problem=problem, centroids=hint)[0]
+
+    def _rebuild(self) -> tuple[Structures, list[int]]:
+        meta = self._meta()
+        self._load_terms()
+        built, lost = self._build(meta.get("index_id", ""), int(meta.get("generation", "0")),
+                                  int(meta.get("mutations", "0")), base=None)
+        self._structures_cache, self._seen_version = built, None
+        return built, lost
+
+    def _dim(self) -> int:
+        return self.identity.dense_dim if self.identity else 0
+
+    def _build(self, index_id: str, generation: int, mutations: int, base: Structures | None,
+               problem: str | None = None, centroids: np.ndarray | None = None) -> tuple[Structures, list[int]]:
+        """Search structures from SQLite (from scratch, or ``base`` extended with the rows
+        appended since), saved to the cache; ``problem`` is why the cache on disk was not
+        used (said in the one warning line)."""
+        db = self._connect(False)
+        n_cols = db.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM terms").fetchone()[0]
+        dim = self._dim() or _first_dim(db)
+        max_seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM docs").fetchone()[0]
+        shard_rows = cache_mod.SHARD_ROWS
+        shards: list[Shard] = []
+        since = 0
+        if base is not None:
+            shards = [s for s in base.shards if s.rows == shard_rows]  # full shards never change
+            if len(shards) < len(base.shards):
+                since = int(base.shards[len(shards)].arrays["seqs"][0]) - 1
+            else:
+                since = base.max_seq
+        lost: list[int] = []
+        cursor = db.execute(
+            "SELECT seq, id, path, url, term_ids, weights, dense FROM docs WHERE seq > ? ORDER BY seq", (since,)
+        )
+        pending: list[tuple] = []
+        start = sum(s.rows for s in shards)
+        while True:
+            batch = cursor.fetchmany(4096)
+            good, bad = cache_mod.parse_rows(batch, n_cols, dim)
+            pending.extend(good)
+            lost.extend(bad)
+            while len(pending) >= shard_rows or (not batch and pending):
+                shards.append(cache_mod.build_shard(start, pending[:shard_rows], n_cols, dim))
+                start += shards[-1].rows
+                pending = pending[shard_rows:]
+            if not batch:
+                break
+        if lost:
+            self._warn(f"{len(lost)} document(s) in {self.db_path} have damaged vectors and cannot be searched "
+                       f"(run `d2s-search index check --index {self.path}`)")
+        built = Structures(index_id=index_id, generation=generation, mutations=mutations, max_seq=max_seq,
+                           dim=dim, shards=shards, shard_rows=shard_rows)
+        self._cluster_dense(built, base.centroids if base is not None else centroids)
+        kept = ""
+        if index_id:
+            try:
+                built.state_dir = cache_mod.save(self.cache_dir, built, reuse=base)
+                built = cache_mod.load(self.cache_dir)  # memory-mapped: the pages are shared
+            except (OSError, CacheUnusable) as exc:
+                kept = f"; it cannot be written ({exc}), so it is kept in memory"
+                built.state_dir = None
+        if problem:
+            self._warn(f"search cache of {self.path} unusable ({problem}): rebuilt from the database{kept}")
+        elif kept:
+            self._warn(f"search cache of {self.path} rebuilt{kept}")
+        return built, lost
+
+    def _cluster_dense(self, built: Structures, centroids: np.ndarray | None) -> None:
+        """Above APPROXIMATE_DENSE_FROM documents: centroids (trained once, then kept across
+        appends and rebuilds: deleting documents barely moves them) and, per shard, its
+        vectors stored in cluster order (each cluster one contiguous run, scored in place)
+        with ``ivf_order`` (position -> row) and ``ivf_offsets`` (cluster -> positions)."""
+        if built.size < APPROXIMATE_DENSE_FROM or built.dim == 0:
+            for shard in built.shards:
+                if "ivf_order" in shard.arrays:
+                    _unclustered(shard)
+            return
+        if centroids is not None and centroids.shape[1] != built.dim:
+            centroids = None
+        if centroids is None:
+            sample = np.vstack([s.dense_rows() for s in built.shards[:4]])
+            clusters = DENSE_CLUSTERS or int(min(2048, max(8, 4 * np.sqrt(built.size)), max(1, len(sample) // 39)))
+            centroids = kernels.train_centroids(sample, clusters)
+            for shard in built.shards:  # new centroids: every shard is clustered again
+                if "ivf_order" in shard.arrays:
+                    _unclustered(shard)
+        built.centroids = centroids
+        for shard in built.shards:
+            if "ivf_order" not in shard.arrays:
+                order, offsets = kernels.assign_clusters(shard.arrays["dense"], centroids)
+                shard.arrays["dense"] = np.ascontiguousarray(np.asarray(shard.arrays["dense"])[order])
+                shard.arrays["ivf_order"], shard.arrays["ivf_offsets"] = order, offsets
+                shard.dirty |= {"dense", "ivf_order", "ivf_offsets"}
+
+    # -- search ---------------------------------------------------------------------------
+
+    def _query_columns(self, query: SparseVector) -> tuple[np.ndarray, np.ndarray]:
+        pairs = sorted((self._term_ids[t], w) for t, w in query.items() if w > 0 and t in self._term_ids)
+        cols = np.fromiter((c for c, _ in pairs), dtype=np.int64, count=len(pairs))
+        weights = np.fromiter((w for _, w in pairs), dtype=np.float32, count=len(pairs))
+        return cols, weights
+
+    def _sparse_top(self, state: Structures, query: SparseVector, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Global rows and scores of the exact sparse top-k, shard by shard, merged."""
+        cols, weights = self._query_columns(query)
+        if cols.size == 0 or state.size == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        buffer = np.empty(state.shard_rows, dtype=np.float32)
+        candidates = []
+        for shard in state.shards:
+            self._validated(shard)
+            a = shard.arrays
+            kernels.accumulate(a["csc_indptr"], a["csc_indices"], a["csc_data"], shard.rows, cols, weights, buffer)
+            scores = buffer[: shard.rows]
+            rows = kernels.top_rows(scores, k)
+            candidates.append((rows + shard.start, scores[rows].copy()))
+        return kernels.merge_top(candidates, k)
+
+    def _validated(self, shard: Shard) -> None:
+        try:
+            shard.validate()
+        except CacheUnusable as exc:  # damaged after open: rebuild, and stop this search cleanly
+            self._structures_cache = None
+            self._seen_version = None
+            self._warn(f"search cache of {self.path} unusable ({exc}): rebuilding it from the database")
+            raise _Retry from None
+
+    def _searching(self, fn, *args):
+        """Run a search; when a shard turns out damaged, rebuild once from SQLite and rerun."""
+        try:
+            return fn(self._search_state(), *args)
+        except _Retry:
+            state = self._rebuild()[0]
+            self._seen_version = None
+            try:
+                return fn(state, *args)
+            except _Retry:
+                raise IndexStoreError(f"the search cache of {self.path} cannot be rebuilt") from None
+
+    @_db_errors
+    def sparse_search(self, query: SparseVector, k: int, explain: int = 5) -> list[Hit]:
+        def run(state: Structures) -> list[Hit]:
+            rows, scores = self._sparse_top(state, query, k)
+            return self._hits(state, rows, scores, query, explain)
+
+        return self._searching(run)
+
+    @_db_errors
+    def two_phase_search(
+        self, first: SparseVector, full: SparseVector, k: int, window: int, explain: int = 5
+    ) -> list[Hit]:
+        def run(state: Structures) -> list[Hit]:
+            rows, _ = self._sparse_top(state, first, max(window, k))
+            if rows.size == 0:
+                return []
+            rescored = self._rescore(state, rows, full)
+            order = np.lexsort((np.arange(rows.size), -rescored))[:k]  # ties keep the first pass's order
+            return self._hits(state, rows[order], rescored[order], full, explain)
+
+        return self._searching(run)
+
+    def _rescore(self, state: Structures, rows: np.ndarray, query: SparseVector) -> np.ndarray:
+        """Exact scores of these rows: from their own postings (row-wise) when the window is
+        small, else by scoring the shard's query postings and picking (whichever reads less)."""
+        cols, weights = self._query_columns(query)
+        out = np.zeros(rows.size, dtype=np.float32)
+        shard_of = rows // state.shard_rows
+        buffer = None
+        for j in sorted(set(shard_of.tolist())):
+            shard = state.shards[j]
+            self._validated(shard)
+            picked = np.flatnonzero(shard_of == j)
+            a = shard.arrays
+            local = rows[picked] - shard.start
+            row_reads = int((a["csr_indptr"][local + 1] - a["csr_indptr"][local]).sum())
+            known = cols[cols < shard.n_cols]
+            posting_reads = int((a["csc_indptr"][known + 1] - a["csc_indptr"][known]).sum())
+            if row_reads <= posting_reads:
+                out[picked] = kernels.rescore_rows(a["csr_indptr"], a["csr_indices"], a["csr_data"], local, cols, weights)
+            else:
+                if buffer is None:
+                    buffer = np.empty(state.shard_rows, dtype=np.float32)
+                kernels.accumulate(a["csc_indptr"], a["csc_indices"], a["csc_data"], shard.rows, cols, weights, buffer)
+                out[picked] = buffer[local]
+        return out
+
+    @_db_errors
+    def dense_search(
+        self, vector: np.ndarray, k: int, explain_with: SparseVector | None = None, explain: int = 5
+    ) -> list[Hit]:
+        query = np.asarray(vector, dtype=np.float32).reshape(-1)
+
+        def run(state: Structures) -> list[Hit]:
+            if state.size == 0:
+                return []
+            if query.shape[0] != state.dim:
+                raise QueryError(f"query vector has {query.shape[0]} dims, the index {state.dim}")
+            probes = None
+            if state.centroids is not None:
+                n_probe = min(len(state.centroids), max(8 if DENSE_CLUSTERS is None else 1,
+                                                         len(state.centroids) // DENSE_PROBE_DIVISOR))
+                probes = np.argpartition(-(state.centroids @ query), n_probe - 1)[:n_probe]
+            candidates = []
+            for shard in state.shards:
+                self._validated(shard)
+                if probes is None:  # exact: every vector, read in place
+                    scores = shard.arrays["dense"] @ query
+                    rows = kernels.top_rows_any_sign(scores, k)
+                    candidates.append((rows + shard.start, scores[rows]))
+                    continue
+                positions, scores = kernels.score_clusters(shard.arrays["dense"], shard.arrays["ivf_offsets"],
+                                                           probes, query)
+                best = kernels.top_rows_any_sign(scores, k)
+                rows = shard.arrays["ivf_order"][positions[best]].astype(np.int64)
+                candidates.append((rows + shard.start, scores[best]))
+            rows, scores = kernels.merge_top(candidates, k)
+            return self._hits(state, rows, scores, explain_with or {}, explain)
+
+        return self._searching(run)
+
+    def explain_hits(self, hits: list[Hit], query: SparseVector, explain: int = 5) -> None:
+        """Fill ``matched`` of hits (e.g. after fusion) from the cached rows, in place."""
+        state = self._search_state()
+        rows = self._rows_of_ids(state, [h.id for h in hits])
+        known = [(h, r) for h, r in zip(hits, rows) if r >= 0]
+        matched = self._explain(state, np.asarray([r for _, r in known], dtype=np.int64), query, explain)
+        for (hit, _), terms in zip(known, matched):
+            hit.matched = terms
+
+    def _rows_of_ids(self, state: Structures, ids: list[str]) -> list[int]:
+        if not ids:
+            return []
+        db = self._connect(False)
+        seq_of: dict[str, int] = {}
+        for chunk in _chunks(ids, 500):
+            seq_of.update(db.execute(f"SELECT id, seq FROM docs WHERE id IN ({','.join('?' * len(chunk))})", chunk))
+        out = []
+        for doc_id in ids:
+            seq = seq_of.get(doc_id)
+            row = -1
+            if seq is not None:
+                for shard in state.shards:
+                    seqs = shard.arrays["seqs"]
+                    if shard.rows and seqs[0] <= seq <= seqs[-1]:
+                        at = int(np.searchsorted(seqs, seq))
+                        row = shard.start + at if at < shard.rows and seqs[at] == seq else -1
+                        break
+            out.append(row)
+        return out
+
+    def _hits(self, state: Structures, rows: np.ndarray, scores: np.ndarray, query: SparseVector, explain: int) -> list[Hit]:
+        """Hits from the cached arrays (no SQLite): ids, paths, URLs, explained words."""
+        if len(rows) == 0:
+            return []
+        matched = self._explain(state, rows, query, explain) if (explain and query) else [[] for _ in rows]
+        ids: list[str] = [""] * len(rows)
+        paths: list[str] = [""] * len(rows)
+        urls: list[str | None] = [None] * len(rows)
+        shard_of = rows // state.shard_rows
+        for j in sorted(set(shard_of.tolist())):
+            shard = state.shards[j]
+            picked = np.flatnonzero(shard_of == j)
+            local = rows[picked] - shard.start
+            has_url = shard.arrays["has_url"][local].tolist()
+            for i, doc_id, path, url, present in zip(picked.tolist(), shard.strings("ids", local),
+                                                     shard.strings("paths", local), shard.strings("urls", local), has_url):
+                ids[i], paths[i], urls[i] = doc_id, path, url if present else None
+        return [Hit(id=doc_id, score=score, path=path, url=url, matched=terms)
+                for doc_id, score, path, url, terms in zip(ids, np.asarray(scores, dtype=np.float64).tolist(), paths, urls, matched)]
+
+    def _explain(self, state: Structures, rows: np.ndarray, query: SparseVector, n: int) -> list[list[tuple[str, float]]]:
+        """The n terms contributing most to each row's sparse score, largest first."""
+        cols, weights = self._query_columns(query)
+        out: list[list[tuple[str, float]]] = [[] for _ in rows.tolist()]
+        if cols.size == 0 or n <= 0:
+            return out
+        shard_of = rows // state.shard_rows
+        terms = self._terms
+        for j in sorted(set(shard_of.tolist())):
+            shard = state.shards[j]
+            a = shard.arrays
+            picked = np.flatnonzero(shard_of == j)
+            explained = kernels.explain_rows(a["csr_indptr"], a["csr_indices"], a["csr_data"],
+                                             rows[picked] - shard.start, cols, weights, n)
+            for i, pairs in zip(picked.tolist(), explained):
+                out[i] = [(terms[c], v) for c, v in pairs if c < len(terms)]
+        return out
+
+
+class _Retry(Exception):
+    """A shard was found damaged during a search: rebuild and search again."""
+
+
+def _unclustered(shard: Shard) -> None:
+    """Back to row order (the clusters are about to change or go)."""
+    shard.arrays["dense"] = shard.dense_rows()
+    shard.arrays.pop("ivf_order")
+    shard.arrays.pop("ivf_offsets")
+    shard.dirty.add("dense")
+
+
+def _first_dim(db: sqlite3.Connection) -> int:
+    row = db.execute("SELECT LENGTH(dense) / 4 FROM docs LIMIT 1").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _ints(blob) -> np.ndarray:
+    try:
+        return np.frombuffer(blob, dtype="<i4")
+    except (ValueError, TypeError):
+        return np.zeros(0, dtype="<i4")
+
+
+def _floats(blob) -> np.ndarray:
+    try:
+        return np.frombuffer(blob, dtype="<f4")
+    except (ValueError, TypeError):
+        return np.zeros(0, dtype="<f4")
+
+
+def _owned_bytes(folder: Path) -> int:
+    """Bytes of the files the index owns (never a walk of a photo folder it lives in);
+    hard-linked cache files are counted once."""
+    seen, total = set(), 0
+    for name in store.OWNED_NAMES:
+        top = folder / name
+        if top.is_symlink():
+            continue
+        files = top.rglob("*") if top.is_dir() else [top]
+        for f in files:
+            try:
+                st = f.lstat()
+            except OSError:
+                continue
+            if f.is_file() and not f.is_symlink() and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return total
+
+
+def _chunks(items: list, size: int):
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _iso(epoch: str | None) -> str | None:
+    if not epoch:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(epoch)))

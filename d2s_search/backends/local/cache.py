@@ -1,0 +1,444 @@
+"""The search structures of the local index, derived from SQLite and cached as ``.npy`` files.
+
+Documents are cut into shards of :data:`SHARD_ROWS` rows (in ``seq`` order). A shard holds
+everything a search reads about its documents, as plain arrays opened with
+``np.load(mmap_mode="r")`` (no copy, no rebuild on open; the page cache is shared by every
+process):
+
+* ``csc_*``: postings, term -> shard-local row ids (exact term-at-a-time scoring; the score
+  array of one shard, 256 KB, stays in the CPU cache);
+* ``csr_*``: the same matrix row-wise (rescoring and explanations of returned hits);
+* ``dense``: the dense vectors, used in place (in row order; in cluster order, with
+  ``ivf_order``/``ivf_offsets``, when the dense side is approximate);
+* ``ids``/``paths``/``urls``: the strings a hit shows, as one byte blob plus offsets.
+
+Layout: ``cache/state-<generation>-<random>/`` holds ``header.json`` and the arrays;
+``cache/current`` names the state in use and the CRC-32 of its header. A state is written
+into a temp folder, fsynced, renamed, then ``current`` is replaced atomically. Full shards
+never change when documents are only added, so a new state hard-links them from the last.
+
+Bytes on disk are untrusted: ``current`` and the header are checksummed, every file's size
+and the small arrays' CRC-32 are checked on open; the postings' structure and id ranges
+are checked the first time a shard is scored (:meth:`Shard.validate`); ``index check``
+verifies every byte against the CRCs recorded at write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .kernels import DamagedArrays, check_postings
+from .store import CACHE_POINTER as POINTER
+from .store import LEGACY_CACHE, fsync_dir, is_temp_name, write_atomic
+
+SHARD_ROWS = 65536
+CACHE_FORMAT = "d2s-local-cache/3"  # 3: clustered dense vectors stored in cluster order
+STALE_SECONDS = 120  # an unreferenced state this old is no longer being written by anyone
+
+STRING_FIELDS = ("ids", "paths", "urls")
+# Arrays whose CRC-32 is verified on every open (small); the others on `index check`.
+SMALL = {"seqs", "ids_offsets", "paths_offsets", "urls_offsets", "has_url", "csr_indptr", "csc_indptr", "ivf_offsets"}
+# Present only when the dense side is approximate (see backend.APPROXIMATE_DENSE_FROM).
+OPTIONAL = {"ivf_order", "ivf_offsets"}
+DTYPES = {
+    "seqs": np.int64, "has_url": np.bool_, "dense": np.float32,
+    "csr_indptr": np.int64, "csr_indices": np.int32, "csr_data": np.float32,
+    "csc_indptr": np.int32, "csc_indices": np.int32, "csc_data": np.float32,
+    **{f"{s}_blob": np.uint8 for s in STRING_FIELDS}, **{f"{s}_offsets": np.int64 for s in STRING_FIELDS},
+    "ivf_order": np.int32, "ivf_offsets": np.int64,
+}
+
+
+class CacheUnusable(Exception):
+    """The cache on disk cannot be used; the message says why (shown as one warning line)."""
+
+
+@dataclass
+class Shard:
+    start: int  # global row of the shard's first document
+    arrays: dict[str, np.ndarray]
+    files: dict[str, list[int]] = field(default_factory=dict)  # name -> [size, crc32]
+    validated: bool = False
+    dirty: set[str] = field(default_factory=set)  # arrays changed since loaded (never hard-linked)
+    _views: dict[str, memoryview] = field(default_factory=dict, repr=False)
+
+    @property
+    def rows(self) -> int:
+        return int(self.arrays["seqs"].shape[0])
+
+    @property
+    def n_cols(self) -> int:
+        return int(self.arrays["csc_indptr"].shape[0]) - 1
+
+    def validate(self) -> None:
+        """Structure and id ranges, once per process: what makes the C kernels safe here."""
+        if self.validated:
+            return
+        a, rows = self.arrays, self.rows
+        try:
+            check_postings(a["csc_indptr"], a["csc_indices"], a["csc_data"], rows)
+            check_postings(a["csr_indptr"], a["csr_indices"], a["csr_data"], max(self.n_cols, 1))
+            if a["csr_indptr"].shape[0] != rows + 1:
+                raise DamagedArrays("row pointers do not match the rows")
+            if a["dense"].ndim != 2 or a["dense"].shape[0] != rows:
+                raise DamagedArrays("dense vectors do not match the rows")
+            if a["has_url"].shape[0] != rows:
+                raise DamagedArrays("url flags do not match the rows")
+            if "ivf_order" in a:  # the dense clusters' member lists: ids inside the shard
+                check_postings(a["ivf_offsets"], a["ivf_order"], a["ivf_order"], max(rows, 1))
+            for name in STRING_FIELDS:
+                offsets, blob = a[f"{name}_offsets"], a[f"{name}_blob"]
+                if offsets.shape[0] != rows + 1 or offsets[0] != 0 or offsets[-1] != blob.shape[0] or (
+                    rows and np.any(np.diff(offsets) < 0)
+                ):
+                    raise DamagedArrays(f"{name} offsets do not match")
+        except (DamagedArrays, KeyError, IndexError) as exc:
+            raise CacheUnusable(f"shard at row {self.start} is damaged: {exc}") from None
+        self.validated = True
+
+    def dense_rows(self) -> np.ndarray:
+        """The dense vectors in row order (stored in cluster order when clustered)."""
+        dense = np.asarray(self.arrays["dense"])
+        if "ivf_order" not in self.arrays:
+            return dense
+        rows = np.empty_like(dense)
+        rows[self.arrays["ivf_order"]] = dense
+        return rows
+
+    def string(self, name: str, row: int) -> str:
+        return self.strings(name, np.asarray([row]))[0]
+
+    def strings(self, name: str, rows: np.ndarray) -> list[str]:
+        """The strings of these rows (offsets gathered at once, bytes sliced from a memoryview)."""
+        offsets = self.arrays[f"{name}_offsets"]
+        view = self._views.get(name)
+        if view is None:
+            view = self._views[name] = memoryview(np.ascontiguousarray(self.arrays[f"{name}_blob"])).cast("B")
+        return [view[lo:hi].tobytes().decode("utf-8", "surrogatepass")
+                for lo, hi in zip(offsets[rows].tolist(), offsets[rows + 1].tolist())]
+
+    def url(self, row: int) -> str | None:
+        return self.string("urls", row) if self.arrays["has_url"][row] else None
+
+
+@dataclass
+class Structures:
+    """Every shard of one index generation."""
+
+    index_id: str
+    generation: int
+    mutations: int
+    max_seq: int
+    dim: int
+    shards: list[Shard]
+    shard_rows: int  # every shard but the last holds exactly this many rows
+    state_dir: Path | None = None
+    centroids: np.ndarray | None = None  # (clusters, dim) when the dense side is approximate  # None: in memory only (the cache could not be written)
+
+    @property
+    def size(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    def locate(self, row: int) -> tuple[Shard, int]:
+        shard = self.shards[row // self.shard_rows]
+        return shard, row - shard.start
+
+
+# -- building shards from SQLite rows --------------------------------------------------------
+
+
+def parse_rows(rows: list[tuple], n_cols: int, dim: int) -> tuple[list[tuple], list[int]]:
+    """(seq, id, path, url, term_ids, weights, dense) SQLite rows with their blobs decoded,
+    and the seqs of rows whose stored vectors are damaged (bad lengths, term ids out of
+    range): those are left out, never handed to a kernel."""
+    good, bad = [], []
+    for row in rows:
+        try:
+            t = np.frombuffer(row[4], dtype="<i4")
+            w = np.frombuffer(row[5], dtype="<f4")
+            v = np.frombuffer(row[6], dtype="<f4")
+        except (ValueError, TypeError):
+            bad.append(row[0])
+            continue
+        if t.size != w.size or v.size != dim or (t.size and (int(t.min()) < 1 or int(t.max()) >= n_cols)):
+            bad.append(row[0])
+            continue
+        good.append((row[0], row[1], row[2], row[3], t, w, v))
+    return good, bad
+
+
+def build_shard(start: int, parsed: list[tuple], n_cols: int, dim: int) -> Shard:
+    """A shard from rows decoded by :func:`parse_rows`."""
+    import scipy.sparse as sp
+
+    n = len(parsed)
+    lengths = np.fromiter((r[4].size for r in parsed), dtype=np.int64, count=n)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    csr = sp.csr_matrix(
+        (np.concatenate([r[5] for r in parsed]) if n else np.zeros(0, np.float32),
+         np.concatenate([r[4] for r in parsed]) if n else np.zeros(0, np.int32), indptr),
+        shape=(n, n_cols),
+    )
+    csr.sort_indices()
+    csc = csr.tocsc()
+    csc.sort_indices()
+    arrays = {
+        "seqs": np.fromiter((r[0] for r in parsed), dtype=np.int64, count=n),
+        "dense": np.vstack([r[6] for r in parsed]).astype(np.float32) if n else np.zeros((0, dim), np.float32),
+        "csr_indptr": csr.indptr.astype(np.int64), "csr_indices": csr.indices.astype(np.int32),
+        "csr_data": csr.data.astype(np.float32),
+        "csc_indptr": csc.indptr.astype(np.int32), "csc_indices": csc.indices.astype(np.int32),
+        "csc_data": csc.data.astype(np.float32),
+        "has_url": np.fromiter((r[3] is not None for r in parsed), dtype=np.bool_, count=n),
+    }
+    for name, column in (("ids", 1), ("paths", 2), ("urls", 3)):
+        encoded = [(r[column] or "").encode("utf-8", "surrogatepass") for r in parsed]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in encoded], out=offsets[1:])
+        arrays[f"{name}_blob"] = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        arrays[f"{name}_offsets"] = offsets
+    shard = Shard(start=start, arrays=arrays)
+    shard.validate()
+    return shard
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+
+def save(cache_dir: Path, structures: Structures, reuse: Structures | None) -> Path:
+    """Write a new state (reusing ``reuse``'s unchanged shard files by hard link), point
+    ``current`` at it and remove states nobody uses. Returns the state folder."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(cache_dir)
+    pointer = cache_dir / POINTER
+    if pointer.is_dir() and not pointer.is_symlink() and not any(pointer.iterdir()):
+        pointer.rmdir()  # an empty folder where the pointer belongs holds nothing to lose
+    tmp = cache_dir / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        shards_meta = []
+        for j, shard in enumerate(structures.shards):
+            old = _same_shard(reuse, j, shard)
+            files = {}
+            for name, array in shard.arrays.items():
+                target = tmp / f"shard-{j:05d}-{name}.npy"
+                if old is not None and name in old.files and name not in shard.dirty:
+                    try:
+                        os.link(reuse.state_dir / f"shard-{j:05d}-{name}.npy", target)
+                        files[name] = old.files[name]
+                        continue
+                    except OSError:
+                        pass
+                files[name] = _write_array(target, array)
+            shard.files = files
+            shards_meta.append({"start": shard.start, "rows": shard.rows, "files": files})
+        centroids = None
+        if structures.centroids is not None:
+            centroids = _write_array(tmp / "centroids.npy", structures.centroids)
+        header = {
+            "centroids": centroids,
+            "format": CACHE_FORMAT, "index_id": structures.index_id, "generation": structures.generation,
+            "mutations": structures.mutations, "max_seq": structures.max_seq, "dim": structures.dim,
+            "shard_rows": structures.shard_rows, "shards": shards_meta, "written_at": time.time(),
+        }
+        header_bytes = json.dumps(header).encode()
+        with open(tmp / "header.json", "wb") as f:
+            f.write(header_bytes)
+            os.fsync(f.fileno())
+        fsync_dir(tmp)
+        final = cache_dir / f"state-{structures.generation}-{uuid.uuid4().hex[:8]}"
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(cache_dir)
+    write_atomic(cache_dir / POINTER, f"{final.name} {zlib.crc32(header_bytes)}\n".encode())
+    remove_unused_states(cache_dir, keep={final.name, reuse.state_dir.name if reuse and reuse.state_dir else ""})
+    legacy = cache_dir / LEGACY_CACHE  # replaced by the shards just written
+    if legacy.is_file() and not legacy.is_symlink():
+        legacy.unlink()
+    return final
+
+
+def _same_shard(reuse: Structures | None, j: int, shard: Shard) -> Shard | None:
+    if reuse is None or reuse.state_dir is None or j >= len(reuse.shards):
+        return None
+    old = reuse.shards[j]
+    same = old.start == shard.start and old.rows == shard.rows and old.arrays["seqs"] is shard.arrays["seqs"]
+    return old if same else None
+
+
+def _write_array(path: Path, array: np.ndarray) -> list[int]:
+    with open(path, "wb") as f:
+        np.save(f, np.ascontiguousarray(array), allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+    return [path.stat().st_size, _crc_file(path)]
+
+
+def _crc_file(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+def load(cache_dir: Path) -> Structures:
+    """The state ``current`` points at, memory-mapped; CacheUnusable (with the reason) when
+    it is missing or damaged. Never raises anything else for bad bytes."""
+    pointer = cache_dir / POINTER
+    try:
+        if not pointer.exists() and not pointer.is_symlink():
+            raise CacheUnusable("no cache yet")
+        if not pointer.is_file() or pointer.is_symlink():
+            raise CacheUnusable(f"{pointer} is not a regular file")
+        name, crc = pointer.read_text(encoding="ascii").split()
+        if not name.startswith("state-") or "/" in name:
+            raise CacheUnusable(f"{pointer} names no cache state")
+        state_dir = cache_dir / name
+        header_bytes = (state_dir / "header.json").read_bytes()
+        if zlib.crc32(header_bytes) != int(crc):
+            raise CacheUnusable("the cache header does not match its checksum")
+        header = json.loads(header_bytes)
+        if header.get("format") != CACHE_FORMAT or header.get("shard_rows") != SHARD_ROWS:
+            raise CacheUnusable("the cache was written in another format")
+        shards, start = [], 0
+        for meta in header["shards"]:
+            if meta["start"] != start:
+                raise CacheUnusable("the cache's shards do not follow each other")
+            arrays = {}
+            for name_, (size, crc_) in meta["files"].items():
+                if name_ not in DTYPES:
+                    raise CacheUnusable(f"unknown cache array {name_}")
+                path = state_dir / f"shard-{len(shards):05d}-{name_}.npy"
+                arrays[name_] = _open_array(path, size, crc_ if name_ in SMALL else None, DTYPES[name_])
+            missing = set(DTYPES) - OPTIONAL - set(arrays)
+            if missing:
+                raise CacheUnusable(f"the cache lacks {sorted(missing)[0]}")
+            shard = Shard(start=start, arrays=arrays, files=meta["files"])
+            if shard.rows != meta["rows"] or (shard.rows > SHARD_ROWS) or (
+                shard.rows < SHARD_ROWS and meta is not header["shards"][-1]
+            ):
+                raise CacheUnusable("the cache's shard sizes are inconsistent")
+            shards.append(shard)
+            start += shard.rows
+        centroids = None
+        if header.get("centroids"):
+            size, crc = header["centroids"]
+            centroids = _open_array(state_dir / "centroids.npy", size, crc, np.float32)
+            if centroids.ndim != 2 or centroids.shape[1] != int(header["dim"]) or not all(
+                "ivf_order" in s.arrays and s.arrays["ivf_offsets"].shape == (len(centroids) + 1,) for s in shards
+            ):
+                raise CacheUnusable("the dense clusters do not match the vectors")
+        return Structures(
+            centroids=centroids,
+            index_id=str(header["index_id"]), generation=int(header["generation"]),
+            mutations=int(header["mutations"]), max_seq=int(header["max_seq"]), dim=int(header["dim"]),
+            shards=shards, shard_rows=SHARD_ROWS, state_dir=state_dir,
+        )
+    except CacheUnusable:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise CacheUnusable(f"the cache is damaged ({type(exc).__name__}: {exc})") from None
+
+
+def _open_array(path: Path, size: int, crc: int | None, dtype) -> np.ndarray:
+    st = os.stat(path, follow_symlinks=False)
+    import stat as stat_
+
+    if not stat_.S_ISREG(st.st_mode):
+        raise CacheUnusable(f"{path.name} is not a regular file")
+    if st.st_size != size:
+        raise CacheUnusable(f"{path.name} has {st.st_size} bytes, {size} were written")
+    if crc is not None and _crc_file(path) != crc:
+        raise CacheUnusable(f"{path.name} does not match its checksum")
+    # Small files are read; large ones mapped (np.memmap cannot map an empty array).
+    array = np.load(path, mmap_mode="r" if size > 1 << 16 else None, allow_pickle=False)
+    if array.dtype != np.dtype(dtype):
+        raise CacheUnusable(f"{path.name} holds {array.dtype}, not {np.dtype(dtype)}")
+    return np.asarray(array)  # a plain ndarray view of the mapping: np.memmap's indexing is slow
+
+
+def verify_all(structures: Structures) -> list[str]:
+    """Every byte of every cached file against the CRC recorded at write (for `index check`)."""
+    problems = []
+    assert structures.state_dir is not None
+    for j, shard in enumerate(structures.shards):
+        for name, (_size, crc) in shard.files.items():
+            path = structures.state_dir / f"shard-{j:05d}-{name}.npy"
+            try:
+                if _crc_file(path) != crc:
+                    problems.append(f"{path.name} does not match its checksum")
+            except OSError as exc:
+                problems.append(f"{path.name}: {exc}")
+        try:
+            shard.validate()
+        except CacheUnusable as exc:
+            problems.append(str(exc))
+    return problems
+
+
+# -- housekeeping -------------------------------------------------------------------------------
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def remove_leftovers(folder: Path) -> list[str]:
+    """Temp files and folders of writers that are gone (a crash mid-write)."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not is_temp_name(entry.name):
+            continue
+        try:
+            pid = int(entry.name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if pid != os.getpid() and _pid_alive(pid):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            Path(entry.path).unlink(missing_ok=True)
+        removed.append(entry.name)
+    return removed
+
+
+def remove_unused_states(cache_dir: Path, keep: set[str]) -> None:
+    """States no ``current`` names and nobody wrote recently (readers that still map one
+    keep their pages: unlinked files live on until unmapped)."""
+    now = time.time()
+    for entry in os.scandir(cache_dir):
+        if not entry.name.startswith("state-") or entry.name in keep or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            if now - entry.stat(follow_symlinks=False).st_mtime < STALE_SECONDS:
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)

@@ -1,0 +1,214 @@
+"""The durable side of the local index: SQLite (WAL), its identity and the files it owns.
+
+``index.sqlite`` is the source of truth. Its ``meta`` table carries the index identity the
+derived cache must match: ``index_id`` (random, written once at creation) and
+``generation`` (bumped in the same transaction as every change). ``mutations`` counts the
+changes that were not pure appends (a cache can be extended across appends only).
+
+The folder may hold other things (an index made inside a photo folder): the index owns
+exactly the names in :data:`OWNED_NAMES`, listed in the manifest ``d2s-index.json`` written
+at creation, and deletes nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import uuid
+from pathlib import Path
+
+from ...errors import IndexStoreError
+
+FORMAT = "d2s-local/1"
+DB_NAME = "index.sqlite"
+MANIFEST_NAME = "d2s-index.json"
+CACHE_DIR = "cache"
+CACHE_POINTER = "current"  # cache/current names the cache state in use
+# Everything the index may create in its folder (SQLite adds -wal/-shm/-journal beside the db).
+OWNED_NAMES = (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", f"{DB_NAME}-journal", MANIFEST_NAME, CACHE_DIR)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS terms (id INTEGER PRIMARY KEY, term TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS docs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    path TEXT NOT NULL,
+    url TEXT,
+    size_bytes INTEGER NOT NULL,
+    width INTEGER NOT NULL,
+    height INTEGER NOT NULL,
+    ingested_at REAL NOT NULL,
+    term_ids BLOB NOT NULL,
+    weights BLOB NOT NULL,
+    dense BLOB NOT NULL
+);
+"""
+
+
+def damaged(db_path: Path, exc: Exception) -> IndexStoreError:
+    """The one-line error for a database SQLite cannot read."""
+    return IndexStoreError(
+        f"{db_path} is damaged ({exc}): run `d2s-search index check --index {db_path.parent} --repair`, "
+        "or delete the index and ingest again"
+    )
+
+
+def connect(db_path: Path) -> sqlite3.Connection:
+    try:
+        db = sqlite3.connect(str(db_path), isolation_level=None, timeout=30)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(SCHEMA)
+    except sqlite3.DatabaseError as exc:
+        raise IndexStoreError(f"{db_path} is not a usable index: {exc}") from None
+    return db
+
+
+def quick_check(db: sqlite3.Connection) -> list[str]:
+    """SQLite's own structural check; [] when the database is sound."""
+    try:
+        rows = [r[0] for r in db.execute("PRAGMA quick_check")]
+    except sqlite3.DatabaseError as exc:
+        return [str(exc)]
+    return [] if rows == ["ok"] else rows
+
+
+def salvage(db: sqlite3.Connection, target: Path) -> tuple[int | None, list[str]]:
+    """Copy every readable row of a damaged database into a new one at ``target``.
+
+    Documents are read one rowid at a time, so a damaged page loses only its own rows.
+    Returns (documents copied, what could not be read: document ids when the id index
+    still lists them, else seq numbers); (None, [reason]) when nothing can be read.
+    """
+    try:
+        top = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'docs'").fetchone()
+        max_seq = int(top[0]) if top else 0
+    except sqlite3.DatabaseError as exc:
+        return None, [str(exc)]
+    new = connect(target)
+    copied, missing = 0, []
+    with Transaction(new):
+        for table, columns in (("meta", "key, value"), ("terms", "id, term")):
+            try:
+                new.executemany(f"INSERT OR IGNORE INTO {table} VALUES (?, ?)",
+                                db.execute(f"SELECT {columns} FROM {table}").fetchall())
+            except sqlite3.DatabaseError:
+                missing.append(f"(part of the {table} table)")
+        bump(new, mutation=True)
+        columns = "seq, id, path, url, size_bytes, width, height, ingested_at, term_ids, weights, dense"
+        for seq in range(1, max_seq + 1):
+            try:
+                row = db.execute(f"SELECT {columns} FROM docs WHERE seq = ?", (seq,)).fetchone()
+            except sqlite3.DatabaseError:
+                missing.append(f"seq {seq}")
+                continue
+            if row is not None:
+                new.execute(f"INSERT INTO docs({columns}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", row)
+                copied += 1
+        new.execute("INSERT OR REPLACE INTO sqlite_sequence(name, seq) VALUES ('docs', ?)", (max_seq,))
+    new.close()
+    return copied, missing
+
+
+def new_identity_rows() -> list[tuple[str, str]]:
+    return [("index_id", uuid.uuid4().hex), ("generation", "0"), ("mutations", "0")]
+
+
+def bump(db: sqlite3.Connection, *, mutation: bool) -> None:
+    """Inside a write transaction: a new generation (and a mutation when rows changed in place)."""
+    db.execute("INSERT OR IGNORE INTO meta VALUES ('generation', '0')")
+    db.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'generation'")
+    if mutation:
+        db.execute("INSERT OR IGNORE INTO meta VALUES ('mutations', '0')")
+        db.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'mutations'")
+
+
+class Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception (including KeyboardInterrupt)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+# -- the files the index owns ---------------------------------------------------------------
+
+
+def write_manifest(folder: Path, index_id: str, created_folder: bool) -> None:
+    body = {"format": FORMAT, "index_id": index_id, "created_folder": created_folder, "owns": list(OWNED_NAMES)}
+    write_atomic(folder / MANIFEST_NAME, json.dumps(body, indent=1).encode())
+
+
+def read_manifest(folder: Path) -> dict:
+    try:
+        body = json.loads((folder / MANIFEST_NAME).read_text())
+        return body if isinstance(body, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def foreign_entries(folder: Path) -> list[str]:
+    """Names in the index folder (and its cache folder) the index did not create."""
+    foreign = []
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.name not in OWNED_NAMES and not is_temp_name(entry.name):
+            foreign.append(entry.name)
+        elif entry.is_symlink():
+            foreign.append(f"{entry.name} (a symbolic link)")
+    cache = folder / CACHE_DIR
+    if cache.is_dir() and not cache.is_symlink():
+        foreign.extend(f"{CACHE_DIR}/{e.name}" for e in sorted(os.scandir(cache), key=lambda e: e.name)
+                       if not is_cache_entry(e.name))
+    return foreign
+
+
+LEGACY_CACHE = "search-state.npz"  # the single-file cache of d2s-local/1 before shards
+
+
+def is_cache_entry(name: str) -> bool:
+    """A name in cache/ written by this package, now or by the first version (a
+    ``search-state.npz`` and its ``.<pid>.tmp.npz`` temps); anything else is left alone."""
+    legacy_temp = name.startswith(".") and name.endswith(".tmp.npz") and name[1:-8].isdigit()
+    return name in (CACHE_POINTER, LEGACY_CACHE) or name.startswith("state-") or is_temp_name(name) or legacy_temp
+
+
+def is_temp_name(name: str) -> bool:
+    """A temp file name this package writes: ``.tmp-<pid>-...``."""
+    parts = name.split("-", 2)
+    return len(parts) == 3 and parts[0] == ".tmp" and parts[1].isdigit()
+
+
+def fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Temp file, fsync, rename over ``path``, fsync the folder: all or nothing after a crash."""
+    tmp = path.with_name(f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}-{path.name}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)

@@ -1,0 +1,87 @@
+"""Shared pieces of the local-index reliability tests: synthetic documents, damage tools."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from d2s_search.backends.base import Document, IndexIdentity
+from d2s_search.backends.local import LocalBackend
+
+DIM = 16
+IDENTITY = IndexIdentity("synthetic-fingerprint", DIM, "synthetic")
+VOCAB = [f"w{i}" for i in range(40)]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def synthetic_docs(n: int, seed: int, start: int = 0) -> list[Document]:
+    """n documents with 1-11 random words each (positive weights) and a random dense vector."""
+    rng = np.random.default_rng(seed)
+    docs = []
+    for i in range(start, start + n):
+        words = rng.choice(len(VOCAB), size=int(rng.integers(1, 12)), replace=False)
+        docs.append(Document(
+            id=f"{seed:08x}{i:056x}", path=f"/photos/{seed}/{i}.jpg", size_bytes=1, width=1, height=1,
+            sparse={VOCAB[w]: float(rng.uniform(0.05, 2.0)) for w in words},
+            dense=rng.normal(size=DIM).astype(np.float32), url=None if i % 3 else f"https://example.org/{i}.jpg",
+        ))
+    return docs
+
+
+def filled_index(path: Path, docs: list[Document]) -> LocalBackend:
+    backend = LocalBackend(path)
+    backend.open(IDENTITY)
+    backend.upsert(docs)
+    return backend
+
+
+def state_dir(index: Path) -> Path:
+    name = (index / "cache" / "current").read_text().split()[0]
+    return index / "cache" / name
+
+
+def rewrite_array(index: Path, file_name: str, array: np.ndarray) -> None:
+    """Replace one cached array *and* its recorded size/CRC, as a careful forger would:
+    only the structural checks can then catch it."""
+    folder = state_dir(index)
+    path = folder / file_name
+    path.unlink()
+    with open(path, "wb") as f:
+        np.save(f, array)
+    header = json.loads((folder / "header.json").read_bytes())
+    shard, name = int(file_name.split("-")[1]), file_name.split("-", 2)[2].removesuffix(".npy")
+    header["shards"][shard]["files"][name] = [path.stat().st_size, zlib.crc32(path.read_bytes())]
+    body = json.dumps(header).encode()
+    (folder / "header.json").write_bytes(body)
+    (index / "cache" / "current").write_text(f"{folder.name} {zlib.crc32(body)}\n")
+
+
+SEARCH_SCRIPT = """
+import json, sys
+from d2s_search.backends.local import LocalBackend
+backend = LocalBackend(sys.argv[1])
+backend.open(None, create=False)
+query = json.loads(sys.argv[2])
+hits = backend.sparse_search(query, int(sys.argv[3]), explain=3)
+print(json.dumps([[h.id, h.score, h.path] for h in hits]))
+"""
+
+
+def search_in_subprocess(index: Path, query: dict, k: int = 10) -> tuple[int, list, str]:
+    """A sparse search in a fresh process (a segfault there fails the test, not the suite)."""
+    env = {k_: v for k_, v in os.environ.items() if not k_.startswith("D2S_")}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-c", SEARCH_SCRIPT, str(index), json.dumps(query), str(k)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    hits = json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else []
+    return proc.returncode, hits, proc.stderr
+
+
+def warning_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("warning:")]

@@ -1,0 +1,221 @@
+"""The search cache is derived, untrusted data: a cache of another index, a damaged one or
+one with ids out of range is rebuilt from SQLite with one warning line (never a traceback,
+never a crash, never a wrong answer); temp files of dead writers are removed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from d2s_search.backends.local import LocalBackend
+from tests.helpers import brute_force_sparse, run_cli, run_cli_json
+from tests.reliability.local_index_fixtures import (
+    IDENTITY,
+    filled_index,
+    rewrite_array,
+    search_in_subprocess,
+    state_dir,
+    synthetic_docs,
+    warning_lines,
+)
+
+QUERY = {"w1": 1.0, "w2": 0.5, "w3": 0.25, "w7": 2.0}
+
+
+@pytest.fixture
+def index(tmp_path):
+    docs = synthetic_docs(30, seed=1)
+    backend = filled_index(tmp_path / "idx", docs)
+    backend.sparse_search(QUERY, 5)  # writes the cache
+    backend.close()
+    return tmp_path / "idx", docs
+
+
+def expected(docs, k=10):
+    return [doc_id for doc_id, _ in brute_force_sparse(docs, QUERY)[:k]]
+
+
+def test_refill_after_deleting_the_database_never_reuses_the_old_cache(tmp_path):
+    path = tmp_path / "idx"
+    old = filled_index(path, synthetic_docs(120, seed=1))
+    old.sparse_search(QUERY, 5)
+    old.close()
+    for name in ("index.sqlite", "index.sqlite-wal", "index.sqlite-shm"):
+        (path / name).unlink(missing_ok=True)
+    new_docs = synthetic_docs(12, seed=2)  # fewer documents, other ids: the old cache fits nothing
+    fresh = filled_index(path, new_docs)
+    hits = fresh.sparse_search(QUERY, 200)
+    assert [h.id for h in hits] == expected(new_docs, 200)
+    assert all(h.path.startswith("/photos/2/") for h in hits)  # no phantom of the old index
+    assert fresh.count() == 12
+
+
+def damage_truncate(index):
+    f = next(state_dir(index).glob("shard-00000-csc_indices.npy"))
+    f.write_bytes(f.read_bytes()[:100])
+
+
+def damage_zero(index):
+    f = next(state_dir(index).glob("shard-00000-csr_data.npy"))
+    f.write_bytes(b"\0" * f.stat().st_size)
+
+
+def damage_empty_pointer(index):
+    (index / "cache" / "current").write_bytes(b"")
+
+
+def damage_flip_small(index):
+    f = next(state_dir(index).glob("shard-00000-csc_indptr.npy"))
+    data = bytearray(f.read_bytes())
+    data[-5] ^= 0xFF
+    f.write_bytes(bytes(data))
+
+
+def damage_header(index):
+    (state_dir(index) / "header.json").write_bytes(b'{"format": "d2s-local-cache/3", "shards": [}')
+
+
+def damage_pointer_is_a_folder(index):
+    (index / "cache" / "current").unlink()
+    (index / "cache" / "current").mkdir()
+
+
+def damage_state_is_gone(index):
+    shutil.rmtree(state_dir(index))
+
+
+def damage_ids_out_of_range(index):
+    """Checksums forged to match: only the bounds check stands between this and a segfault."""
+    f = state_dir(index) / "shard-00000-csc_indices.npy"
+    bad = np.load(f).copy()
+    bad[len(bad) // 2] = 10**9
+    bad[0] = -5
+    rewrite_array(index, "shard-00000-csc_indices.npy", bad)
+
+
+def damage_pointers_out_of_range(index):
+    f = state_dir(index) / "shard-00000-csc_indptr.npy"
+    bad = np.load(f).copy()
+    bad[3] = 2**31 - 1
+    rewrite_array(index, "shard-00000-csc_indptr.npy", bad)
+
+
+def damage_string_offsets(index):
+    f = state_dir(index) / "shard-00000-paths_offsets.npy"
+    bad = np.load(f).copy()
+    bad[5] = 10**12
+    rewrite_array(index, "shard-00000-paths_offsets.npy", bad)
+
+
+DAMAGES = [damage_truncate, damage_zero, damage_empty_pointer, damage_flip_small, damage_header,
+           damage_pointer_is_a_folder, damage_state_is_gone, damage_ids_out_of_range,
+           damage_pointers_out_of_range, damage_string_offsets]
+
+
+@pytest.mark.parametrize("damage", DAMAGES, ids=lambda f: f.__name__.removeprefix("damage_"))
+def test_damaged_cache_is_rebuilt_with_one_warning(index, damage):
+    path, docs = index
+    damage(path)
+    code, hits, err = search_in_subprocess(path, QUERY)
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert [h[0] for h in hits] == expected(docs)
+    assert len(warning_lines(err)) == 1, err
+    # The rebuilt cache is sound: the next process uses it without a word.
+    code, hits, err = search_in_subprocess(path, QUERY)
+    assert code == 0 and not warning_lines(err) and [h[0] for h in hits] == expected(docs), err
+
+
+def test_cache_folder_that_is_a_file_keeps_searching_in_memory(index):
+    path, docs = index
+    shutil.rmtree(path / "cache")
+    (path / "cache").write_text("not a folder")
+    code, hits, err = search_in_subprocess(path, QUERY)
+    assert code == 0 and [h[0] for h in hits] == expected(docs), err
+    assert len(warning_lines(err)) == 1 and "in memory" in err
+
+
+def test_out_of_range_ids_in_sqlite_are_left_out_not_crashed_on(index, capsys):
+    path, docs = index
+    import sqlite3
+
+    db = sqlite3.connect(path / "index.sqlite")
+    victims = [docs[4].id, docs[9].id, docs[11].id]
+    db.execute("UPDATE docs SET term_ids = ? WHERE id = ?", (np.array([1, 2**31 - 1], "<i4").tobytes(), victims[0]))
+    db.execute("UPDATE docs SET term_ids = ? WHERE id = ?", (np.array([-7], "<i4").tobytes(), victims[1]))
+    db.execute("UPDATE docs SET dense = ? WHERE id = ?", (b"\x01\x02\x03", victims[2]))
+    db.commit()
+    db.close()
+    shutil.rmtree(path / "cache")  # force a build from SQLite
+    code, hits, err = search_in_subprocess(path, QUERY, k=100)
+    assert code == 0, err
+    good = [d for d in docs if d.id not in victims]
+    assert [h[0] for h in hits] == expected(good, 100)
+    assert len(warning_lines(err)) == 1 and "3 document(s)" in err
+    backend = LocalBackend(path)
+    backend.open(None, create=False)
+    (doc,) = backend.get([victims[0]])  # readable, the damaged term left out
+    assert len(doc.sparse) == 1  # term id 1 kept, 2**31-1 left out
+    backend.close()
+    code, report = run_cli_json(["index", "check", "--index", path, "--repair"], capsys)
+    assert code == 3 and report["repaired"] and len(report["lost_documents"]) == 3  # 3: partial
+
+
+def test_leftover_temp_files_of_dead_writers_are_removed(index):
+    path, _ = index
+    dead = 2**22 + 12345  # above the default pid_max: no such process
+    while True:
+        try:
+            os.kill(dead, 0)
+            dead += 1
+        except ProcessLookupError:
+            break
+        except PermissionError:
+            dead += 1
+    (path / "cache" / f".tmp-{dead}-abcd1234").mkdir()
+    (path / "cache" / f".tmp-{dead}-abcd1234" / "shard-00000-seqs.npy").write_bytes(b"half")
+    (path / f".tmp-{dead}-ffff0000-d2s-index.json").write_bytes(b"{")
+    alive = path / "cache" / f".tmp-{os.getppid()}-00000000"  # a live writer's temp is left alone
+    alive.mkdir()
+    backend = LocalBackend(path)
+    backend.open(None, create=False)
+    backend.close()
+    assert not (path / "cache" / f".tmp-{dead}-abcd1234").exists()
+    assert not (path / f".tmp-{dead}-ffff0000-d2s-index.json").exists()
+    assert alive.is_dir()
+
+
+def test_index_check_reports_and_repairs_a_damaged_cache(index, capsys):
+    path, docs = index
+    code, report = run_cli_json(["index", "check", "--index", path], capsys)
+    assert code == 0 and report["healthy"], report
+    f = state_dir(path) / "shard-00000-csc_data.npy"
+    data = bytearray(f.read_bytes())
+    data[-3] ^= 0x55  # a weight changed: only the full checksum sees it
+    f.write_bytes(bytes(data))
+    code, out, err = run_cli(["index", "check", "--index", path], capsys)
+    assert code == 1 and "checksum" in out and "Traceback" not in err
+    code, report = run_cli_json(["index", "check", "--index", path, "--repair"], capsys)
+    assert code == 0 and report["repaired"] and report["lost_documents"] == [] and report["documents"] == 30
+    code, report = run_cli_json(["index", "check", "--index", path], capsys)
+    assert code == 0 and report["healthy"], report
+    code, hits, err = search_in_subprocess(path, QUERY)
+    assert [h[0] for h in hits] == expected(docs) and not warning_lines(err)
+
+
+def test_identity_and_generation_tie_the_cache_to_its_database(index):
+    path, _ = index
+    backend = LocalBackend(path)
+    backend.open(IDENTITY, create=False)
+    index_id, generation = backend.generation()
+    header = json.loads((state_dir(path) / "header.json").read_bytes())
+    assert (header["index_id"], header["generation"]) == (index_id, generation)
+    backend.upsert(synthetic_docs(2, seed=9))
+    assert backend.generation() == (index_id, generation + 1)
+    assert backend.delete([synthetic_docs(1, seed=9)[0].id]) == 1
+    assert backend.generation() == (index_id, generation + 2)
+    backend.close()

@@ -1,0 +1,92 @@
+"""A damaged SQLite database gives one clear line (never a traceback) from every command,
+and ingest refuses to write into it (PRAGMA quick_check) instead of exiting 0."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from d2s_search.backends.local import LocalBackend
+from d2s_search.errors import IndexStoreError
+from tests.helpers import run_cli, run_cli_json
+from tests.reliability.local_index_fixtures import IDENTITY, filled_index, synthetic_docs
+
+
+def damage_pages(db_path, first_fraction=0.3, last_fraction=0.8) -> None:
+    """Overwrite the middle pages with garbage (page 1, the header, is kept)."""
+    data = bytearray(db_path.read_bytes())
+    page = int.from_bytes(data[16:18], "big") or 65536
+    pages = len(data) // page
+    rng = __import__("random").Random(7)
+    for p in range(max(1, int(pages * first_fraction)), int(pages * last_fraction)):
+        data[p * page : (p + 1) * page] = bytes(rng.getrandbits(8) for _ in range(page))
+    db_path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def damaged_index(tmp_path):
+    index = tmp_path / "idx"
+    backend = filled_index(index, synthetic_docs(400, seed=3))
+    backend.close()  # the last connection checkpoints the WAL into index.sqlite
+    assert not (index / "index.sqlite-wal").exists() or os.path.getsize(index / "index.sqlite-wal") == 0
+    damage_pages(index / "index.sqlite")
+    return index
+
+
+def sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_every_command_says_one_line(damaged_index, capsys):
+    for args in (["index", "stats", "--index", damaged_index], ["index", "check", "--index", damaged_index]):
+        code, out, err = run_cli(args, capsys)
+        assert code == 1, (args, out, err)
+        assert "Traceback" not in err
+    code, out, err = run_cli(["index", "stats", "--index", damaged_index], capsys)
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1 and "damaged" in err
+    assert "index check" in err  # says what to do
+
+
+def test_ingest_refuses_to_write_into_a_damaged_database(damaged_index):
+    before = sha(damaged_index / "index.sqlite")
+    backend = LocalBackend(damaged_index)
+    with pytest.raises(IndexStoreError, match="damaged") as caught:
+        backend.open(IDENTITY, create=False)
+        backend.upsert(synthetic_docs(3, seed=50))
+    assert "\n" not in str(caught.value)
+    backend.close()
+    assert sha(damaged_index / "index.sqlite") == before
+
+
+def test_search_on_a_damaged_database_is_one_error(damaged_index):
+    backend = LocalBackend(damaged_index)
+    with pytest.raises(IndexStoreError, match="damaged"):
+        backend.open(None, create=False)
+        backend.sparse_search({"w1": 1.0}, 5)
+    backend.close()
+
+
+def test_repair_rewrites_the_database_and_reports_what_is_lost(damaged_index, capsys):
+    code, report = run_cli_json(["index", "check", "--index", damaged_index, "--repair"], capsys)
+    assert code == 3 and report["repaired"] and "rewritten" in report["database_repair"]
+    backend = LocalBackend(damaged_index)
+    backend.open(None, create=False)
+    kept = backend.count()
+    assert 0 < kept < 400 and kept == report["documents"]
+    assert kept + len(report["lost_documents"]) == 400  # every document is kept or named as lost
+    assert backend.sparse_search({"w1": 1.0}, 500)  # what is kept is searchable
+    backend.close()
+    code, report = run_cli_json(["index", "check", "--index", damaged_index], capsys)
+    assert code == 0 and report["healthy"]
+    backend = filled_index(damaged_index, synthetic_docs(3, seed=51))  # and writable again
+    assert backend.count() == kept + 3
+
+
+def test_not_a_database_at_all(tmp_path, capsys):
+    index = tmp_path / "idx"
+    index.mkdir()
+    (index / "index.sqlite").write_bytes(b"this is not sqlite" * 100)
+    code, _, err = run_cli(["index", "stats", "--index", index], capsys)
+    assert code == 1 and err.startswith("error: ") and "Traceback" not in err
