@@ -133,7 +133,8 @@ class LocalBackend:
             elif recorded != identity.fingerprint:
                 raise BundleMismatchError(
                     f"index {self.path} was filled with bundle {recorded[:12]} ({meta.get('bundle_model', '?')}), "
-                    f"not {identity.fingerprint[:12]} ({identity.model}): use that bundle, or another --index"
+                    f"not {identity.fingerprint[:12]} ({identity.model}); their vectors differ: use that bundle, "
+                    "or re-ingest the images with this one into another --index"
                 )
         self.identity = identity or (
             IndexIdentity(meta["bundle_fingerprint"], int(meta["dense_dim"]), meta.get("bundle_model", ""))

@@ -417,8 +417,10 @@ def _print_eval(result: dict, k: int) -> None:
 @click.option("--test-fraction", type=click.FloatRange(0, 1), default=0.1, show_default=True, help="CSV only: share of images in test.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--features", is_flag=True, help="Also store the pre-projection vectors (img_feats/text_feats) and the bundle's projections.safetensors, for `train --objective joint`.")
 @click.option("--json", "as_json", is_flag=True)
-def embed(dataset, out, bundle, text_encoder, images, image_root, batch_size, fmt, val_fraction, test_fraction, seed, device, as_json) -> int:
+def embed(dataset, out, bundle, text_encoder, images, image_root, batch_size, fmt, val_fraction, test_fraction, seed, device,
+          features, as_json) -> int:
     """Precompute dense embeddings of a Karpathy JSON or image,caption CSV (resumable)."""
     from d2s_search.embed import bundle_encoders, embed_dataset, read_dataset
 
@@ -426,8 +428,16 @@ def embed(dataset, out, bundle, text_encoder, images, image_root, batch_size, fm
                                                  if not str(dataset).lower().endswith(".json") else {}))
     text_fn = image_fn = None
     name = ""
+    features_from = projections = None
+    if features:
+        if not bundle or text_encoder != "bundle":
+            raise click.UsageError("--features needs --bundle as the text (and image) encoder")
+        from d2s_search.bundle import Bundle
+
+        b = Bundle.load(bundle)
+        projections, features_from = b.require_features(), b.dense_dim
     if bundle:
-        text_fn, image_fn, name = bundle_encoders(bundle, device)
+        text_fn, image_fn, name = bundle_encoders(bundle, device, features=features)
     if images and image_fn is None:
         raise click.UsageError("embedding images needs --bundle (or pass --no-images)")
     if text_encoder == "minilm":
@@ -443,7 +453,8 @@ def embed(dataset, out, bundle, text_encoder, images, image_root, batch_size, fm
     if progress:
         progress.start()
     try:
-        summary = embed_dataset(items, out, text_fn, image_fn if images else None, name, batch_size, fmt, progress)
+        summary = embed_dataset(items, out, text_fn, image_fn if images else None, name, batch_size, fmt, progress,
+                                features_from=features_from, projections=projections)
     finally:
         if progress:
             progress.stop()
