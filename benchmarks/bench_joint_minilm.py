@@ -96,7 +96,8 @@ def run_joint(spec: list[str], splits, toks, static, args, out: Path, done: dict
         head = build_head(splits["train"].dim, "minilm", excluded_token_ids(load_tokenizer()), seed=args.seed)
     cfg = JointConfig(lr=args.joint_lr, eta_text=eta_t, eta_image=eta_i, epochs=args.epochs,
                       batch_size=args.joint_batch, expansion=mode, seed=args.seed, val_images=0,
-                      w1=args.w1, w2=args.w2, lambda1=args.lambda1, lambda2=args.lambda2, lambda3=args.lambda3)
+                      w1=args.w1, w2=args.w2, lambda1=args.lambda1, lambda2=args.lambda2, lambda3=args.lambda3,
+                      select_max_flops=args.max_flops)
     t0 = time.perf_counter()
     s = train_joint(head, identity_projections(splits["train"].dim), splits["train"], cfg, out, splits["val"],
                     toks["val"], toks["train"],
@@ -126,6 +127,7 @@ def main() -> None:
     ap.add_argument("--lambda1", type=float, default=0.9)
     ap.add_argument("--lambda2", type=float, default=0.3)
     ap.add_argument("--lambda3", type=float, default=1.0)
+    ap.add_argument("--max-flops", type=float, default=40.0, help="Joint runs: best epoch among those within this validation FLOPs budget.")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()

@@ -80,6 +80,7 @@ def _tokenizer_option(f):
 @click.option("--joint-lambda2", type=float, default=0.3, show_default=True, help="joint: weight of InfoNCE on sparse scores.")
 @click.option("--joint-lambda3", type=float, default=1.0, show_default=True, help="joint: weight of InfoNCE on the fused scores.")
 @click.option("--joint-tau", type=click.FloatRange(1e-3, 0.5), default=0.07, show_default=True, help="joint: initial learnable temperature of the dense scores.")
+@click.option("--joint-max-flops", type=click.FloatRange(0), default=0.0, show_default=True, help="joint: only epochs whose validation FLOPs stay within this budget can be chosen as best (0 = any).")
 @click.option("--joint-init-head", type=click.Path(exists=True, dir_okay=False), help="joint: start from this head (e.g. a trained D2S head.pt) instead of a fresh one.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
@@ -92,7 +93,7 @@ def _tokenizer_option(f):
 @click.pass_context
 def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj, lr_vocab, warmup, schedule,
           vocab_init, freeze_vocab, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image,
-          joint_w1, joint_w2, joint_lambda1, joint_lambda2, joint_lambda3, joint_tau, joint_init_head, seed, device, threads,
+          joint_w1, joint_w2, joint_lambda1, joint_lambda2, joint_lambda3, joint_tau, joint_max_flops, joint_init_head, seed, device, threads,
           amp, resume, export_onnx_head, tokenizer, as_json) -> int:
     """Train a D2S sparse head on precomputed dense embeddings (DESIGN.md §2).
 
@@ -117,7 +118,7 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
             lambda1=joint_lambda1, lambda2=joint_lambda2, lambda3=joint_lambda3, tau=joint_tau,
             epochs=epochs or JointConfig.epochs, batch_size=batch_size or JointConfig.batch_size, warmup=warmup,
             expansion=expansion or JointConfig.expansion, schedule=schedule, seed=seed, val_images=val_images,
-            select_after_warmup=not select_during_warmup,
+            select_after_warmup=not select_during_warmup, select_max_flops=joint_max_flops,
         )
         return _train_joint(data, out, cfg, vocab_init, joint_init_head, tokenizer, export_onnx_head, as_json)
     expansion, epochs, batch_size = expansion or "c+w", epochs or 200, batch_size or 512

@@ -71,6 +71,7 @@ class JointConfig:
     seed: int = 0
     val_images: int = 1000  # validate on the first N val images (0 = all)
     select_after_warmup: bool = True  # as in D2S training: barely regularised epochs can't win
+    select_max_flops: float = 0.0  # > 0: only epochs whose validation FLOPs stay within this budget can win
 
 
 def load_projections(path: str | Path) -> dict[str, torch.Tensor]:
@@ -271,6 +272,8 @@ def train_joint(
             entry["val_sparse"] = validate(model.head, vs, val_tokens, cfg.expansion, torch.device("cpu"))
         entry["seconds"] = time.perf_counter() - t0
         entry["eligible"] = not cfg.select_after_warmup or step >= warmup or epoch == cfg.epochs - 1
+        if cfg.select_max_flops > 0 and val is not None:
+            entry["eligible"] = entry["eligible"] and entry["val_sparse"]["FLOPs"] <= cfg.select_max_flops
         history.append(entry)
         score = entry["val_sparse"]["R@1"] if val is not None else -entry["total"]
         if entry["eligible"] and score > best:
@@ -285,7 +288,10 @@ def train_joint(
         (out / "history.json").write_text(json.dumps(history, indent=2))
         if log:
             log(entry)
-    best_entry = history[best_epoch - 1] if best_epoch > 0 else {}
+    if best_epoch < 0:
+        raise ModelError(f"no epoch met the selection rule (FLOPs <= {cfg.select_max_flops:g} on validation); "
+                         "train longer, raise the L1 weights or the budget")
+    best_entry = history[best_epoch - 1]
     return {"out_dir": str(out), "head": str(out / "head.pt"), "projections": str(out / "projections.safetensors"),
             "best_epoch": best_epoch, "best_val_sparse_r1": best, "best_val": best_entry.get("val_sparse", {}),
             "best_val_dense": best_entry.get("val_dense", {}), "epochs": cfg.epochs, "steps": step,
