@@ -118,7 +118,7 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
             lambda1=joint_lambda1, lambda2=joint_lambda2, lambda3=joint_lambda3, tau=joint_tau,
             epochs=epochs or JointConfig.epochs, batch_size=batch_size or JointConfig.batch_size, warmup=warmup,
             expansion=expansion or JointConfig.expansion, schedule=schedule, seed=seed, val_images=val_images,
-            select_after_warmup=not select_during_warmup, select_max_flops=joint_max_flops,
+            select_after_warmup=not select_during_warmup, select_max_flops=joint_max_flops, device=device,
         )
         return _train_joint(data, out, cfg, vocab_init, joint_init_head, tokenizer, export_onnx_head, as_json)
     expansion, epochs, batch_size = expansion or "c+w", epochs or 200, batch_size or 512

@@ -72,6 +72,12 @@ class JointConfig:
     val_images: int = 1000  # validate on the first N val images (0 = all)
     select_after_warmup: bool = True  # as in D2S training: barely regularised epochs can't win
     select_max_flops: float = 0.0  # > 0: only epochs whose validation FLOPs stay within this budget can win
+    device: str = "auto"
+
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
 
 
 def load_projections(path: str | Path) -> dict[str, torch.Tensor]:
@@ -191,9 +197,10 @@ def image_batches(caption_image: np.ndarray, batch_size: int, rng: np.random.Gen
 @torch.no_grad()
 def project(model: JointModel, split: PairSplit) -> PairSplit:
     """The split with its features mapped through the (fine-tuned) projections."""
-    h_t, h_i = model.dense(torch.as_tensor(split.text_emb), torch.as_tensor(split.image_emb))
-    return PairSplit(split.name, split.caption_ids, split.captions, h_t.numpy(), split.image_ids,
-                     h_i.numpy(), split.caption_image)
+    device = model.log_tau.device
+    h_t, h_i = model.dense(torch.as_tensor(split.text_emb, device=device), torch.as_tensor(split.image_emb, device=device))
+    return PairSplit(split.name, split.caption_ids, split.captions, h_t.cpu().numpy(), split.image_ids,
+                     h_i.cpu().numpy(), split.caption_image)
 
 
 def dense_metrics(split: PairSplit) -> dict:
@@ -226,7 +233,8 @@ def train_joint(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    model = JointModel(head, proj, cfg.tau)
+    device = cfg.resolved_device()
+    model = JointModel(head, proj, cfg.tau).to(device)
     rng = np.random.default_rng(cfg.seed)
     cap_img = np.asarray(train_feats.caption_image)
     steps = len(image_batches(cap_img, cfg.batch_size, np.random.default_rng(0)))  # same count every epoch
@@ -254,8 +262,9 @@ def train_joint(
         sums: dict[str, float] = {}
         for rows in batches:
             rows_t = torch.as_tensor(rows)
-            mask = pec.draw(rows, epoch)[0] if pec is not None else None
-            parts = joint_loss(model, f_t_all[rows_t], f_i_all[cap_img_t[rows_t]], cfg, step, warmup, mask)
+            mask = pec.draw(rows, epoch, device=device)[0] if pec is not None else None
+            parts = joint_loss(model, f_t_all[rows_t].to(device), f_i_all[cap_img_t[rows_t]].to(device), cfg, step,
+                               warmup, mask)
             opt.zero_grad(set_to_none=True)
             parts["total"].backward()
             opt.step()
@@ -269,7 +278,7 @@ def train_joint(
         if val is not None:
             vs = project(model, val)
             entry["val_dense"] = dense_metrics(vs)
-            entry["val_sparse"] = validate(model.head, vs, val_tokens, cfg.expansion, torch.device("cpu"))
+            entry["val_sparse"] = validate(model.head, vs, val_tokens, cfg.expansion, device)
         entry["seconds"] = time.perf_counter() - t0
         entry["eligible"] = not cfg.select_after_warmup or step >= warmup or epoch == cfg.epochs - 1
         if cfg.select_max_flops > 0 and val is not None:
