@@ -11,8 +11,9 @@ Runs (each bounded by ``--epochs``; best epoch by validation sparse R@1 after th
 
 * ``dense``        frozen MiniLM (the reference);
 * ``d2s:MODE:ETA`` D2S head distilled from the frozen dense model (``train``);
-* ``joint:MODE:ETA_T:ETA_I[:init=RUN]`` joint training (``train --objective joint``), optionally
-  starting from a D2S run's head; reports its sparse run and its improved dense run.
+* ``joint:MODE:ETA_T:ETA_I[:init=DIR]`` joint training (``train --objective joint``), optionally
+  starting from the head of an earlier run (``DIR/head.pt``, e.g. a D2S run's folder); reports
+  its sparse run and its (fine-tuned) dense run.
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_joint_minilm.py --out test-artifacts/bench-joint \
         --run d2s:c:1e-2 --run joint:1:5e-3:5e-3
@@ -80,7 +81,7 @@ def run_d2s(spec: list[str], splits, toks, static, args, out: Path) -> dict:
             "train_seconds": time.perf_counter() - t0, "val": s["best_val"], "test": res}
 
 
-def run_joint(spec: list[str], splits, toks, static, args, out: Path, done: dict) -> dict:
+def run_joint(spec: list[str], splits, toks, static, args, out: Path) -> dict:
     import torch
 
     from d2s_search.train.joint import JointConfig, train_joint
@@ -90,7 +91,7 @@ def run_joint(spec: list[str], splits, toks, static, args, out: Path, done: dict
     mode, eta_t, eta_i = spec[0], float(spec[1]), float(spec[2])
     init = next((s[5:] for s in spec[3:] if s.startswith("init=")), None)
     if init:
-        head = load_head(Path(done[init]["dir"]) / "head.pt")
+        head = load_head(Path(init) / "head.pt")
         head.config.notes = {k: v for k, v in head.config.notes.items() if k not in ("best_epoch", "val")}
     else:
         head = build_head(splits["train"].dim, "minilm", excluded_token_ids(load_tokenizer()), seed=args.seed)
@@ -150,12 +151,12 @@ def main() -> None:
                     "sizes": {k: {"queries": len(s.caption_ids), "documents": len(s.image_ids)} for k, s in splits.items()}})
     for run in args.run:
         kind, *spec = run.split(":")
-        name = run.replace(":", "_").replace("=", "-")
+        name = run.split(":init=")[0].replace(":", "_") + ("_init" if ":init=" in run else "")
         if kind not in ("d2s", "joint"):
             raise SystemExit(f"unknown run kind {kind!r}")
         t_args = {k: v for k, v in vars(args).items() if k != "run"}
         r = (run_d2s(spec, splits, toks, static, args, out / name) if kind == "d2s"
-             else run_joint(spec, splits, toks, static, args, out / name, results["runs"]))
+             else run_joint(spec, splits, toks, static, args, out / name))
         r.update({"dir": str(out / name), "args": t_args, "load_average_end": os.getloadavg()})
         results["runs"][run] = r
         res_file.write_text(json.dumps(results, indent=2))

@@ -171,6 +171,9 @@ def _train_joint(data, out, cfg, vocab_init, init_head, tokenizer, export_onnx_h
     from d2s_search.train.vocab import excluded_token_ids, load_tokenizer, tokenize_captions
     from onnx_export.head import load_head
 
+    if not any((Path(data) / f"img_feats.{ext}").is_file() for ext in ("parquet", "npy")):
+        raise TrainingError(f"{data} has no img_feats (pre-projection features): write them with "
+                            "`d2s-search embed DATASET --bundle BUNDLE --features --out DIR`")
     feats = load_authors_layout(data, kind="feats", same_dim=False)
     if "train" not in feats:
         raise TrainingError(f"{data} has no training split")

@@ -85,3 +85,14 @@ def test_joint_bundle_round_trip(tmp_path, tiny_blip_bundle, capsys):
     best = int(np.argmax(docs @ q))
     assert res["results"][0]["path"].endswith(f"im{best:02d}.png")
     assert res["results"][0]["score"] == pytest.approx(float(docs[best] @ q), abs=1e-4)
+
+
+def test_joint_inputs_missing_give_one_line_errors(tmp_path, tiny_blip_bundle, capsys):
+    csv = _dataset(tmp_path, n_images=2)
+    code, _, err = run_cli(["embed", csv, "--features", "--no-images", "--text-encoder", "minilm", "--out", tmp_path / "e"], capsys)
+    assert code == 2 and "--features needs --bundle" in err
+    # embeddings without features: train --objective joint says what is missing and how to get it
+    code, _ = run_cli_json(["embed", csv, "--bundle", tiny_blip_bundle, "--out", tmp_path / "plain"], capsys)
+    assert code == 0
+    code, _, err = run_cli(["train", "--data", tmp_path / "plain", "--objective", "joint", "--out", tmp_path / "r"], capsys)
+    assert code == 1 and "img_feats" in err and "--features" in err and len(err.strip().splitlines()) == 1
