@@ -1,10 +1,15 @@
 """The model bundle on disk: written by ``export-onnx``, read by everything at runtime.
 
-    <bundle>/image.onnx      pixel_values -> dense, sparse
-    <bundle>/text.onnx       input_ids, attention_mask -> dense, sparse
+    <bundle>/image.onnx      pixel_values -> dense, sparse, features
+    <bundle>/text.onnx       input_ids, attention_mask -> dense, sparse, features
     <bundle>/tokenizer.json  a `tokenizers` tokenizer
     <bundle>/vocab.txt       one display term per sparse output dimension
+    <bundle>/projections.safetensors  the towers' projections (features -> dense), format 2
     <bundle>/manifest.json   source model, dims, preprocessing, head, file hashes, fingerprint
+
+Format ``d2s-bundle/2`` added the ``features`` output (the pre-projection vector) and the
+projections file, listed under ``outputs``; ``d2s-bundle/1`` bundles (dense and sparse only)
+are still read.
 
 The fingerprint covers everything that changes the vectors (files, preprocessing, dims);
 an index remembers it and refuses a bundle with another one.
@@ -26,8 +31,11 @@ from .backends.base import IndexIdentity
 from .errors import BundleError
 from .regular_files import open_regular, read_regular
 
-BUNDLE_FORMAT = "d2s-bundle/1"
+BUNDLE_FORMAT = "d2s-bundle/2"
+READABLE_FORMATS = ("d2s-bundle/1", BUNDLE_FORMAT)
 BUNDLE_FILES = ("image.onnx", "text.onnx", "tokenizer.json", "vocab.txt")
+PROJECTIONS_FILE = "projections.safetensors"
+OUTPUTS = ("dense", "sparse", "features")  # graph outputs of format 2, in this order
 # Manifest keys that define the vectors; everything else (parity, timestamps) is report.
 MAX_TEXT_FILE = 64 * 1024 * 1024  # manifest.json and vocab.txt are far smaller
 FINGERPRINT_KEYS = ("format", "model", "dense_dim", "vocab_size", "text", "image", "head", "precision", "files")
@@ -67,7 +75,7 @@ class Bundle:
             manifest = json.loads(read_regular(manifest_path, MAX_TEXT_FILE).decode("utf-8"))
         except (OSError, ValueError) as exc:
             raise BundleError(f"{manifest_path} is unreadable: {exc}") from None
-        if manifest.get("format") != BUNDLE_FORMAT:
+        if manifest.get("format") not in READABLE_FORMATS:
             raise BundleError(f"{path}: unsupported bundle format {manifest.get('format')!r} (expected {BUNDLE_FORMAT})")
         bundle = cls(path=path, manifest=manifest)
         bundle.validate(verify_hashes)
@@ -75,8 +83,11 @@ class Bundle:
 
     def validate(self, verify_hashes: bool) -> None:
         files = self.manifest.get("files", {})
+        if not isinstance(files, dict):
+            raise BundleError(f"{self.path}: manifest.json has no file list")
         states: dict[str, tuple] = {}
-        for name in BUNDLE_FILES:
+        optional = [PROJECTIONS_FILE] if PROJECTIONS_FILE in files else []  # format 2
+        for name in (*BUNDLE_FILES, *optional):
             entry = files.get(name)
             file = self.path / name
             if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
@@ -129,6 +140,28 @@ class Bundle:
     @property
     def model_name(self) -> str:
         return self.manifest["model"]["name"]
+
+    @property
+    def outputs(self) -> dict[str, dict[str, int]]:
+        """Per graph (``image``, ``text``) the output names and widths."""
+        listed = self.manifest.get("outputs")
+        if isinstance(listed, dict):
+            return listed
+        both = {"dense": self.dense_dim, "sparse": self.vocab_size}  # format 1
+        return {"image": dict(both), "text": dict(both)}
+
+    @property
+    def has_features(self) -> bool:
+        out = self.outputs
+        return all("features" in out.get(side, {}) for side in ("image", "text"))
+
+    def require_features(self) -> Path:
+        """The projections file of a bundle with a ``features`` output (else a one-line error)."""
+        projections = self.path / PROJECTIONS_FILE
+        if not self.has_features or not projections.is_file():
+            raise BundleError(f"{self.path} has no `features` output (exported before bundle format 2); "
+                              "re-export it with `d2s-search export-onnx`")
+        return projections
 
     @cached_property
     def terms(self) -> list[str]:

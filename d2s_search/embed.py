@@ -10,6 +10,11 @@ Encoders are plain callables so anything plugs in:
 ``text_fn(list[str]) -> (B, d)`` and ``image_fn(list[Path]) -> (B, d)``. For a model bundle
 :func:`bundle_encoders` wraps :class:`d2s_search.encoder.Encoder` (ONNX, no torch).
 
+With ``features`` (``embed --features``, a format-2 bundle) the pre-projection vectors are
+stored too, as ``img_feats`` / ``text_feats`` with the same ids, and the bundle's
+``projections.safetensors`` is copied next to them: together with ``dataset_meta.json``
+that is everything ``train --objective joint`` reads.
+
 Resuming: vectors are written in chunks under ``<out>/.parts/<side>/`` next to an
 ``embed_state.json`` naming the encoder; a re-run with the same encoder skips finished
 chunks, and the final files are assembled once every chunk exists.
@@ -157,10 +162,13 @@ def embed_side(
     chunk_size: int = 2048,
     fmt: str = "parquet",
     progress=None,
+    features_from: int | None = None,
 ) -> dict:
     """Encode ``inputs`` chunk by chunk (resumable) and write ``<side>_embs``.
 
     Inputs the encoder rejects (:class:`ImageRejected`) are left out and reported.
+    ``features_from``: the encoder returns ``[dense | features]`` rows; columns from this
+    index on are written as ``<side>_feats``.
     """
     parts = out / ".parts" / side
     parts.mkdir(parents=True, exist_ok=True)
@@ -211,9 +219,13 @@ def embed_side(
     if not all_vecs:
         raise EmbedError(f"no {side} input could be encoded")
     embs = np.vstack(all_vecs)
+    result = {"side": side, "count": len(all_ids), "rejected": rejected, "reused_chunks": reused, "chunks": n_chunks}
+    if features_from is not None:
+        write_embeddings(out, side, all_ids, embs[:, features_from:], fmt, kind="feats")
+        result["features_dim"] = int(embs.shape[1] - features_from)
+        embs = embs[:, :features_from]
     write_embeddings(out, side, all_ids, embs, fmt)
-    return {"side": side, "count": len(all_ids), "dim": int(embs.shape[1]), "rejected": rejected,
-            "reused_chunks": reused, "chunks": n_chunks}
+    return {**result, "dim": int(embs.shape[1])}
 
 
 def embed_dataset(
@@ -226,12 +238,19 @@ def embed_dataset(
     fmt: str = "parquet",
     progress=None,
     keep_parts: bool = False,
+    features_from: int | None = None,
+    projections: Path | None = None,
 ) -> dict:
-    """Embed captions (and images if ``image_fn``) of ``items`` into ``out``."""
+    """Embed captions (and images if ``image_fn``) of ``items`` into ``out``.
+
+    ``features_from``/``projections``: see :func:`embed_side` and the module docstring.
+    """
     o = Path(out)
     o.mkdir(parents=True, exist_ok=True)
     state_file = o / "embed_state.json"
     state = {"encoder": encoder_name, "items": len(items)}
+    if features_from is not None:
+        state["features"] = True
     if state_file.is_file():
         old = json.loads(state_file.read_text())
         if old != state:
@@ -242,13 +261,17 @@ def embed_dataset(
     sent_ids = [s for it in items for s, _ in it.sentences]
     sent_txt = [r for it in items for _, r in it.sentences]
     summary = {"out": str(o), "images": len(items), "captions": len(sent_ids)}
-    summary["text"] = embed_side(o, "text", sent_ids, sent_txt, text_fn, batch_size, fmt=fmt, progress=progress)
+    summary["text"] = embed_side(o, "text", sent_ids, sent_txt, text_fn, batch_size, fmt=fmt, progress=progress,
+                                 features_from=features_from)
     if image_fn is not None:
         with_path = [it for it in items if it.image_path is not None]
         summary["img"] = embed_side(
             o, "img", [it.image_id for it in with_path], [it.image_path for it in with_path],
-            image_fn, batch_size, fmt=fmt, progress=progress,
+            image_fn, batch_size, fmt=fmt, progress=progress, features_from=features_from,
         )
+    if projections is not None:
+        shutil.copyfile(projections, o / projections.name)
+        summary["projections"] = str(o / projections.name)
     (o / "dataset_meta.json").write_text(json.dumps(dataset_meta(items)))
     if not keep_parts:
         shutil.rmtree(o / ".parts", ignore_errors=True)
@@ -259,17 +282,23 @@ def embed_dataset(
 # ----------------------------------------------------------------------------- encoders
 
 
-def bundle_encoders(bundle_path: str | Path, device: str = "auto") -> tuple[TextFn, ImageFn, str]:
-    """Dense text and image encoders of a model bundle (ONNX Runtime, no torch)."""
+def bundle_encoders(bundle_path: str | Path, device: str = "auto", features: bool = False) -> tuple[TextFn, ImageFn, str]:
+    """Dense text and image encoders of a model bundle (ONNX Runtime, no torch).
+
+    With ``features`` each row is ``[dense | features]`` (the bundle must have the output).
+    """
     from d2s_search.bundle import Bundle
     from d2s_search.encoder import Encoder
     from d2s_search.images import load_image
 
     bundle = Bundle.load(bundle_path)
     enc = Encoder(bundle, device=device)
+    if features:
+        bundle.require_features()
 
     def text_fn(texts: Sequence[str]) -> np.ndarray:
-        return enc.encode_texts(list(texts)).dense
+        out = enc.encode_texts(list(texts), features=features)
+        return np.hstack([out.dense, out.features]) if features else out.dense
 
     def image_fn(paths: Sequence[Path]) -> np.ndarray:
         images = []
@@ -280,6 +309,8 @@ def bundle_encoders(bundle_path: str | Path, device: str = "auto") -> tuple[Text
                 raise
             except (OSError, ValueError) as exc:
                 raise ImageRejected(f"{p}: {exc}") from exc
+        if features:
+            return np.hstack(enc.image_features(images))
         dense, _ = enc.encode_images(images)
         return dense
 

@@ -1,7 +1,8 @@
 """Runtime encoders: ONNX Runtime sessions over a model bundle (no torch).
 
 Images: PIL image -> the source model's preprocessing -> ``image.onnx``.
-Text: ``tokenizers`` -> ``text.onnx``. Both give a dense vector and |V| sparse weights;
+Text: ``tokenizers`` -> ``text.onnx``. Both give a dense vector and |V| sparse weights
+(and, from format-2 bundles on request, the pre-projection ``features``);
 :meth:`Encoder.to_terms` turns a sparse row into ``{term: weight}`` with special/unused
 tokens and zeros removed and optional pruning.
 """
@@ -158,6 +159,7 @@ class TextEncoding:
     dense: np.ndarray  # (B, d)
     sparse: np.ndarray  # (B, |V|)
     token_ids: list[list[int]]  # the texts' own tokens (special tokens removed)
+    features: np.ndarray | None = None  # (B, f) pre-projection vectors, when asked for
 
 
 class Encoder:
@@ -202,14 +204,29 @@ class Encoder:
         dense, sparse = self.image_session.run(["dense", "sparse"], {"pixel_values": pixels.astype(np.float32, copy=False)})
         return dense, sparse
 
+    def encode_pixels_with_features(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Dense, sparse and pre-projection vectors of preprocessed images."""
+        self.bundle.require_features()
+        dense, sparse, feats = self.image_session.run(
+            ["dense", "sparse", "features"], {"pixel_values": pixels.astype(np.float32, copy=False)})
+        return dense, sparse, feats
+
+    def image_features(self, images: Sequence[Image.Image]) -> tuple[np.ndarray, np.ndarray]:
+        """Dense and pre-projection vectors of images."""
+        dense, _, feats = self.encode_pixels_with_features(np.stack([self.preprocess(im) for im in images]))
+        return dense, feats
+
     def encode_images(self, images: Sequence[Image.Image]) -> tuple[np.ndarray, np.ndarray]:
         return self.encode_pixels(np.stack([self.preprocess(im) for im in images]))
 
-    def encode_texts(self, texts: Sequence[str]) -> TextEncoding:
+    def encode_texts(self, texts: Sequence[str], features: bool = False) -> TextEncoding:
         ids, mask = tokenize_batch(self.tokenizer, texts, self.max_length, self.pad_id)
-        dense, sparse = self.text_session.run(["dense", "sparse"], {"input_ids": ids, "attention_mask": mask})
+        if features:
+            self.bundle.require_features()
+        names = ["dense", "sparse", "features"] if features else ["dense", "sparse"]
+        out = self.text_session.run(names, {"input_ids": ids, "attention_mask": mask})
         own = [[int(t) for t, m in zip(row, mrow) if m and self._allowed[t]] for row, mrow in zip(ids, mask)]
-        return TextEncoding(dense=dense, sparse=sparse, token_ids=own)
+        return TextEncoding(dense=out[0], sparse=out[1], token_ids=own, features=out[2] if features else None)
 
     # -- sparse rows -> terms -------------------------------------------------------------
 

@@ -1,7 +1,11 @@
 """Export a dense encoder + sparse head to an ONNX model bundle and check parity.
 
-Each graph has outputs ``dense`` (the frozen model's L2-normalised vector) and ``sparse``
-(the head's |V| weights). Batch and sequence length are dynamic.
+Each graph has outputs ``dense`` (the model's L2-normalised vector), ``sparse`` (the head's
+|V| weights) and ``features`` (the pre-projection vector the dense one is projected from;
+``embed --features`` stores it for joint training). Batch and sequence length are dynamic.
+The towers' projections are also written as ``projections.safetensors``; ``projections=``
+replaces them with joint-trained ones (``train --objective joint``), which changes the dense
+vectors and so the bundle's fingerprint.
 """
 
 from __future__ import annotations
@@ -19,9 +23,17 @@ import torch
 from torch import nn
 
 from d2s_search import __version__
-from d2s_search.bundle import BUNDLE_FORMAT, Bundle, compute_fingerprint, sha256_file
+from d2s_search.bundle import (
+    BUNDLE_FORMAT,
+    OUTPUTS,
+    PROJECTIONS_FILE,
+    Bundle,
+    compute_fingerprint,
+    sha256_file,
+)
 from d2s_search.errors import ModelError, ParityError
 
+from .dense import ProjectedTower
 from .head import SparseHead, head_summary, load_head
 from .models import DenseDualEncoder, build_dense_encoder
 from .tokenizers_offline import display_terms, excluded_token_ids, tokenizer_json
@@ -31,30 +43,38 @@ OPSET = 17
 PRECISIONS = ("fp32", "fp16", "int8")
 
 
+def _outputs(tower: ProjectedTower, head: SparseHead, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    feats = tower.features(*inputs)
+    dense = torch.nn.functional.normalize(tower.project(feats), dim=-1)
+    return dense, head(dense), feats
+
+
 class ImageGraph(nn.Module):
-    def __init__(self, tower: nn.Module, head: SparseHead) -> None:
+    """pixel_values -> (dense, sparse, features), in the order of ``OUTPUTS``."""
+
+    def __init__(self, tower: ProjectedTower, head: SparseHead) -> None:
         super().__init__()
         self.tower, self.head = tower, head
 
-    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        dense = self.tower(pixel_values)
-        return dense, self.head(dense)
+    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return _outputs(self.tower, self.head, pixel_values)
 
 
 class TextGraph(nn.Module):
-    def __init__(self, tower: nn.Module, head: SparseHead) -> None:
+    """input_ids, attention_mask -> (dense, sparse, features)."""
+
+    def __init__(self, tower: ProjectedTower, head: SparseHead) -> None:
         super().__init__()
         self.tower, self.head = tower, head
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        dense = self.tower(input_ids, attention_mask)
-        return dense, self.head(dense)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return _outputs(self.tower, self.head, input_ids, attention_mask)
 
 
 @dataclass
 class ExportResult:
     bundle: Bundle
-    parity: dict  # {"image": {"dense": maxabs, "sparse": maxabs}, "text": {...}}
+    parity: dict  # {"image": {"dense": maxabs, "sparse": maxabs, "features": maxabs}, "text": {...}}
     seconds: float
 
 
@@ -111,6 +131,7 @@ def export_bundle(
     tolerance: float = PARITY_TOLERANCE,
     overwrite: bool = False,
     progress=None,
+    projections: str | Path | None = None,
 ) -> ExportResult:
     if precision not in PRECISIONS:
         raise ModelError(f"precision must be one of {', '.join(PRECISIONS)}")
@@ -126,6 +147,9 @@ def export_bundle(
     step = progress or (lambda msg: None)
     step(f"building {model}")
     encoder = build_dense_encoder(model)
+    if projections is not None:
+        step("loading fine-tuned projections")
+        load_projections_into(encoder, projections)
     head = build_head(encoder, head_path)
     image_graph = ImageGraph(encoder.image_tower, head).eval()
     text_graph = TextGraph(encoder.text_tower, head).eval()
@@ -156,7 +180,8 @@ def export_bundle(
         vocab_size = encoder.vocab_weight.shape[0]
         (tmp / "tokenizer.json").write_text(tokenizer_json(encoder.tokenizer), encoding="utf-8")
         (tmp / "vocab.txt").write_text("\n".join(display_terms(encoder.tokenizer, vocab_size)) + "\n", encoding="utf-8")
-        manifest = _manifest(encoder, head, precision, tmp, parity)
+        feature_dims = write_projections(encoder, tmp / PROJECTIONS_FILE, "joint" if projections is not None else "model")
+        manifest = _manifest(encoder, head, precision, tmp, parity, feature_dims, projections)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -170,7 +195,7 @@ def export_bundle(
 
 def _export(module: nn.Module, args: tuple, path: Path, input_names: list[str], dynamic_axes: dict) -> None:
     axes = dict(dynamic_axes)
-    axes.update({"dense": {0: "batch"}, "sparse": {0: "batch"}})
+    axes.update({name: {0: "batch"} for name in OUTPUTS})
     # The tracer warns about shape checks in transformers that are constant for our inputs
     # (parity is checked on another batch size and sequence length right after).
     with torch.no_grad(), warnings.catch_warnings():
@@ -182,7 +207,7 @@ def _export(module: nn.Module, args: tuple, path: Path, input_names: list[str], 
             args,
             str(path),
             input_names=input_names,
-            output_names=["dense", "sparse"],
+            output_names=list(OUTPUTS),
             dynamic_axes=axes,
             opset_version=OPSET,
             do_constant_folding=True,
@@ -216,17 +241,55 @@ def check_parity(image_graph, text_graph, folder: Path, pixels, ids, mask) -> di
         want_txt = [t.numpy() for t in text_graph(ids, mask)]
     img = ort.InferenceSession(str(folder / "image.onnx"), opts, providers=["CPUExecutionProvider"])
     txt = ort.InferenceSession(str(folder / "text.onnx"), opts, providers=["CPUExecutionProvider"])
-    got_img = img.run(["dense", "sparse"], {"pixel_values": pixels.numpy()})
-    got_txt = txt.run(["dense", "sparse"], {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+    got_img = img.run(list(OUTPUTS), {"pixel_values": pixels.numpy()})
+    got_txt = txt.run(list(OUTPUTS), {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
     for name, want, got in (("image", want_img, got_img), ("text", want_txt, got_txt)):
-        results[name] = {
-            "dense": float(np.max(np.abs(want[0] - got[0]))),
-            "sparse": float(np.max(np.abs(want[1] - got[1]))),
-        }
+        results[name] = {out: float(np.max(np.abs(w - g))) for out, w, g in zip(OUTPUTS, want, got, strict=True)}
     return results
 
 
-def _manifest(encoder: DenseDualEncoder, head: SparseHead, precision: str, folder: Path, parity: dict) -> dict:
+PROJECTION_KEYS = {"text": "text_proj", "image": "vision_proj"}
+
+
+def load_projections_into(encoder: DenseDualEncoder, path: str | Path) -> None:
+    """Replace both towers' projections by those in ``path`` (written by joint training)."""
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    if not p.is_file():
+        raise ModelError(f"projections file not found: {p}")
+    try:
+        state = load_file(str(p))
+    except Exception as exc:  # a truncated or foreign file
+        raise ModelError(f"cannot read {p}: {str(exc).splitlines()[0][:160]}") from None
+    for side, tower in (("text", encoder.text_tower), ("image", encoder.image_tower)):
+        key = PROJECTION_KEYS[side]
+        have = tower.projection_state()
+        new = {k: state[f"{key}.{k}"].float() for k in ("weight", "bias") if f"{key}.{k}" in state}
+        if "weight" not in new or new["weight"].shape != have["weight"].shape:
+            got = tuple(new["weight"].shape) if "weight" in new else "none"
+            raise ModelError(f"{p}: {key}.weight is {got}, {encoder.name}'s {side} projection is "
+                             f"{tuple(have['weight'].shape)} (trained on another model's features?)")
+        tower.load_projection(new)
+
+
+def write_projections(encoder: DenseDualEncoder, path: Path, source: str) -> dict[str, int]:
+    """The towers' projections as ``{text_proj,vision_proj}.{weight,bias}``; returns the
+    feature widths."""
+    from safetensors.torch import save_file
+
+    tensors, dims = {}, {}
+    for side, tower in (("text", encoder.text_tower), ("image", encoder.image_tower)):
+        for k, v in tower.projection_state().items():
+            tensors[f"{PROJECTION_KEYS[side]}.{k}"] = v.detach().float().contiguous()
+        dims[side] = int(tensors[f"{PROJECTION_KEYS[side]}.weight"].shape[1])
+    save_file(tensors, str(path), metadata={"model": encoder.name, "source": source})
+    path.chmod(0o644)
+    return dims
+
+
+def _manifest(encoder: DenseDualEncoder, head: SparseHead, precision: str, folder: Path, parity: dict,
+              feature_dims: dict[str, int], projections: str | Path | None) -> dict:
     import onnx
     import transformers
 
@@ -248,8 +311,12 @@ def _manifest(encoder: DenseDualEncoder, head: SparseHead, precision: str, folde
         "precision": precision,
         "files": {
             name: {"sha256": sha256_file(folder / name), "bytes": (folder / name).stat().st_size}
-            for name in ("image.onnx", "text.onnx", "tokenizer.json", "vocab.txt")
+            for name in ("image.onnx", "text.onnx", "tokenizer.json", "vocab.txt", PROJECTIONS_FILE)
         },
+        "outputs": {side: {"dense": encoder.dense_dim, "sparse": vocab_size, "features": feature_dims[side]}
+                    for side in ("image", "text")},
+        "projections": {"source": "joint training" if projections is not None else "model",
+                        **({"from": Path(projections).name} if projections is not None else {})},
         "parity": {"tolerance": PARITY_TOLERANCE, "max_abs_diff": parity},
         "exporter": {
             "d2s-search": __version__,

@@ -9,13 +9,11 @@ preprocessing the runtime must reproduce.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from tokenizers import Tokenizer
-from torch import nn
 
 from d2s_search.errors import ModelError
 
-from .dense import DenseDualEncoder
+from .dense import DenseDualEncoder, ProjectedTower
 from .hub import ensure_hub_reachable
 from .registry import DEFAULT_MODEL, available_models, load_config  # noqa: F401  (re-exported)
 from .tokenizers_offline import bert_base_uncased_tokenizer
@@ -48,26 +46,28 @@ def _from_pretrained(cls, hub_id: str):
 # --- BLIP (transformers) -----------------------------------------------------------------
 
 
-class _BlipImageTower(nn.Module):
+class _BlipImageTower(ProjectedTower):
+    proj_attr = "vision_proj"
+
     def __init__(self, model) -> None:
         super().__init__()
         self.vision_model = model.vision_model
         self.vision_proj = model.vision_proj
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        cls = self.vision_model(pixel_values=pixel_values)[0][:, 0, :]
-        return F.normalize(self.vision_proj(cls), dim=-1)
+    def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.vision_model(pixel_values=pixel_values)[0][:, 0, :]
 
 
-class _BlipTextTower(nn.Module):
+class _BlipTextTower(ProjectedTower):
+    proj_attr = "text_proj"
+
     def __init__(self, model) -> None:
         super().__init__()
         self.text_encoder = model.text_encoder
         self.text_proj = model.text_proj
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        cls = self.text_encoder(input_ids=input_ids, attention_mask=attention_mask)[0][:, 0, :]
-        return F.normalize(self.text_proj(cls), dim=-1)
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.text_encoder(input_ids=input_ids, attention_mask=attention_mask)[0][:, 0, :]
 
 
 def _build_blip(name: str, config: dict) -> DenseDualEncoder:
@@ -125,26 +125,28 @@ def _hub_tokenizer(hub_id: str) -> Tokenizer:
 # --- CLIP (transformers) -----------------------------------------------------------------
 
 
-class _ClipImageTower(nn.Module):
+class _ClipImageTower(ProjectedTower):
+    proj_attr = "visual_projection"
+
     def __init__(self, model) -> None:
         super().__init__()
         self.vision_model = model.vision_model
         self.visual_projection = model.visual_projection
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        pooled = self.vision_model(pixel_values=pixel_values).pooler_output
-        return F.normalize(self.visual_projection(pooled), dim=-1)
+    def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.vision_model(pixel_values=pixel_values).pooler_output
 
 
-class _ClipTextTower(nn.Module):
+class _ClipTextTower(ProjectedTower):
+    proj_attr = "text_projection"
+
     def __init__(self, model) -> None:
         super().__init__()
         self.text_model = model.text_model
         self.text_projection = model.text_projection
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        pooled = self.text_model(input_ids=input_ids, attention_mask=attention_mask).pooler_output
-        return F.normalize(self.text_projection(pooled), dim=-1)
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.text_model(input_ids=input_ids, attention_mask=attention_mask).pooler_output
 
 
 def _build_clip(name: str, config: dict) -> DenseDualEncoder:
@@ -189,28 +191,31 @@ def _build_clip(name: str, config: dict) -> DenseDualEncoder:
 # --- LAVIS BLIP / ALBEF retrieval (optional environment) ---------------------------------
 
 
-class _LavisImageTower(nn.Module):
+class _LavisImageTower(ProjectedTower):
+    proj_attr = "vision_proj"
+
     def __init__(self, model) -> None:
         super().__init__()
         self.visual_encoder = model.visual_encoder
         self.vision_proj = model.vision_proj
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        feats = self.visual_encoder.forward_features(pixel_values)
-        return F.normalize(self.vision_proj(feats[:, 0, :]), dim=-1)
+    def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.visual_encoder.forward_features(pixel_values)[:, 0, :]
 
 
-class _LavisTextTower(nn.Module):
+class _LavisTextTower(ProjectedTower):
     """LAVIS' ``compute_sim_matrix`` path: ``text_encoder.forward_text`` then ``text_proj``."""
+
+    proj_attr = "text_proj"
 
     def __init__(self, model) -> None:
         super().__init__()
         self.text_encoder = model.text_encoder
         self.text_proj = model.text_proj
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         out = self.text_encoder(input_ids, attention_mask=attention_mask, return_dict=True, mode="text")
-        return F.normalize(self.text_proj(out.last_hidden_state[:, 0, :]), dim=-1)
+        return out.last_hidden_state[:, 0, :]
 
 
 def _build_lavis(name: str, config: dict) -> DenseDualEncoder:

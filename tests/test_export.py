@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from d2s_search.bundle import Bundle
-from d2s_search.encoder import Encoder, preprocess_image
+from d2s_search.encoder import Encoder, preprocess_image, tokenize_batch
 from d2s_search.errors import BundleError, ModelError
 from onnx_export.export import ImageGraph, TextGraph, build_head, export_bundle
 from onnx_export.head import load_head, save_head
@@ -36,17 +36,18 @@ def test_runtime_encoder_equals_torch(model, request):
     enc = Encoder(bundle, device="cpu")
     images = [pattern_image(i, size=(120 + 10 * i, 90)) for i in range(5)]  # batch of 5: not the traced 3
     pixels = np.stack([enc.preprocess(im) for im in images])
-    from d2s_search.encoder import tokenize_batch
-
     ids, mask = tokenize_batch(enc.tokenizer, TEXTS, bundle.max_text_length, enc.pad_id)
     assert ids.shape[1] == bundle.max_text_length  # the long caption was truncated, [SEP] kept
-    (t_dense, t_sparse), (q_dense, q_sparse) = torch_outputs(model, pixels, ids, mask)
+    (t_dense, t_sparse, t_feats), (q_dense, q_sparse, q_feats) = torch_outputs(model, pixels, ids, mask)
     o_dense, o_sparse = enc.encode_pixels(pixels)
     text = enc.encode_texts(TEXTS)
     assert np.abs(o_dense - t_dense).max() < 1e-4
     assert np.abs(o_sparse - t_sparse).max() < 1e-4
     assert np.abs(text.dense - q_dense).max() < 1e-4
     assert np.abs(text.sparse - q_sparse).max() < 1e-4
+    _, _, o_feats = enc.encode_pixels_with_features(pixels)
+    assert np.abs(o_feats - t_feats).max() < 1e-4
+    assert np.abs(enc.encode_texts(TEXTS, features=True).features - q_feats).max() < 1e-4
     # Dense vectors are L2-normalised and differ between inputs (the model is not constant).
     assert np.allclose(np.linalg.norm(o_dense, axis=1), 1.0, atol=1e-5)
     assert np.abs(o_dense[0] - o_dense[1]).max() > 1e-3
@@ -61,7 +62,8 @@ def test_manifest_records_parity_and_files(model, request):
     assert 0 <= worst < 1e-4
     assert manifest["model"]["name"] == model
     assert manifest["head"]["trained"] is False
-    assert set(manifest["files"]) == {"image.onnx", "text.onnx", "tokenizer.json", "vocab.txt"}
+    assert set(manifest["files"]) == {"image.onnx", "text.onnx", "tokenizer.json", "vocab.txt", "projections.safetensors"}
+    assert manifest["format"] == "d2s-bundle/2" and set(manifest["outputs"]["image"]) == {"dense", "sparse", "features"}
     bundle = Bundle.load(path, verify_hashes=True)
     assert len(bundle.terms) == bundle.vocab_size == 30522  # real bert-base-uncased vocabulary
     assert bundle.terms[bundle.terms.index("dog")] == "dog"
@@ -188,10 +190,65 @@ def test_export_from_a_local_checkpoint_directory(tmp_path):
     assert bundle.manifest["model"]["source"]["weights"] == str(ckpt)
     enc = Encoder(bundle, device="cpu")
     pixels = enc.preprocess(pattern_image(3))[None]
+    ids, mask = tokenize_batch(enc.tokenizer, TEXTS, bundle.max_text_length, enc.pad_id)
     with torch.no_grad():
         feats = hf.vision_model(pixel_values=torch.from_numpy(pixels))[0][:, 0, :]
         want = torch.nn.functional.normalize(hf.vision_proj(feats), dim=-1).numpy()
+        t_feats = hf.text_encoder(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))[0][:, 0, :]
     assert np.abs(enc.encode_pixels(pixels)[0] - want).max() < 1e-4
+    # the `features` outputs are the vectors before vision_proj / text_proj
+    assert np.abs(enc.encode_pixels_with_features(pixels)[2] - feats.numpy()).max() < 1e-4
+    assert np.abs(enc.encode_texts(TEXTS, features=True).features - t_feats.numpy()).max() < 1e-4
+    # and the bundle's projections file maps them to the dense vectors
+    from safetensors.numpy import load_file
+
+    proj = load_file(str(bundle.path / "projections.safetensors"))
+    np.testing.assert_allclose(proj["vision_proj.weight"], hf.vision_proj.weight.detach().numpy())
+    dense = feats.numpy() @ proj["vision_proj.weight"].T + proj["vision_proj.bias"]
+    assert np.abs(dense / np.linalg.norm(dense, axis=1, keepdims=True) - want).max() < 1e-4
+
+
+def test_clip_features_are_the_pooled_vectors_before_the_projections(tiny_clip_bundle):
+    bundle = Bundle.load(tiny_clip_bundle)
+    enc = Encoder(bundle, device="cpu")
+    pixels = np.stack([enc.preprocess(pattern_image(i)) for i in range(2)])
+    ids, mask = tokenize_batch(enc.tokenizer, TEXTS, bundle.max_text_length, enc.pad_id)
+    model = build_dense_encoder("tiny-clip")
+    with torch.no_grad():  # the transformers modules themselves, not our towers
+        img = model.image_tower.vision_model(pixel_values=torch.from_numpy(pixels)).pooler_output.numpy()
+        txt = model.text_tower.text_model(input_ids=torch.from_numpy(ids),
+                                          attention_mask=torch.from_numpy(mask)).pooler_output.numpy()
+    dense, _, feats = enc.encode_pixels_with_features(pixels)
+    assert feats.shape == (2, bundle.outputs["image"]["features"]) and np.abs(feats - img).max() < 1e-4
+    assert np.abs(enc.encode_texts(TEXTS, features=True).features - txt).max() < 1e-4
+    from safetensors.numpy import load_file
+
+    proj = load_file(str(bundle.path / "projections.safetensors"))
+    assert "vision_proj.bias" not in proj  # CLIP's projections have no bias
+    want = img @ proj["vision_proj.weight"].T
+    assert np.abs(want / np.linalg.norm(want, axis=1, keepdims=True) - dense).max() < 1e-4
+
+
+def test_format_1_bundles_still_load_without_features(tiny_clip_bundle, tmp_path):
+    """A bundle from before the features output: searchable as before, no features."""
+    from d2s_search.bundle import compute_fingerprint
+
+    old = tmp_path / "old"
+    shutil.copytree(tiny_clip_bundle, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    for key in ("outputs", "projections"):
+        manifest.pop(key)
+    manifest["files"].pop("projections.safetensors")
+    (old / "projections.safetensors").unlink()
+    manifest["format"] = "d2s-bundle/1"
+    manifest["fingerprint"] = compute_fingerprint(manifest)
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    bundle = Bundle.load(old)
+    assert not bundle.has_features and set(bundle.outputs["text"]) == {"dense", "sparse"}
+    enc = Encoder(bundle, device="cpu")
+    assert enc.encode_texts(["a dog"]).dense.shape == (1, bundle.dense_dim)
+    with pytest.raises(BundleError, match="no `features` output"):
+        enc.encode_texts(["a dog"], features=True)
 
 
 def test_hub_unreachable_fails_fast_in_one_line(capsys, monkeypatch, tmp_path):

@@ -17,13 +17,16 @@ from d2s_search.errors import EXIT_OK, HubUnreachableError
               "(default: blip-itm-base-coco, or offline-mini when the hub cannot be reached). See --list-models.")
 @click.option("--head", type=click.Path(dir_okay=False, exists=True), help="Trained sparse head checkpoint "
               "(default: untrained head initialised from the vocabulary projection).")
+@click.option("--projections", type=click.Path(dir_okay=False, exists=True), help="Fine-tuned projections from "
+              "`train --objective joint` (projections.safetensors; use with its --head). The dense vectors change: "
+              "images indexed with another bundle must be re-ingested.")
 @click.option("--out", type=click.Path(file_okay=False), help="Bundle directory (default: ./d2s-bundles/<model>).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
               help="Weights of the exported graphs: fp32 (parity-checked), fp16, or int8 (dynamic quantisation).")
 @click.option("--tolerance", type=float, default=1e-4, show_default=True, help="Max abs difference allowed vs torch (fp32).")
 @click.option("--list-models", is_flag=True, help="List the built-in model names and exit.")
 @json_option
-def export_onnx(model, head, out, precision, tolerance, list_models, as_json) -> int:
+def export_onnx(model, head, projections, out, precision, tolerance, list_models, as_json) -> int:
     """Export a dense image-text model + sparse head to an ONNX model bundle."""
     from onnx_export.registry import DEFAULT_MODEL, available_models, load_config
 
@@ -60,7 +63,7 @@ def export_onnx(model, head, out, precision, tolerance, list_models, as_json) ->
     err = console(stderr=True)
     with err.status(f"exporting {model}") as status:
         result = export_bundle(model, out_dir, head_path=head, precision=precision, tolerance=tolerance,
-                               overwrite=True, progress=lambda msg: status.update(msg))
+                               overwrite=True, progress=lambda msg: status.update(msg), projections=projections)
     settings.remember_bundle(result.bundle.path)
     summary = result.bundle.summary() | {"parity_max_abs_diff": result.parity, "seconds": round(result.seconds, 2)}
     if as_json:

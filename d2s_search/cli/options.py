@@ -134,8 +134,8 @@ def bundle_for_index(given: str | None, recorded, where: str, verify: bool = Fal
         if recorded is not None and recorded.fingerprint and recorded.fingerprint != bundle.fingerprint:
             raise BundleMismatchError(
                 f"index {where} was filled with bundle {_describe(recorded)}, not with {bundle.path.resolve()} "
-                f"({bundle.fingerprint[:12]}, {bundle.model_name}): leave out --bundle to use the recorded one, "
-                "or pass another --index"
+                f"({bundle.fingerprint[:12]}, {bundle.model_name}); their vectors differ: leave out --bundle to use "
+                "the recorded one, or re-ingest the images with this bundle into another --index"
             )
         return bundle
     if recorded is not None and recorded.bundle_path:

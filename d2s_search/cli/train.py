@@ -55,13 +55,14 @@ def _tokenizer_option(f):
 @click.group(invoke_without_command=True)
 @click.option("--data", type=click.Path(file_okay=False), help="Precomputed embeddings (img_embs/text_embs + dataset_meta.json, or image_embeddings.npy + text_embeddings.npy + metadata.csv).")
 @click.option("--out", type=click.Path(file_okay=False), default="./d2s-heads/run", show_default=True, help="Run directory: head.pt (best), last.pt, history.json.")
-@click.option("--expansion", type=click.Choice(["0", "1", "c", "c+w"]), default="c+w", show_default=True, help="PEC mode: 0 never expand captions, 1 always, c caption level, c+w caption + word level.")
+@click.option("--expansion", type=click.Choice(["0", "1", "c", "c+w"]), default=None, help="PEC mode: 0 never expand captions, 1 always, c caption level, c+w caption + word level.  [default: c+w; joint: 1]")
 @click.option("--eta", type=float, default=1e-3, show_default=True, help="L1 weight (sparsity; 1e-5 .. 1e-2).")
 @click.option("--lambda", "lam", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="Mix of distillation (1-lambda) and L1 (lambda); 0.5 = the authors' loss / 2.")
 @click.option("--tau", type=float, default=1e-3, show_default=True, help="Teacher temperature on dense scores.")
-@click.option("--epochs", type=click.IntRange(1), default=200, show_default=True, help="Passes over the training captions.")
-@click.option("--batch-size", type=click.IntRange(2), default=512, show_default=True,
-              help="Captions per step (the other images of the batch are the negatives).")
+@click.option("--epochs", type=click.IntRange(1), default=None,
+              help="Passes over the training captions [default: 200; joint: 20].")
+@click.option("--batch-size", type=click.IntRange(2), default=None,
+              help="Captions per step, the other images of the batch are the negatives [default: 512; joint: 256].")
 @click.option("--lr-proj", type=float, default=1e-3, show_default=True, help="Learning rate of W1.")
 @click.option("--lr-vocab", type=float, default=5e-5, show_default=True, help="Learning rate of LayerNorm and W2.")
 @click.option("--warmup", type=click.FloatRange(0, 1), default=0.2, show_default=True, help="Share of steps for lr warm-up and the L1 ramp.")
@@ -75,6 +76,14 @@ def _tokenizer_option(f):
 @click.option("--joint-lr", type=float, default=5e-5, show_default=True, help="joint: learning rate of all parameters.")
 @click.option("--joint-eta-text", type=float, default=5e-4, show_default=True, help="joint: L1 weight on captions (q_reg).")
 @click.option("--joint-eta-image", type=float, default=3e-5, show_default=True, help="joint: L1 weight on images (d_reg).")
+@click.option("--joint-w1", type=float, default=0.1, show_default=True, help="joint: weight of the dense scores in the fused teacher scores.")
+@click.option("--joint-w2", type=float, default=0.1, show_default=True, help="joint: weight of the sparse scores in the fused teacher scores.")
+@click.option("--joint-lambda1", type=float, default=0.9, show_default=True, help="joint: weight of InfoNCE on dense scores.")
+@click.option("--joint-lambda2", type=float, default=0.3, show_default=True, help="joint: weight of InfoNCE on sparse scores.")
+@click.option("--joint-lambda3", type=float, default=1.0, show_default=True, help="joint: weight of InfoNCE on the fused scores.")
+@click.option("--joint-tau", type=click.FloatRange(1e-3, 0.5), default=0.07, show_default=True, help="joint: initial learnable temperature of the dense scores.")
+@click.option("--joint-max-flops", type=click.FloatRange(0), default=0.0, show_default=True, help="joint: only epochs whose validation FLOPs stay within this budget can be chosen as best (0 = any).")
+@click.option("--joint-init-head", type=click.Path(exists=True, dir_okay=False), help="joint: start from this head (e.g. a trained D2S head.pt) instead of a fresh one.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed (initialisation, batches, expansion draws).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="torch device (auto: CUDA when available).")
@@ -86,12 +95,14 @@ def _tokenizer_option(f):
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
 def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj, lr_vocab, warmup, schedule,
-          vocab_init, freeze_vocab, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image, seed, device, threads, amp, resume,
-          export_onnx_head, tokenizer, as_json) -> int:
+          vocab_init, freeze_vocab, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image,
+          joint_w1, joint_w2, joint_lambda1, joint_lambda2, joint_lambda3, joint_tau, joint_max_flops, joint_init_head, seed, device, threads,
+          amp, resume, export_onnx_head, tokenizer, as_json) -> int:
     """Train a D2S sparse head on precomputed dense embeddings (docs/training.md).
 
     \b
     d2s-search train --data ./embs --expansion c+w --eta 1e-3 --out ./d2s-heads/coco
+    d2s-search train --data ./embs-with-features --objective joint --out ./d2s-heads/coco-joint
     d2s-search train convert-head ./lsr42-checkpoint --out head.pt
     """
     if ctx.invoked_subcommand is not None:
@@ -103,8 +114,17 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
 
         torch.set_num_threads(threads)
     if objective == "joint":
-        return _train_joint(data, out, epochs, batch_size, warmup, seed, vocab_init, joint_lr, joint_eta_text,
-                            joint_eta_image, tokenizer, as_json)
+        from d2s_search.train.joint import JointConfig
+
+        cfg = JointConfig(
+            lr=joint_lr, eta_text=joint_eta_text, eta_image=joint_eta_image, w1=joint_w1, w2=joint_w2,
+            lambda1=joint_lambda1, lambda2=joint_lambda2, lambda3=joint_lambda3, tau=joint_tau,
+            epochs=epochs or JointConfig.epochs, batch_size=batch_size or JointConfig.batch_size, warmup=warmup,
+            expansion=expansion or JointConfig.expansion, schedule=schedule, seed=seed, val_images=val_images,
+            select_after_warmup=not select_during_warmup, select_max_flops=joint_max_flops, device=device,
+        )
+        return _train_joint(data, out, cfg, vocab_init, joint_init_head, tokenizer, export_onnx_head, as_json)
+    expansion, epochs, batch_size = expansion or "c+w", epochs or 200, batch_size or 512
     from d2s_search.train.data import load_dataset
     from d2s_search.train.modeling import build_head
     from d2s_search.train.trainer import TrainConfig, TrainingError
@@ -144,31 +164,55 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
     return EXIT_OK
 
 
-def _train_joint(data, out, epochs, batch_size, warmup, seed, vocab_init, lr, eta_text, eta_image, tokenizer,
-                 as_json) -> int:
+def _train_joint(data, out, cfg, vocab_init, init_head, tokenizer, export_onnx_head, as_json) -> int:
+    """``train --objective joint``: from ``embed --features`` output (img_feats/text_feats,
+    projections.safetensors, dataset_meta.json)."""
     from d2s_search.train.data import load_authors_layout
-    from d2s_search.train.joint import JointConfig, load_projections, train_joint
+    from d2s_search.train.joint import load_projections, train_joint
     from d2s_search.train.modeling import build_head
     from d2s_search.train.trainer import TrainingError
     from d2s_search.train.vocab import excluded_token_ids, load_tokenizer, tokenize_captions
+    from onnx_export.head import load_head
 
-    feats = load_authors_layout(data, kind="feats")
+    if not any((Path(data) / f"img_feats.{ext}").is_file() for ext in ("parquet", "npy")):
+        raise TrainingError(f"{data} has no img_feats (pre-projection features): write them with "
+                            "`d2s-search embed DATASET --bundle BUNDLE --features --out DIR`")
+    feats = load_authors_layout(data, kind="feats", same_dim=False)
     if "train" not in feats:
         raise TrainingError(f"{data} has no training split")
     proj = load_projections(Path(data) / "projections.safetensors")
     tok = load_tokenizer(tokenizer)
     val = feats.get("val")
     val_tokens = tokenize_captions(val.captions, tok) if val is not None else None
-    head = build_head(int(proj["text_proj.weight"].shape[0]), vocab_init, excluded_token_ids(tok),
-                      tok.get_vocab_size(), seed=seed)
-    cfg = JointConfig(lr=lr, eta_text=eta_text, eta_image=eta_image, epochs=epochs, batch_size=batch_size,
-                      warmup=warmup, seed=seed)
-    summary = train_joint(head, proj, feats["train"], cfg, out, val, val_tokens)
+    train_tokens = tokenize_captions(feats["train"].captions, tok) if cfg.expansion != "1" else None
+    dim = int(proj["text_proj.weight"].shape[0])
+    if init_head:
+        head = load_head(init_head)
+        if head.config.dense_dim != dim:
+            raise TrainingError(f"{init_head} expects {head.config.dense_dim}-d vectors, the projections give {dim}-d")
+    else:
+        head = build_head(dim, vocab_init, excluded_token_ids(tok), tok.get_vocab_size(), seed=cfg.seed)
+    if head.config.vocab_size != tok.get_vocab_size():
+        raise TrainingError(f"the head has {head.config.vocab_size} terms, the tokenizer {tok.get_vocab_size()}")
+
+    def log(entry: dict) -> None:
+        if not as_json:
+            v, d = entry.get("val_sparse"), entry.get("val_dense")
+            val_txt = f" val sparse R@1 {v['R@1']:.4f} FLOPs {v['FLOPs']:.1f}, dense R@1 {d['R@1']:.4f}" if v else ""
+            _console().log(f"epoch {entry['epoch']}: loss {entry['total']:.4f} tau {entry['tau']:.4f}{val_txt} "
+                           f"({entry['seconds']:.1f}s)")
+
+    summary = train_joint(head, proj, feats["train"], cfg, out, val, val_tokens, train_tokens, log=log)
+    if export_onnx_head:
+        from d2s_search.train.convert import export_head_onnx
+
+        summary["head_onnx"] = str(export_head_onnx(load_head(summary["head"]), Path(out) / "head.onnx"))
     if as_json:
         _emit_json(_clean(summary))
     else:
-        click.echo(f"best head: {summary['head']}, projections: {summary['projections']} "
-                   f"(val sparse R@1 {summary['best_val_sparse_r1']:.4f})")
+        click.echo(f"best head: {summary['head']}, projections: {summary['projections']} from epoch "
+                   f"{summary['best_epoch']} (val sparse R@1 {summary['best_val_sparse_r1']:.4f}); bundle: "
+                   f"d2s-search export-onnx --model MODEL --head {summary['head']} --projections {summary['projections']}")
     return EXIT_OK
 
 
@@ -383,8 +427,10 @@ def _print_eval(result: dict, k: int) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="CSV only: seed of the val/test split.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime device (CUDA when it really loads).")
+@click.option("--features", is_flag=True, help="Also store the pre-projection vectors (img_feats/text_feats) and the bundle's projections.safetensors, for `train --objective joint`.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def embed(dataset, out, bundle, text_encoder, images, image_root, batch_size, fmt, val_fraction, test_fraction, seed, device, as_json) -> int:
+def embed(dataset, out, bundle, text_encoder, images, image_root, batch_size, fmt, val_fraction, test_fraction, seed, device,
+          features, as_json) -> int:
     """Precompute dense embeddings of a Karpathy JSON or image,caption CSV (resumable)."""
     from d2s_search.embed import bundle_encoders, embed_dataset, read_dataset
 
@@ -392,8 +438,16 @@ def embed(dataset, out, bundle, text_encoder, images, image_root, batch_size, fm
                                                  if not str(dataset).lower().endswith(".json") else {}))
     text_fn = image_fn = None
     name = ""
+    features_from = projections = None
+    if features:
+        if not bundle or text_encoder != "bundle":
+            raise click.UsageError("--features needs --bundle as the text (and image) encoder")
+        from d2s_search.bundle import Bundle
+
+        b = Bundle.load(bundle)
+        projections, features_from = b.require_features(), b.dense_dim
     if bundle:
-        text_fn, image_fn, name = bundle_encoders(bundle, device)
+        text_fn, image_fn, name = bundle_encoders(bundle, device, features=features)
     if images and image_fn is None:
         raise click.UsageError("embedding images needs --bundle (or pass --no-images)")
     if text_encoder == "minilm":
@@ -409,7 +463,8 @@ def embed(dataset, out, bundle, text_encoder, images, image_root, batch_size, fm
     if progress:
         progress.start()
     try:
-        summary = embed_dataset(items, out, text_fn, image_fn if images else None, name, batch_size, fmt, progress)
+        summary = embed_dataset(items, out, text_fn, image_fn if images else None, name, batch_size, fmt, progress,
+                                features_from=features_from, projections=projections)
     finally:
         if progress:
             progress.stop()

@@ -196,7 +196,9 @@ def _split_from_meta(
 SPLITS = {"train": ("train",), "val": ("val", "dev"), "test": ("test",)}
 
 
-def load_authors_layout(directory: str | Path, kind: str = "embs") -> dict[str, PairSplit]:
+def load_authors_layout(directory: str | Path, kind: str = "embs", same_dim: bool = True) -> dict[str, PairSplit]:
+    """Splits of the authors' layout; ``same_dim=False`` allows image and text vectors of
+    different widths (pre-projection features: e.g. CLIP's 768-d image, 512-d text)."""
     d = Path(directory)
     meta_path = d / "dataset_meta.json"
     if not meta_path.is_file():
@@ -207,7 +209,7 @@ def load_authors_layout(directory: str | Path, kind: str = "embs") -> dict[str, 
         raise DatasetError(f"{meta_path} is not valid JSON: {exc}") from exc
     img_ids, img_embs = read_embeddings(d, "img", kind)
     txt_ids, txt_embs = read_embeddings(d, "text", kind)
-    if img_embs.shape[1] != txt_embs.shape[1]:
+    if same_dim and img_embs.shape[1] != txt_embs.shape[1]:
         raise DatasetError(
             f"image vectors are {img_embs.shape[1]}-d but text vectors {txt_embs.shape[1]}-d"
         )

@@ -1,27 +1,36 @@
 """Joint sparse-dense self-distillation (the CIKM 2025 follow-up, DESIGN.md §2).
 
-The dense projection layers (BLIP/ALBEF ``text_proj`` / ``vision_proj``) are fine-tuned
-together with the sparse head, from stored pre-projection features ``f``:
+The dense projection layers (BLIP/ALBEF ``text_proj`` / ``vision_proj``, CLIP's
+``text_projection`` / ``visual_projection``) are fine-tuned together with the sparse head,
+from stored pre-projection features ``f`` (``embed --features`` writes them):
 
     h = normalize(proj(f))                  dense vectors (the improved dense model)
-    z = head(h)                             sparse vectors
+    z = head(h)                             sparse vectors (captions masked by PEC if asked)
     s_dense = h_t h_i^T / tau               tau learnable, clamped to [0.001, 0.5]
     s_sparse = z_t z_i^T
     s_inter = w1 * s_dense + w2 * s_sparse
-    L = l1 * NCE(s_dense) + l2 * NCE(s_sparse) + NCE(s_inter)
-        + KD(s_dense <- softmax(s_inter)) + KD(s_sparse <- softmax(s_inter))
-        + eta_t * L1(z_t) + eta_i * L1(z_i)
+    L  = l1 * NCE(s_dense) + l2 * NCE(s_sparse) + l3 * NCE(s_inter)
+    L' = (KD(s_dense <- softmax(s_inter)) + KD(s_sparse <- softmax(s_inter))) / 2
+    total = L + L' + ramp_t * (eta_t * L1(z_t) + eta_i * L1(z_i))
 
 NCE is the symmetric InfoNCE with the batch's pairs as positives; KD the symmetric soft
-cross-entropy towards the (detached) fused distribution. The L1 weights ramp like the
-sparse objective's. Inputs: ``img_feats`` / ``text_feats`` (same layout as embeddings) and
-``projections.safetensors`` with ``text_proj.{weight,bias}`` and ``vision_proj.{weight,bias}``.
+cross-entropy towards the (detached) fused distribution; ``ramp_t`` the quadratic warm-up
+ramp of the sparse objective. Batches are drawn per image (:func:`image_batches`): no
+batch holds two captions of one image, so InfoNCE never treats a caption's own image as a
+negative. The public code (``holi-lab/mm-sparse-retrieval``, ``loss.py``) additionally
+halves ``L + L'``; that only rescales the loss against the L1 term and the learning rate.
+
+Inputs: ``img_feats`` / ``text_feats`` (same layout as the embeddings) and
+``projections.safetensors`` with ``text_proj.weight`` / ``vision_proj.weight`` (biases
+optional: CLIP's projections have none).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,8 +43,13 @@ from d2s_search import metrics as M
 from d2s_search.errors import ModelError
 from d2s_search.train.data import PairSplit
 from d2s_search.train.losses import l1, quadratic_ramp, soft_cross_entropy
-from d2s_search.train.trainer import _lr_lambda, validate
+from d2s_search.train.pec import PEC
+from d2s_search.train.trainer import _lr_lambda, query_mask_for, validate
+from d2s_search.train.vocab import CaptionTokens, document_frequency
 from onnx_export.head import SparseHead, save_head
+
+TAU_MIN, TAU_MAX = 1e-3, 0.5
+PROJECTIONS = ("text_proj", "vision_proj")
 
 
 @dataclass
@@ -45,13 +59,25 @@ class JointConfig:
     eta_image: float = 3e-5  # d_reg
     w1: float = 0.1
     w2: float = 0.1
-    lambda1: float = 0.9
-    lambda2: float = 0.3
+    lambda1: float = 0.9  # InfoNCE on dense scores
+    lambda2: float = 0.3  # InfoNCE on sparse scores
+    lambda3: float = 1.0  # InfoNCE on the fused scores
     tau: float = 0.07  # initial value of the learnable temperature
-    epochs: int = 10
+    epochs: int = 20
     batch_size: int = 256
-    warmup: float = 0.2
+    warmup: float = 0.2  # share of steps: lr warm-up and the L1 ramp
+    expansion: str = "1"  # PEC mode on captions, as in D2S training (0, 1, c, c+w)
+    schedule: str = "paper"
     seed: int = 0
+    val_images: int = 1000  # validate on the first N val images (0 = all)
+    select_after_warmup: bool = True  # as in D2S training: barely regularised epochs can't win
+    select_max_flops: float = 0.0  # > 0: only epochs whose validation FLOPs stay within this budget can win
+    device: str = "auto"
+
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
 
 
 def load_projections(path: str | Path) -> dict[str, torch.Tensor]:
@@ -59,68 +85,122 @@ def load_projections(path: str | Path) -> dict[str, torch.Tensor]:
 
     p = Path(path)
     if not p.is_file():
-        raise ModelError(f"projection weights not found: {p} (needed by --objective joint)")
-    state = load_file(str(p))
-    need = ["text_proj.weight", "text_proj.bias", "vision_proj.weight", "vision_proj.bias"]
-    missing = [k for k in need if k not in state]
+        raise ModelError(f"projection weights not found: {p} (needed by --objective joint; "
+                         "`d2s-search embed --features` writes them next to the features)")
+    try:
+        state = load_file(str(p))
+    except Exception as exc:  # a truncated or foreign file
+        raise ModelError(f"cannot read {p}: {str(exc).splitlines()[0][:160]}") from None
+    missing = [f"{n}.weight" for n in PROJECTIONS if f"{n}.weight" not in state]
     if missing:
         raise ModelError(f"{p} lacks {', '.join(missing)}")
-    return state
+    if state["text_proj.weight"].shape[0] != state["vision_proj.weight"].shape[0]:
+        raise ModelError(f"{p}: text_proj and vision_proj map to different widths")
+    return {k: v.float() for k, v in state.items()}
+
+
+def _linear(state: dict[str, torch.Tensor], name: str) -> nn.Linear:
+    w = state[f"{name}.weight"]
+    bias = state.get(f"{name}.bias")
+    layer = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+        if bias is not None:
+            layer.bias.copy_(bias)
+    return layer
 
 
 class JointModel(nn.Module):
     def __init__(self, head: SparseHead, proj: dict[str, torch.Tensor], tau: float) -> None:
         super().__init__()
         self.head = head
-        self.text_proj = nn.Linear(proj["text_proj.weight"].shape[1], proj["text_proj.weight"].shape[0])
-        self.vision_proj = nn.Linear(proj["vision_proj.weight"].shape[1], proj["vision_proj.weight"].shape[0])
-        with torch.no_grad():
-            for name in ("text_proj", "vision_proj"):
-                getattr(self, name).weight.copy_(proj[f"{name}.weight"])
-                getattr(self, name).bias.copy_(proj[f"{name}.bias"])
+        self.text_proj = _linear(proj, "text_proj")
+        self.vision_proj = _linear(proj, "vision_proj")
         self.log_tau = nn.Parameter(torch.tensor(math.log(tau)))
 
     def tau(self) -> torch.Tensor:
-        return self.log_tau.exp().clamp(1e-3, 0.5)
+        return self.log_tau.exp().clamp(TAU_MIN, TAU_MAX)
+
+    def clamp_tau(self) -> None:
+        """Keep the parameter itself in range (as the authors do), so it can move back."""
+        with torch.no_grad():
+            self.log_tau.clamp_(math.log(TAU_MIN), math.log(TAU_MAX))
 
     def dense(self, f_t: torch.Tensor, f_i: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return F.normalize(self.text_proj(f_t), dim=-1), F.normalize(self.vision_proj(f_i), dim=-1)
 
+    def projections(self) -> dict[str, torch.Tensor]:
+        return {f"{n}.{p}": t.detach().cpu().contiguous() for n in PROJECTIONS
+                for p, t in getattr(self, n).state_dict().items()}
 
-def _nce(scores: torch.Tensor) -> torch.Tensor:
+
+def nce(scores: torch.Tensor) -> torch.Tensor:
+    """Symmetric InfoNCE; row i's positive is column i."""
     labels = torch.arange(len(scores), device=scores.device)
     return (F.cross_entropy(scores, labels) + F.cross_entropy(scores.t(), labels)) / 2
 
 
-def _kd(scores: torch.Tensor, target_scores: torch.Tensor) -> torch.Tensor:
+def kd(scores: torch.Tensor, target_scores: torch.Tensor) -> torch.Tensor:
+    """Symmetric soft cross-entropy of ``scores`` towards softmax of the detached target."""
     t = target_scores.detach()
     return (soft_cross_entropy(scores, t.softmax(1)) + soft_cross_entropy(scores.t(), t.t().softmax(1))) / 2
 
 
-def joint_loss(model: JointModel, f_t, f_i, cfg: JointConfig, step: int, warmup: int) -> dict:
+def joint_loss(model: JointModel, f_t, f_i, cfg: JointConfig, step: int, warmup: int,
+               text_mask: torch.Tensor | None = None) -> dict:
     h_t, h_i = model.dense(f_t, f_i)
     z_t, z_i = model.head(h_t), model.head(h_i)
+    if text_mask is not None:  # PEC: captions restricted to their own (+ drawn) terms
+        z_t = z_t * text_mask
     s_dense = h_t @ h_i.t() / model.tau()
     s_sparse = z_t @ z_i.t()
     s_inter = cfg.w1 * s_dense + cfg.w2 * s_sparse
     ramp = quadratic_ramp(step, warmup)
     parts = {
-        "nce_dense": _nce(s_dense), "nce_sparse": _nce(s_sparse), "nce_inter": _nce(s_inter),
-        "kd_dense": _kd(s_dense, s_inter), "kd_sparse": _kd(s_sparse, s_inter),
+        "nce_dense": nce(s_dense), "nce_sparse": nce(s_sparse), "nce_inter": nce(s_inter),
+        "kd_dense": kd(s_dense, s_inter), "kd_sparse": kd(s_sparse, s_inter),
         "l1_text": l1(z_t), "l1_image": l1(z_i),
     }
-    total = (cfg.lambda1 * parts["nce_dense"] + cfg.lambda2 * parts["nce_sparse"] + parts["nce_inter"]
-             + parts["kd_dense"] + parts["kd_sparse"]
-             + ramp * (cfg.eta_text * parts["l1_text"] + cfg.eta_image * parts["l1_image"]))
-    return {"total": total, **{k: float(v.detach()) for k, v in parts.items()}}
+    contrastive = cfg.lambda1 * parts["nce_dense"] + cfg.lambda2 * parts["nce_sparse"] + cfg.lambda3 * parts["nce_inter"]
+    distill = (parts["kd_dense"] + parts["kd_sparse"]) / 2
+    reg = ramp * (cfg.eta_text * parts["l1_text"] + cfg.eta_image * parts["l1_image"])
+    return {"total": contrastive + distill + reg, **{k: float(v.detach()) for k, v in parts.items()}}
+
+
+def image_batches(caption_image: np.ndarray, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """One epoch of caption-row batches with no two captions of the same image in a batch.
+
+    Each image's captions are shuffled and dealt into rounds (round r holds the r-th caption
+    of every image that has one); batches are cut inside a round, so every caption is used
+    once per epoch. A lone caption left at the end of a round joins an earlier batch without
+    its image (that batch holds ``batch_size + 1``); it is dropped only if there is none.
+    """
+    cap_img = np.asarray(caption_image, dtype=np.int64)
+    order = rng.permutation(len(cap_img))
+    by_image = order[np.argsort(cap_img[order], kind="stable")]  # random order within images
+    starts = np.r_[0, np.flatnonzero(np.diff(cap_img[by_image])) + 1]
+    rank = np.arange(len(by_image)) - np.repeat(starts, np.diff(np.r_[starts, len(by_image)]))
+    batches: list[np.ndarray] = []
+    for r in range(int(rank.max()) + 1 if len(rank) else 0):
+        rows = rng.permutation(by_image[rank == r])
+        for chunk in (rows[i : i + batch_size] for i in range(0, len(rows), batch_size)):
+            if len(chunk) > 1:
+                batches.append(chunk)
+                continue
+            # A lone caption has no negatives: add it to a batch without its image instead.
+            home = next((k for k, b in enumerate(batches) if cap_img[chunk[0]] not in cap_img[b]), None)
+            if home is not None:
+                batches[home] = np.append(batches[home], chunk)
+    return [batches[k] for k in rng.permutation(len(batches))]
 
 
 @torch.no_grad()
 def project(model: JointModel, split: PairSplit) -> PairSplit:
     """The split with its features mapped through the (fine-tuned) projections."""
-    h_t, h_i = model.dense(torch.as_tensor(split.text_emb), torch.as_tensor(split.image_emb))
-    return PairSplit(split.name, split.caption_ids, split.captions, h_t.numpy(), split.image_ids,
-                     h_i.numpy(), split.caption_image)
+    device = model.log_tau.device
+    h_t, h_i = model.dense(torch.as_tensor(split.text_emb, device=device), torch.as_tensor(split.image_emb, device=device))
+    return PairSplit(split.name, split.caption_ids, split.captions, h_t.cpu().numpy(), split.image_ids,
+                     h_i.cpu().numpy(), split.caption_image)
 
 
 def dense_metrics(split: PairSplit) -> dict:
@@ -130,54 +210,98 @@ def dense_metrics(split: PairSplit) -> dict:
 
 def train_joint(
     head: SparseHead, proj: dict[str, torch.Tensor], train_feats: PairSplit, cfg: JointConfig,
-    out_dir: str | Path, val_feats: PairSplit | None = None, val_tokens=None,
+    out_dir: str | Path, val_feats: PairSplit | None = None, val_tokens: CaptionTokens | None = None,
+    train_tokens: CaptionTokens | None = None, log: Callable[[dict], None] | None = None,
 ) -> dict:
     """Fine-tune projections + head; saves ``head.pt`` and ``projections.safetensors`` of the
-    epoch with the best validation sparse R@1, and reports dense and sparse metrics."""
+    epoch with the best validation sparse R@1, and reports dense and sparse metrics.
+
+    ``train_tokens`` (the training captions' token ids) are needed for expansion control
+    (``cfg.expansion`` other than ``"1"``).
+    """
     from safetensors.torch import save_file
 
+    if head.config.dense_dim != proj["text_proj.weight"].shape[0]:
+        raise ModelError(f"head expects {head.config.dense_dim}-d vectors, the projections give "
+                         f"{proj['text_proj.weight'].shape[0]}-d")
+    for side, name, feats in (("text", "text_proj", train_feats.text_emb), ("image", "vision_proj", train_feats.image_emb)):
+        if proj[f"{name}.weight"].shape[1] != feats.shape[1]:
+            raise ModelError(f"{name} takes {proj[f'{name}.weight'].shape[1]}-d input, the {side} features are "
+                             f"{feats.shape[1]}-d (features and projections.safetensors come from different models?)")
+    if cfg.expansion != "1" and train_tokens is None:
+        raise ModelError(f"expansion {cfg.expansion!r} needs the training captions' token ids")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    model = JointModel(head, proj, cfg.tau)
-    n = len(train_feats.caption_ids)
-    steps = math.ceil(n / cfg.batch_size)
+    device = cfg.resolved_device()
+    model = JointModel(head, proj, cfg.tau).to(device)
+    rng = np.random.default_rng(cfg.seed)
+    cap_img = np.asarray(train_feats.caption_image)
+    steps = len(image_batches(cap_img, cfg.batch_size, np.random.default_rng(0)))  # same count every epoch
     total, warmup = steps * cfg.epochs, int(steps * cfg.epochs * cfg.warmup)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(total, warmup))
-    rng = np.random.default_rng(cfg.seed)
-    f_t_all = torch.as_tensor(train_feats.text_emb)
-    f_i_all = torch.as_tensor(train_feats.image_emb)
-    cap_img = torch.as_tensor(train_feats.caption_image)
-    history, best, step = [], -math.inf, 0
+    pec = (PEC(cfg.expansion, train_tokens, document_frequency(train_tokens), cfg.epochs, cfg.schedule, cfg.seed)
+           if cfg.expansion != "1" else None)
+    val = val_feats
+    if val is not None and cfg.val_images and len(val.image_ids) > cfg.val_images:
+        if val_tokens is not None:
+            val_tokens = val_tokens.subset(np.flatnonzero(val.caption_image < cfg.val_images))
+        val = val.head(cfg.val_images)
+    f_t_all = torch.as_tensor(train_feats.text_emb, dtype=torch.float32)
+    f_i_all = torch.as_tensor(train_feats.image_emb, dtype=torch.float32)
+    cap_img_t = torch.as_tensor(cap_img)
+    (out / "config.json").write_text(json.dumps({**asdict(cfg), "head": asdict(head.config)}, indent=2))
+    head.config.notes = {**head.config.notes, "objective": "joint", "expansion": cfg.expansion,
+                         "eta": cfg.eta_text, "query_mask": query_mask_for(cfg.expansion)}
+    history, best, best_epoch, step = [], -math.inf, -1, 0
     for epoch in range(cfg.epochs):
-        perm = rng.permutation(n)
+        t0 = time.perf_counter()
+        model.train()
+        batches = image_batches(cap_img, cfg.batch_size, rng)
         sums: dict[str, float] = {}
-        for b in range(steps):
-            rows = torch.as_tensor(perm[b * cfg.batch_size : (b + 1) * cfg.batch_size])
-            parts = joint_loss(model, f_t_all[rows], f_i_all[cap_img[rows]], cfg, step, warmup)
+        for rows in batches:
+            rows_t = torch.as_tensor(rows)
+            mask = pec.draw(rows, epoch, device=device)[0] if pec is not None else None
+            parts = joint_loss(model, f_t_all[rows_t].to(device), f_i_all[cap_img_t[rows_t]].to(device), cfg, step,
+                               warmup, mask)
             opt.zero_grad(set_to_none=True)
             parts["total"].backward()
             opt.step()
             sched.step()
+            model.clamp_tau()
             step += 1
             for k, v in parts.items():
-                sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v) / steps
-        entry = {"epoch": epoch + 1, **sums, "tau": float(model.tau().detach())}
-        if val_feats is not None:
-            vs = project(model, val_feats)
+                sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v) / len(batches)
+        entry = {"epoch": epoch + 1, **sums, "tau": float(model.tau().detach()), "steps": step}
+        model.eval()
+        if val is not None:
+            vs = project(model, val)
             entry["val_dense"] = dense_metrics(vs)
-            entry["val_sparse"] = validate(model.head, vs, val_tokens, "1", torch.device("cpu"))
+            entry["val_sparse"] = validate(model.head, vs, val_tokens, cfg.expansion, device)
+        entry["seconds"] = time.perf_counter() - t0
+        entry["eligible"] = not cfg.select_after_warmup or step >= warmup or epoch == cfg.epochs - 1
+        if cfg.select_max_flops > 0 and val is not None:
+            entry["eligible"] = entry["eligible"] and entry["val_sparse"]["FLOPs"] <= cfg.select_max_flops
         history.append(entry)
-        score = entry["val_sparse"]["R@1"] if val_feats is not None else -entry["total"]
-        if score > best:
-            best = score
+        score = entry["val_sparse"]["R@1"] if val is not None else -entry["total"]
+        if entry["eligible"] and score > best:
+            best, best_epoch = score, epoch + 1
             head.config.trained = True
-            head.config.notes = {**head.config.notes, "objective": "joint", "best_epoch": epoch + 1,
-                                 "joint": asdict(cfg)}
+            head.config.notes = {**head.config.notes, "best_epoch": epoch + 1, "joint": asdict(cfg),
+                                 "val": entry.get("val_sparse", {}), "val_dense": entry.get("val_dense", {})}
             save_head(head, out / "head.pt")
-            save_file({f"{n}.{p}": t.detach().contiguous() for n in ("text_proj", "vision_proj")
-                       for p, t in getattr(model, n).state_dict().items()}, str(out / "projections.safetensors"))
+            tmp = out / "projections.safetensors.tmp"
+            save_file(model.projections(), str(tmp), metadata={"objective": "joint", "epoch": str(epoch + 1)})
+            tmp.replace(out / "projections.safetensors")
         (out / "history.json").write_text(json.dumps(history, indent=2))
+        if log:
+            log(entry)
+    if best_epoch < 0:
+        raise ModelError(f"no epoch met the selection rule (FLOPs <= {cfg.select_max_flops:g} on validation); "
+                         "train longer, raise the L1 weights or the budget")
+    best_entry = history[best_epoch - 1]
     return {"out_dir": str(out), "head": str(out / "head.pt"), "projections": str(out / "projections.safetensors"),
-            "history": history, "best_val_sparse_r1": best}
+            "best_epoch": best_epoch, "best_val_sparse_r1": best, "best_val": best_entry.get("val_sparse", {}),
+            "best_val_dense": best_entry.get("val_dense", {}), "epochs": cfg.epochs, "steps": step,
+            "history": history}

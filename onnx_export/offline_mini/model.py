@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from d2s_search.errors import ModelError
-from onnx_export.dense import DenseDualEncoder
+from onnx_export.dense import DenseDualEncoder, ProjectedTower, linear_from_state
 from onnx_export.head import HeadConfig, SparseHead
 from onnx_export.offline_mini.backbones import (
     FEATURE_DIM,
@@ -46,23 +46,67 @@ PROJECTIONS_FILE = "projections.safetensors"
 HEAD_FILE = "head.safetensors"
 
 
-class OfflineImageTower(nn.Module):
+class OfflineImageTower(ProjectedTower):
+    """Features: the pooled EfficientNet vector, followed (with the class bridge) by the
+    bridge's text-space vector ``bridge_scale * softmax(logits / T) @ class_emb``. The
+    projection ``linear(pooled) + bridge`` is then one linear map ``[W | I] @ features + b``."""
+
     def __init__(self, backbone: nn.Module, projection: ImageProjection) -> None:
         super().__init__()
         self.backbone, self.projection = backbone, projection
+        self.finetuned: nn.Linear | None = None  # set by load_projection (joint training)
+
+    def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        pooled, logits = self.backbone(pixel_values)
+        p = self.projection
+        if not p.use_bridge:
+            return pooled
+        probs = torch.softmax(logits / p.log_temp.exp(), dim=-1)
+        return torch.cat([pooled, p.bridge_scale * (probs @ p.class_emb)], dim=-1)
+
+    def project(self, feats: torch.Tensor) -> torch.Tensor:
+        if self.finetuned is not None:
+            return self.finetuned(feats)
+        n = self.projection.linear.in_features
+        out = self.projection.linear(feats[:, :n])
+        return out + feats[:, n:] if self.projection.use_bridge else out
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        pooled, logits = self.backbone(pixel_values)
-        return normalize(self.projection(pooled, logits))
+        return normalize(self.project(self.features(pixel_values)))
+
+    def projection_state(self) -> dict[str, torch.Tensor]:
+        if self.finetuned is not None:
+            return {"weight": self.finetuned.weight.detach().clone(), "bias": self.finetuned.bias.detach().clone()}
+        lin = self.projection.linear
+        w = lin.weight.detach()
+        if self.projection.use_bridge:
+            w = torch.cat([w, torch.eye(w.shape[0])], dim=1)
+        return {"weight": w.clone(), "bias": lin.bias.detach().clone()}
+
+    def load_projection(self, state: dict[str, torch.Tensor]) -> None:
+        self.finetuned = linear_from_state(state)
 
 
-class OfflineTextTower(nn.Module):
+class OfflineTextTower(ProjectedTower):
     def __init__(self, backbone: nn.Module, projection: TextProjection) -> None:
         super().__init__()
         self.backbone, self.projection = backbone, projection
 
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.backbone(input_ids, attention_mask)
+
+    def project(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.projection.linear(feats)
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return normalize(self.projection(self.backbone(input_ids, attention_mask)))
+        return normalize(self.project(self.features(input_ids, attention_mask)))
+
+    def projection_state(self) -> dict[str, torch.Tensor]:
+        lin = self.projection.linear
+        return {"weight": lin.weight.detach().clone(), "bias": lin.bias.detach().clone()}
+
+    def load_projection(self, state: dict[str, torch.Tensor]) -> None:
+        self.projection.linear = linear_from_state(state)
 
 
 def weights_dir(config: dict) -> Path:

@@ -77,6 +77,36 @@ def test_onnx_encoders_match_torch_on_real_photos(offline_export, heldout_photos
     assert np.abs(text.sparse - t_txt_sparse).max() < 1e-4
 
 
+def test_features_are_the_inputs_of_the_projections(offline_export):
+    """Image features = [pooled EfficientNet vector | class-bridge vector]; the projection
+    (the shipped ImageProjection) is one linear map of them, written to projections.safetensors."""
+    from safetensors.numpy import load_file
+
+    from tests.helpers import pattern_image
+
+    result, encoder = offline_export
+    bundle = result.bundle
+    enc = Encoder(bundle, device="cpu")
+    pixels = np.stack([enc.preprocess(pattern_image(i)) for i in range(3)])
+    ids, mask = tokenize_batch(enc.tokenizer, ["a dog on the grass", "snow"], bundle.max_text_length, enc.pad_id)
+    tower = encoder.image_tower
+    with torch.no_grad():
+        pooled, logits = tower.backbone(torch.from_numpy(pixels))
+        want_dense = torch.nn.functional.normalize(tower.projection(pooled, logits), dim=-1).numpy()
+        minilm = encoder.text_tower.backbone(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    dense, _, feats = enc.encode_pixels_with_features(pixels)
+    assert feats.shape == (3, 1280 + 384) == (3, bundle.outputs["image"]["features"])
+    assert np.abs(feats[:, :1280] - pooled.numpy()).max() < 1e-4
+    proj = load_file(str(bundle.path / "projections.safetensors"))
+    h = feats @ proj["vision_proj.weight"].T + proj["vision_proj.bias"]
+    assert np.abs(h / np.linalg.norm(h, axis=1, keepdims=True) - want_dense).max() < 1e-4
+    assert np.abs(dense - want_dense).max() < 1e-4
+    text = enc.encode_texts(["a dog on the grass", "snow"], features=True)
+    assert np.abs(text.features - minilm).max() < 1e-4
+    t = minilm @ proj["text_proj.weight"].T + proj["text_proj.bias"]
+    assert np.abs(t / np.linalg.norm(t, axis=1, keepdims=True) - text.dense).max() < 1e-4
+
+
 def _recall(img: np.ndarray, txt: np.ndarray, owner: np.ndarray) -> dict:
     _, _, per_q = M.evaluate_scores(txt @ img.T, [np.array([o]) for o in owner])
     return M.aggregate(per_q)

@@ -56,14 +56,15 @@ def same_size_edit(file: Path, keep_mtime: bool) -> None:
 
 def test_hashes_are_checked_once_then_remembered(bundle_copy, hashed, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    listed = sorted(bundle_module.BUNDLE_FILES) + [bundle_module.PROJECTIONS_FILE]  # format 2 lists projections
     Bundle.load(bundle_copy)
-    assert sorted(hashed) == sorted(bundle_module.BUNDLE_FILES)  # first load: a full check
+    assert sorted(hashed) == sorted(listed)  # first load: a full check
     assert (bundle_copy / STAMP_NAME).is_file()
     hashed.clear()
     Bundle.load(bundle_copy)
     assert hashed == []  # nothing changed: the stamp answers
     Bundle.load(bundle_copy, verify_hashes=True)
-    assert len(hashed) == len(bundle_module.BUNDLE_FILES)  # ingest's explicit full check still hashes
+    assert len(hashed) == len(listed)  # ingest's explicit full check still hashes
 
 
 @pytest.mark.parametrize("keep_mtime", [False, True])
@@ -120,7 +121,7 @@ def test_read_only_bundle_folder_keeps_its_stamp_in_the_cache(bundle_copy, hashe
 def test_a_damaged_stamp_only_means_checking_again(bundle_copy, hashed, garbage):
     (bundle_copy / STAMP_NAME).write_bytes(garbage)
     Bundle.load(bundle_copy)
-    assert len(hashed) == len(bundle_module.BUNDLE_FILES)
+    assert len(hashed) == len(bundle_module.BUNDLE_FILES) + 1  # + projections.safetensors (format 2)
     assert json.loads((bundle_copy / STAMP_NAME).read_text())["format"] == "d2s-bundle-stamp/1"
 
 

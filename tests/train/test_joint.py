@@ -5,6 +5,7 @@ from d2s_search.train.joint import (
     JointConfig,
     JointModel,
     dense_metrics,
+    image_batches,
     joint_loss,
     project,
     train_joint,
@@ -30,7 +31,7 @@ def test_joint_loss_parts_and_gradients(synthetic):
     cfg = JointConfig()
     parts = joint_loss(model, f_t, f_i, cfg, step=5, warmup=10)
     expect = (cfg.lambda1 * parts["nce_dense"] + cfg.lambda2 * parts["nce_sparse"] + parts["nce_inter"]
-              + parts["kd_dense"] + parts["kd_sparse"]
+              + (parts["kd_dense"] + parts["kd_sparse"]) / 2
               + 0.25 * (cfg.eta_text * parts["l1_text"] + cfg.eta_image * parts["l1_image"]))
     assert abs(float(parts["total"].detach()) - expect) < 1e-4
     parts["total"].backward()
@@ -79,3 +80,84 @@ def test_cli_joint_objective(tmp_path):
     out = json.loads(res.output)
     assert out["history"][0]["val_dense"]["R@1"] in (0.0, 1.0)
     assert (tmp_path / "run" / "projections.safetensors").is_file()
+
+
+class _Relu(torch.nn.Module):
+    """A stand-in head with hand-computable outputs: z = relu(h)."""
+
+    def forward(self, h):
+        return torch.relu(h)
+
+
+def _nce_np(s):
+    def one(m):
+        return float(np.mean([np.log(np.exp(r).sum()) - r[i] for i, r in enumerate(m)]))
+    return (one(s) + one(s.T)) / 2
+
+
+def _kd_np(s, t):
+    def one(m, tm):
+        p = np.exp(tm) / np.exp(tm).sum(1, keepdims=True)
+        logq = m - np.log(np.exp(m).sum(1, keepdims=True))
+        return float(-(p * logq).sum(1).mean())
+    return (one(s, t) + one(s.T, t.T)) / 2
+
+
+def test_joint_loss_against_a_hand_computed_batch():
+    eye = {"text_proj.weight": torch.eye(2), "text_proj.bias": torch.zeros(2),
+           "vision_proj.weight": torch.eye(2), "vision_proj.bias": torch.zeros(2)}
+    model = JointModel(build_head(2, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=4), eye, tau=0.5)
+    model.head = _Relu()
+    f_t = torch.tensor([[2.0, 0.0], [0.0, 3.0]])  # normalised: [1, 0], [0, 1]
+    f_i = torch.tensor([[3.0, 4.0], [0.0, 0.5]])  # normalised: [.6, .8], [0, 1]
+    cfg = JointConfig(w1=0.5, w2=0.5, lambda1=0.9, lambda2=0.3, lambda3=0.5, eta_text=0.1, eta_image=0.01)
+    parts = joint_loss(model, f_t, f_i, cfg, step=10, warmup=10)  # ramp complete
+    s_dense = np.array([[0.6, 0.0], [0.8, 1.0]]) / 0.5
+    s_sparse = np.array([[0.6, 0.0], [0.8, 1.0]])
+    s_inter = 0.5 * s_dense + 0.5 * s_sparse
+    kd_d, kd_s = _kd_np(s_dense, s_inter), _kd_np(s_sparse, s_inter)
+    assert abs(parts["kd_dense"] - kd_d) < 1e-5 and abs(parts["kd_sparse"] - kd_s) < 1e-5
+    assert abs(parts["l1_text"] - 1.0) < 1e-6 and abs(parts["l1_image"] - 1.2) < 1e-6
+    expect = (0.9 * _nce_np(s_dense) + 0.3 * _nce_np(s_sparse) + 0.5 * _nce_np(s_inter)
+              + (kd_d + kd_s) / 2  # distillation averaged, not summed
+              + 0.1 * 1.0 + 0.01 * 1.2)
+    assert abs(float(parts["total"].detach()) - expect) < 1e-5
+    # half-way through the warm-up the L1 weight is (1/2)^2
+    half = joint_loss(model, f_t, f_i, cfg, step=5, warmup=10)
+    assert abs(float(half["total"].detach()) - (expect - 0.75 * (0.1 + 0.012))) < 1e-5
+    # a PEC mask restricts the caption vectors (a zero mask leaves no caption terms)
+    masked = joint_loss(model, f_t, f_i, cfg, step=10, warmup=10, text_mask=torch.zeros(2, 2))
+    assert masked["l1_text"] == 0.0
+
+
+def test_image_batches_never_hold_two_captions_of_one_image():
+    rng = np.random.default_rng(3)
+    cap_img = np.repeat(np.arange(60), rng.integers(1, 7, size=60))
+    rng.shuffle(cap_img)
+    batches = image_batches(cap_img, 16, np.random.default_rng(0))
+    rows = np.concatenate(batches)
+    assert sorted(rows.tolist()) == list(range(len(cap_img)))  # every caption once per epoch
+    for b in batches:
+        assert 2 <= len(b) <= 17  # a lone round tail joins another batch
+        assert len(set(cap_img[b].tolist())) == len(b), "two captions of one image in a batch"
+    again = image_batches(cap_img, 16, np.random.default_rng(1))
+    assert len(again) == len(batches)  # the step count does not depend on the draw
+    assert any(not np.array_equal(a, b) for a, b in zip(again, batches, strict=True))
+
+
+def test_joint_training_with_expansion_control(synthetic, tmp_path):
+    (tr, trt, _), (va, vat, _), _ = synthetic
+    head = build_head(24, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=32)
+    cfg = JointConfig(lr=3e-3, epochs=2, batch_size=128, expansion="0")
+    summary = train_joint(head, _projections(tr.dim, 24), tr, cfg, tmp_path, va, vat, train_tokens=trt)
+    from onnx_export.head import load_head
+
+    notes = load_head(tmp_path / "head.pt").config.notes
+    assert notes["query_mask"] == "own_tokens" and notes["objective"] == "joint"
+    assert 0.0 <= summary["best_val"]["R@1"] <= 1.0 and summary["best_epoch"] >= 1
+    try:
+        train_joint(head, _projections(tr.dim, 24), tr, cfg, tmp_path / "x", va, vat)
+    except Exception as exc:
+        assert "token ids" in str(exc)
+    else:
+        raise AssertionError("expansion 0 without caption tokens must be refused")

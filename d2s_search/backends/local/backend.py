@@ -140,7 +140,8 @@ class LocalBackend:
                 at = f" at {meta['bundle_path']}" if meta.get("bundle_path") else ""
                 raise BundleMismatchError(
                     f"index {self.path} was filled with bundle {recorded[:12]} ({meta.get('bundle_model', '?')}){at}, "
-                    f"not {identity.fingerprint[:12]} ({identity.model}): use that bundle, or another --index"
+                    f"not {identity.fingerprint[:12]} ({identity.model}); their vectors differ: use that bundle, "
+                    "or re-ingest the images with this one into another --index"
                 )
             elif create and identity.bundle_path and meta.get("bundle_path") != identity.bundle_path:
                 self.record_bundle_path(identity.bundle_path)  # the same bundle, moved or copied
