@@ -269,14 +269,17 @@ def evaluate_cmd(data, dataset, image_root, bundle, index_dir, backend, url, ind
     bad = [r for r in wanted if r not in ("dense", "sparse", "hybrid")]
     if bad:
         raise click.UsageError(f"unknown run(s): {', '.join(bad)}")
-    sv, q_tokens = None, None
+    sv, q_tokens, names = None, None, None
     if head_path:
+        from d2s_search.train.vocab import id_to_token
+
         tok = load_tokenizer(tokenizer)
+        names = id_to_token(tok)
         ct = tokenize_captions(s.captions, tok)
         q_tokens = [ct.row(i) for i in range(len(ct))]
         sv = sparse_from_head(head_path, ev, q_tokens, None if query_mask == "auto" else query_mask)
     opts = EvalOptions(runs=wanted, hybrid_weight=alpha, fusion=fusion, semantic_k=semantic_k)
-    result = evaluate(ev, sv, q_tokens, static_embeddings() if sv is not None else None, opts)
+    result = evaluate(ev, sv, q_tokens, static_embeddings() if sv is not None else None, opts, names)
     if check:
         from d2s_search.evaluate import score_function
 
@@ -360,6 +363,17 @@ def _print_eval(result: dict, k: int) -> None:
         console.width = max(console.width, 160)  # don't squeeze the table in pipes and logs
     console.print(f"{result['dataset']}: {result['queries']} queries, {result['documents']} images")
     console.print(table)
+    co = result.get("coactivation")
+    if co:
+        terms = ", ".join(f"{t['term']} ({t['query_share']:.0%} q / {t['doc_share']:.0%} d)"
+                          for t in co["top_coactivated"][:10])
+        console.print(f"most co-activated terms: {terms}")
+        line = (f"{co['flops_share_common_terms']:.1%} of FLOPs from the {co['common_terms']} terms active in "
+                f"more than half of the images")
+        if co.get("max_foreign_query_term") is not None:
+            line += (f"; most frequent expansion term: {co['max_foreign_query_term']} in "
+                     f"{co['max_foreign_query_share']:.0%} of queries")
+        console.print(line)
 
 
 # ----------------------------------------------------------------------------- embed

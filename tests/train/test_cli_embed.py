@@ -62,8 +62,13 @@ def test_cli_train_evaluate_export(tmp_path):
             for m in ("R@1", "R@5", "R@10", "MRR@10"):
                 assert ours[m] == pytest.approx(r["ir_measures"][kind][m]), (kind, m)
         assert r["runs"]["sparse"]["FLOPs"] > 0 and 0 <= r["runs"]["sparse"]["Exact@20"] <= 1
+        co = r["coactivation"]  # named terms, costs adding up to at most the run's FLOPs
+        assert co["top_coactivated"] and not co["top_coactivated"][0]["term"].isdigit()
+        assert sum(t["flops"] for t in co["top_coactivated"]) <= r["runs"]["sparse"]["FLOPs"] + 1e-9
         scores[head] = r["runs"]["sparse"]["R@1"]
     assert scores["head.pt"] == pytest.approx(scores["head.onnx"])
+    res = runner.invoke(evaluate_cmd, ["--data", str(data), "--head", str(out / "head.pt")], catch_exceptions=False)
+    assert res.exit_code == 0 and "most co-activated terms:" in res.output and "of FLOPs from" in res.output
     res = runner.invoke(evaluate_cmd, ["--data", str(data)], catch_exceptions=False)  # dense only, table
     assert res.exit_code == 0 and "dense" in res.output
     res = runner.invoke(train, ["--data", str(tmp_path / "nope")])
