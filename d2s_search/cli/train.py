@@ -67,6 +67,12 @@ def _tokenizer_option(f):
 @click.option("--schedule", type=click.Choice(["paper", "authors", "reverse"]), default="paper", show_default=True, help="PEC ramp shape.")
 @click.option("--vocab-init", default="minilm", show_default=True, help="W2 init: minilm | distilbert | random | matrix file.")
 @click.option("--freeze-vocab", is_flag=True, help="Keep W2 as initialised (e.g. MiniLM's embeddings, rebuilt at export instead of shipped); LayerNorm still trains at --lr-vocab.")
+@click.option("--regularizer", type=click.Choice(["l1", "flops"]), default="l1", show_default=True, help="Sparsity term: l1 (the paper) or flops (SPLADE: squared mean activation per term in the batch; penalises terms that fire everywhere).")
+@click.option("--bias-init", type=float, default=None, help="Add a learned per-term output bias starting at this value (negative: the head starts sparse).")
+@click.option("--lr-bias", type=float, default=None, help="Learning rate of the per-term bias (default: --lr-vocab).")
+@click.option("--norm-gain", type=float, default=None, help="Initial LayerNorm gain (scales every vocabulary logit, like a scaled W2).")
+@click.option("--output-terms", type=click.Choice(["all", "words"]), default="all", show_default=True, help="words: only whole, non-stop words can be output terms (no punctuation, word pieces, stop words).")
+@click.option("--gate-own-words", is_flag=True, help="Algorithm 1 read literally: word-level gating E_v also masks the caption's own words.")
 @click.option("--val-images", type=click.IntRange(0), default=1000, show_default=True, help="Validate on the first N val images (0 = all).")
 @click.option("--select-during-warmup", is_flag=True, help="Let epochs that end inside the warm-up (L1 not yet at full weight) be chosen as best.")
 @click.option("--objective", type=click.Choice(["sparse", "joint"]), default="sparse", show_default=True,
@@ -84,7 +90,7 @@ def _tokenizer_option(f):
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
 def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj, lr_vocab, warmup, schedule,
-          vocab_init, freeze_vocab, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image, seed, device, threads, amp, resume,
+          vocab_init, freeze_vocab, regularizer, bias_init, lr_bias, norm_gain, output_terms, gate_own_words, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image, seed, device, threads, amp, resume,
           export_onnx_head, tokenizer, as_json) -> int:
     """Train a D2S sparse head on precomputed dense embeddings (DESIGN.md §2).
 
@@ -116,7 +122,8 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
     train_tokens = tokenize_captions(splits["train"].captions, tok)
     val = splits.get("val")
     val_tokens = tokenize_captions(val.captions, tok) if val is not None else None
-    head = build_head(splits["train"].dim, vocab_init, excluded_token_ids(tok), tok.get_vocab_size(), seed=seed)
+    head = build_head(splits["train"].dim, vocab_init, excluded_token_ids(tok), tok.get_vocab_size(), seed=seed,
+                      bias_init=bias_init, norm_gain=norm_gain, output_terms=output_terms, tokenizer=tok)
     if freeze_vocab:
         head.vocab.weight.requires_grad_(False)  # no gradient: AdamW leaves it untouched
     if head.config.vocab_size != tok.get_vocab_size():
@@ -125,7 +132,8 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
         expansion=expansion, eta=eta, lam=lam, tau=tau, epochs=epochs, batch_size=batch_size,
         lr_proj=lr_proj, lr_vocab=lr_vocab, warmup=warmup, schedule=schedule, seed=seed,
         amp="auto" if amp else "off", device=device, val_images=val_images,
-        select_after_warmup=not select_during_warmup,
+        select_after_warmup=not select_during_warmup, regularizer=regularizer, gate_own_words=gate_own_words,
+        lr_bias=lr_bias,
     )
     summary = run_train(head, splits["train"], train_tokens, cfg, out, val, val_tokens,
                         resume=resume, progress=not as_json)

@@ -8,6 +8,14 @@ bert-base-uncased vocabulary, as in the follow-up paper (fresh LayerNorm, no bia
   ``vocab_projector`` (with bias); needs ``transformers`` and the model on the hub/cache;
 * ``random``     a seeded normal init (only for tests and ablations);
 * a path to a ``.npy`` / ``.safetensors`` / ``.pt`` matrix of shape (|V|, w).
+
+Options that make the untrained head start sparse instead of emitting thousands of terms
+(:func:`build_head`): ``bias_init`` adds a learned per-term output bias set to that value
+(negative: a term must earn its activation), ``norm_gain`` scales the LayerNorm's gain,
+which scales every vocabulary logit like a scaled W2 would, without changing W2 (so a
+frozen W2 can still be rebuilt from MiniLM at export). ``output_terms="words"`` excludes
+every term that is not a whole, non-stop word (see
+:func:`onnx_export.offline_mini.parts.word_terms_mask`).
 """
 
 from __future__ import annotations
@@ -60,8 +68,55 @@ def build_head(
     vocab_size: int = 30522,
     hidden_dim: int = 768,
     seed: int = 0,
+    bias_init: float | None = None,
+    norm_gain: float | None = None,
+    output_terms: str = "all",
+    tokenizer=None,
 ) -> SparseHead:
-    """A fresh head to train; see the module docstring for ``vocab_init``."""
+    """A fresh head to train; see the module docstring for the options."""
+    head = _build_base(dense_dim, vocab_init, excluded_ids, vocab_size, hidden_dim, seed)
+    notes = {}
+    if output_terms not in ("all", "words"):
+        raise ModelError(f"unknown output terms {output_terms!r}: use all or words")
+    if output_terms == "words":
+        from onnx_export.offline_mini.parts import word_terms_mask
+        from onnx_export.tokenizers_offline import bert_base_uncased_tokenizer
+
+        tok = tokenizer if tokenizer is not None else bert_base_uncased_tokenizer()[0]
+        keep = word_terms_mask(tok, head.config.vocab_size)
+        head = _with_excluded(head, sorted(set(head.config.excluded_ids) | set(torch.nonzero(~keep).flatten().tolist())))
+        notes["output_terms"] = "words"
+    if bias_init is not None:
+        head = _with_bias(head, bias_init)
+        notes["bias_init"] = bias_init
+    if norm_gain is not None:
+        with torch.no_grad():
+            head.norm.weight.fill_(norm_gain)
+        notes["norm_gain"] = norm_gain
+    head.config.notes = {**head.config.notes, **notes}
+    return head
+
+
+def _with_excluded(head: SparseHead, excluded: list[int]) -> SparseHead:
+    cfg = head.config
+    cfg.excluded_ids = list(excluded)
+    fresh = SparseHead(cfg)
+    fresh.load_state_dict(head.state_dict())
+    return fresh
+
+
+def _with_bias(head: SparseHead, value: float) -> SparseHead:
+    """The same head with a per-term output bias, every entry ``value``."""
+    state = head.state_dict()
+    cfg = head.config
+    cfg.output_bias = True
+    fresh = SparseHead(cfg)
+    state["vocab.bias"] = torch.full((cfg.vocab_size,), float(value))
+    fresh.load_state_dict(state)
+    return fresh
+
+
+def _build_base(dense_dim, vocab_init, excluded_ids, vocab_size, hidden_dim, seed) -> SparseHead:
     if vocab_init == "minilm":
         w = minilm_word_embeddings()
         head = SparseHead.from_vocab_projection(dense_dim, w, None, excluded_ids, seed)

@@ -101,3 +101,20 @@ def test_exp0_heads_are_evaluated_with_masked_queries(synthetic, tmp_path):
     assert saved.config.notes["query_mask"] == "own_tokens"
     # validation used masked queries: at most a caption's 4 tokens per query
     assert summary["best_val"]["terms_per_query"] <= 4.0
+
+
+def test_flops_regulariser_lowers_coactivation_at_equal_sparsity(synthetic, tmp_path):
+    """At about the same number of terms per vector, the FLOPS regulariser leaves far fewer
+    terms active in most documents (and less of the FLOPs on them) than L1."""
+    (_, _, _), (va, vat, _), _ = synthetic
+    from d2s_search.train.modeling import encode_sparse
+
+    reports = {}
+    for reg, eta in (("l1", 0.2), ("flops", 1.0)):
+        _, head = _run(synthetic, tmp_path, "1", epochs=8, eta=eta, regularizer=reg)
+        q, d = encode_sparse(head, va.text_emb), encode_sparse(head, va.image_emb)
+        reports[reg] = (M.terms_per_vector(d), M.coactivation_report(q, d))
+    (t_l1, r_l1), (t_fl, r_fl) = reports["l1"], reports["flops"]
+    assert abs(t_fl - t_l1) <= 0.15 * t_l1, (t_l1, t_fl)  # comparable sparsity ...
+    assert r_fl["common_terms"] <= 0.75 * r_l1["common_terms"], (r_l1, r_fl)  # ... less co-activation
+    assert r_fl["flops_share_common_terms"] <= 0.75 * r_l1["flops_share_common_terms"], (r_l1, r_fl)
