@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-HEAD_KEYS = {"bias_init": float, "norm_gain": float, "output_terms": str, "freeze_vocab": bool, "vocab_init": str}
+HEAD_KEYS = {"bias_init": float, "norm_gain": float, "output_terms": str, "freeze_vocab": bool, "vocab_init": str,
+             "proj_init": str}
 
 
 def _value(kind, raw: str):
@@ -94,8 +95,13 @@ def run(spec: str, data_dir: Path, out: Path, threads: int) -> dict:
     toks = {k: tokenize_captions(s.captions, tok) for k, s in splits.items()}
     freeze = head_kw.pop("freeze_vocab", False)
     vocab_init = head_kw.pop("vocab_init", "minilm")
+    proj_init = head_kw.pop("proj_init", "default")
     head = build_head(splits["train"].dim, vocab_init, excluded_token_ids(tok), tok.get_vocab_size(),
                       tokenizer=tok, **head_kw)
+    if proj_init == "words":
+        from d2s_search.train.modeling import fit_projection_to_words
+
+        print(f"  [{name}] W1 fit to the captions' words: {fit_projection_to_words(head, splits['train'], toks['train'])}")
     if freeze:
         head.vocab.weight.requires_grad_(False)
     base = {"epochs": 6, "batch_size": 128, "lr_vocab": 5e-4, "val_images": 0}
@@ -115,7 +121,7 @@ def run(spec: str, data_dir: Path, out: Path, threads: int) -> dict:
     sparse = res["runs"]["sparse"]
     row = {
         "recipe": name, "spec": spec, "train": dataclasses.asdict(cfg), "head": {**head_kw, "freeze_vocab": freeze,
-                                                                                "vocab_init": vocab_init},
+                                                                                "vocab_init": vocab_init, "proj_init": proj_init},
         "dense_R@1": res["runs"]["dense"]["R@1"], "test": sparse, "ratio_R@1": sparse["R@1"] / res["runs"]["dense"]["R@1"],
         "coactivation": res["coactivation"], "best_epoch": summary["best_epoch"], "steps": summary["steps"],
         "train_seconds": train_s,

@@ -72,6 +72,7 @@ def _tokenizer_option(f):
 @click.option("--lr-bias", type=float, default=None, help="Learning rate of the per-term bias (default: --lr-vocab).")
 @click.option("--norm-gain", type=float, default=None, help="Initial LayerNorm gain (scales every vocabulary logit, like a scaled W2).")
 @click.option("--output-terms", type=click.Choice(["all", "words"]), default="all", show_default=True, help="words: only whole, non-stop words can be output terms (no punctuation, word pieces, stop words).")
+@click.option("--proj-init", type=click.Choice(["default", "words"]), default="default", show_default=True, help="words: fit W1 by ridge regression so the untrained head already names each caption's own words.")
 @click.option("--gate-own-words", is_flag=True, help="Algorithm 1 read literally: word-level gating E_v also masks the caption's own words.")
 @click.option("--val-images", type=click.IntRange(0), default=1000, show_default=True, help="Validate on the first N val images (0 = all).")
 @click.option("--select-during-warmup", is_flag=True, help="Let epochs that end inside the warm-up (L1 not yet at full weight) be chosen as best.")
@@ -90,7 +91,7 @@ def _tokenizer_option(f):
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
 def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj, lr_vocab, warmup, schedule,
-          vocab_init, freeze_vocab, regularizer, bias_init, lr_bias, norm_gain, output_terms, gate_own_words, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image, seed, device, threads, amp, resume,
+          vocab_init, freeze_vocab, regularizer, bias_init, lr_bias, norm_gain, output_terms, proj_init, gate_own_words, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image, seed, device, threads, amp, resume,
           export_onnx_head, tokenizer, as_json) -> int:
     """Train a D2S sparse head on precomputed dense embeddings (DESIGN.md §2).
 
@@ -126,6 +127,10 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
                       bias_init=bias_init, norm_gain=norm_gain, output_terms=output_terms, tokenizer=tok)
     if freeze_vocab:
         head.vocab.weight.requires_grad_(False)  # no gradient: AdamW leaves it untouched
+    if proj_init == "words":
+        from d2s_search.train.modeling import fit_projection_to_words
+
+        fit_projection_to_words(head, splits["train"], train_tokens)
     if head.config.vocab_size != tok.get_vocab_size():
         raise TrainingError(f"--vocab-init has {head.config.vocab_size} rows, the tokenizer {tok.get_vocab_size()} terms")
     cfg = TrainConfig(

@@ -201,3 +201,41 @@ def encode_sparse(
     if not parts:
         return sp.csr_matrix((0, head.config.vocab_size), dtype=np.float32)
     return sp.vstack(parts).tocsr()
+
+
+@torch.no_grad()
+def fit_projection_to_words(head: SparseHead, split, tokens, ridge: float = 1.0, max_rows: int = 50000) -> dict:
+    """Start W1 where the head already names the caption's own words.
+
+    Target of each training pair: the standardised mean of W2's rows for the caption's own
+    (allowed) tokens; W1 and its bias are the ridge-regression fit from the dense vectors
+    (captions and their images) to that target. Since LayerNorm standardises its input, the
+    head's hidden vector then points at the caption's words, so the largest vocabulary
+    logits are those words and their neighbours, instead of a random direction. With a
+    negative per-term bias only the strongest of them start active. Returns fit statistics.
+    """
+    w2 = head.vocab.weight.detach().float().cpu()
+    allowed = head.allowed.cpu() > 0
+    z_txt = torch.as_tensor(split.text_emb, dtype=torch.float32)
+    z_img = torch.as_tensor(split.image_emb, dtype=torch.float32)[torch.as_tensor(split.caption_image)]
+    n = min(len(z_txt), max_rows // 2)
+    targets = torch.zeros(n, w2.shape[1])
+    for i in range(n):
+        ids = torch.as_tensor(tokens.row(i), dtype=torch.long)
+        ids = ids[allowed[ids]] if len(ids) else ids
+        if len(ids):
+            targets[i] = w2[ids].mean(0)
+    keep = targets.abs().sum(1) > 0
+    t = targets[keep]
+    t = (t - t.mean(1, keepdim=True)) / (t.std(1, keepdim=True) + 1e-6)
+    x = torch.cat([z_txt[:n][keep], z_img[:n][keep]])
+    y = torch.cat([t, t])
+    x1 = torch.cat([x, torch.ones(len(x), 1)], 1)
+    a = x1.T @ x1 + ridge * torch.eye(x1.shape[1])
+    w = torch.linalg.solve(a, x1.T @ y)  # (d + 1, w)
+    head.proj.weight.copy_(w[:-1].T.to(head.proj.weight.dtype))
+    head.proj.bias.copy_(w[-1].to(head.proj.bias.dtype))
+    fit = x1 @ w
+    r2 = 1 - ((fit - y) ** 2).sum() / ((y - y.mean(0)) ** 2).sum()
+    head.config.notes = {**head.config.notes, "proj_init": "words"}
+    return {"pairs": int(keep.sum()), "r2": float(r2)}

@@ -185,6 +185,7 @@ def train(
         "expansion": config.expansion,
         "eta": config.eta,
         "query_mask": query_mask_for(config.expansion),
+        "regularizer": config.regularizer,
     }
     state = {"epoch": 0, "step": 0, "best_r1": -math.inf, "best_epoch": -1, "history": []}
     last = out / "last.pt"
