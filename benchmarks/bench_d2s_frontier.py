@@ -66,7 +66,7 @@ def parse_recipe(spec: str) -> tuple[str, dict, dict]:
     return name, train_kw, head_kw
 
 
-def run(spec: str, data_dir: Path, out: Path, threads: int) -> dict:
+def run(spec: str, data_dir: Path, out: Path, threads: int, eval_only: bool = False) -> dict:
     import torch
     from bench_d2s_minilm import build_caption_dataset
 
@@ -108,11 +108,19 @@ def run(spec: str, data_dir: Path, out: Path, threads: int) -> dict:
     cfg = TrainConfig(**{**base, **train_kw})
     run_dir = out / name
     t0 = time.perf_counter()
-    summary = train(head, splits["train"], toks["train"], cfg, run_dir, splits["val"], toks["val"], progress=False,
-                    log=lambda e: print(f"  [{name}] epoch {e.epoch}: ce {e.ce:.3f} l1 {e.l1_img:.0f}/{e.l1_cap:.0f} "
-                                        f"val R@1 {e.val.get('R@1', 0):.3f} FLOPs {e.val.get('FLOPs', 0):.1f} "
-                                        f"({e.seconds:.0f}s)", flush=True))
-    train_s = time.perf_counter() - t0
+    if eval_only:  # a run cut short (e.g. by a time limit): its best head so far and its history
+        history = json.loads((run_dir / "history.json").read_text())
+        eligible = [h for h in history if h["eligible"]]
+        best = max(eligible, key=lambda h: h["val"]["R@1"])
+        summary = {"best_epoch": best["epoch"], "history": history,
+                   "steps": len(history) * -(-len(toks["train"]) // cfg.batch_size)}
+        train_s = sum(h["seconds"] for h in history)
+    else:
+        summary = train(head, splits["train"], toks["train"], cfg, run_dir, splits["val"], toks["val"], progress=False,
+                        log=lambda e: print(f"  [{name}] epoch {e.epoch}: ce {e.ce:.3f} l1 {e.l1_img:.0f}/{e.l1_cap:.0f} "
+                                            f"val R@1 {e.val.get('R@1', 0):.3f} FLOPs {e.val.get('FLOPs', 0):.1f} "
+                                            f"({e.seconds:.0f}s)", flush=True))
+        train_s = time.perf_counter() - t0
     test = splits["test"]
     ev = EvalData.from_split(test, "coco-dev-captions")
     qt = [toks["test"].row(i) for i in range(len(toks["test"]))]
@@ -124,7 +132,7 @@ def run(spec: str, data_dir: Path, out: Path, threads: int) -> dict:
                                                                                 "vocab_init": vocab_init, "proj_init": proj_init},
         "dense_R@1": res["runs"]["dense"]["R@1"], "test": sparse, "ratio_R@1": sparse["R@1"] / res["runs"]["dense"]["R@1"],
         "coactivation": res["coactivation"], "best_epoch": summary["best_epoch"], "steps": summary["steps"],
-        "train_seconds": train_s,
+        "train_seconds": train_s, "epochs_run": len(summary["history"]),
         "history": [{"epoch": h["epoch"], "R@1": h["val"].get("R@1"), "FLOPs": h["val"].get("FLOPs"),
                      "ce": h["ce"], "l1_img": h["l1_img"]} for h in summary["history"]],
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"), "load": os.getloadavg()[0],
@@ -149,10 +157,11 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=ROOT / "test-artifacts" / "bench-d2s" / "data")
     ap.add_argument("--out", type=Path, default=ROOT / "test-artifacts" / "frontier")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--eval-only", action="store_true", help="Evaluate the best head of an existing (cut-short) run.")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for spec in args.recipe:
-        run(spec, args.data, args.out, args.threads)
+        run(spec, args.data, args.out, args.threads, args.eval_only)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,15 @@ def _console(stderr: bool = True):
     return Console(stderr=stderr, highlight=False)
 
 
+def _bias_value(v: str | None) -> float | None:
+    if v is None or str(v).lower() == "none":
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        raise click.BadParameter(f"{v!r} is not a number or 'none'") from None
+
+
 def _tokenizer_option(f):
     return click.option(
         "--tokenizer", type=click.Path(exists=True),
@@ -56,23 +65,23 @@ def _tokenizer_option(f):
 @click.option("--data", type=click.Path(file_okay=False), help="Precomputed embeddings (img_embs/text_embs + dataset_meta.json, or image_embeddings.npy + text_embeddings.npy + metadata.csv).")
 @click.option("--out", type=click.Path(file_okay=False), default="./d2s-heads/run", show_default=True, help="Run directory: head.pt (best), last.pt, history.json.")
 @click.option("--expansion", type=click.Choice(["0", "1", "c", "c+w"]), default="c+w", show_default=True, help="PEC mode: 0 never expand captions, 1 always, c caption level, c+w caption + word level.")
-@click.option("--eta", type=float, default=1e-3, show_default=True, help="L1 weight (sparsity; 1e-5 .. 1e-2).")
+@click.option("--eta", type=float, default=0.1, show_default=True, help="Sparsity weight: ~0.03-0.3 for the FLOPS regulariser (default), 1e-5 .. 1e-2 for L1 (the paper).")
 @click.option("--lambda", "lam", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="Mix of distillation (1-lambda) and L1 (lambda); 0.5 = the authors' loss / 2.")
 @click.option("--tau", type=float, default=1e-3, show_default=True, help="Teacher temperature on dense scores.")
 @click.option("--epochs", type=click.IntRange(1), default=200, show_default=True)
 @click.option("--batch-size", type=click.IntRange(2), default=512, show_default=True)
 @click.option("--lr-proj", type=float, default=1e-3, show_default=True, help="Learning rate of W1.")
-@click.option("--lr-vocab", type=float, default=5e-5, show_default=True, help="Learning rate of LayerNorm and W2.")
+@click.option("--lr-vocab", type=float, default=5e-4, show_default=True, help="Learning rate of LayerNorm and W2 (the paper: 5e-5 over 200 epochs).")
 @click.option("--warmup", type=click.FloatRange(0, 1), default=0.2, show_default=True, help="Share of steps for lr warm-up and the L1 ramp.")
 @click.option("--schedule", type=click.Choice(["paper", "authors", "reverse"]), default="paper", show_default=True, help="PEC ramp shape.")
 @click.option("--vocab-init", default="minilm", show_default=True, help="W2 init: minilm | distilbert | random | matrix file.")
 @click.option("--freeze-vocab", is_flag=True, help="Keep W2 as initialised (e.g. MiniLM's embeddings, rebuilt at export instead of shipped); LayerNorm still trains at --lr-vocab.")
-@click.option("--regularizer", type=click.Choice(["l1", "flops"]), default="l1", show_default=True, help="Sparsity term: l1 (the paper) or flops (SPLADE: squared mean activation per term in the batch; penalises terms that fire everywhere).")
-@click.option("--bias-init", type=float, default=None, help="Add a learned per-term output bias starting at this value (negative: the head starts sparse).")
+@click.option("--regularizer", type=click.Choice(["l1", "flops"]), default="flops", show_default=True, help="Sparsity term: l1 (the paper) or flops (SPLADE: squared mean activation per term in the batch; penalises terms that fire everywhere).")
+@click.option("--bias-init", default="-6", show_default=True, callback=lambda ctx, param, v: _bias_value(v), help="Learned per-term output bias, starting at this value (negative: the head starts sparse; -6 suits --proj-init words); 'none': no bias (the paper's head).")
 @click.option("--lr-bias", type=float, default=None, help="Learning rate of the per-term bias (default: --lr-vocab).")
 @click.option("--norm-gain", type=float, default=None, help="Initial LayerNorm gain (scales every vocabulary logit, like a scaled W2).")
-@click.option("--output-terms", type=click.Choice(["all", "words"]), default="all", show_default=True, help="words: only whole, non-stop words can be output terms (no punctuation, word pieces, stop words).")
-@click.option("--proj-init", type=click.Choice(["default", "words"]), default="default", show_default=True, help="words: fit W1 by ridge regression so the untrained head already names each caption's own words.")
+@click.option("--output-terms", type=click.Choice(["all", "words"]), default="words", show_default=True, help="words: only whole, non-stop words can be output terms (no punctuation, word pieces, stop words).")
+@click.option("--proj-init", type=click.Choice(["default", "words"]), default="words", show_default=True, help="words: fit W1 by ridge regression so the untrained head already names each caption's own words.")
 @click.option("--gate-own-words", is_flag=True, help="Algorithm 1 read literally: word-level gating E_v also masks the caption's own words.")
 @click.option("--val-images", type=click.IntRange(0), default=1000, show_default=True, help="Validate on the first N val images (0 = all).")
 @click.option("--select-during-warmup", is_flag=True, help="Let epochs that end inside the warm-up (L1 not yet at full weight) be chosen as best.")
