@@ -33,7 +33,8 @@ REFERENCE_DENSE = 0.419
 
 def family(row: dict) -> str:
     """Runs that differ only in eta (the recipe name's trailing ``1e-1``) form one line."""
-    return row.get("family") or re.sub(r"\d+e-\d+$", "", row["recipe"])
+    name = row.get("family") or re.sub(r"\d+e-\d+$", "", row["recipe"])
+    return name + "1" if name.endswith("-l") else name  # "...-l1e-2" is L1 at eta 1e-2
 
 
 def table(rows: list[dict]) -> str:

@@ -106,12 +106,14 @@ def _with_excluded(head: SparseHead, excluded: list[int]) -> SparseHead:
 
 
 def _with_bias(head: SparseHead, value: float) -> SparseHead:
-    """The same head with a per-term output bias, every entry ``value``."""
+    """The same head with a per-term output bias shifted by ``value`` (a head without one,
+    e.g. MiniLM's embeddings, gets ``value`` everywhere; DistilBERT's MLM bias is kept and shifted)."""
     state = head.state_dict()
     cfg = head.config
+    old = state.get("vocab.bias", torch.zeros(cfg.vocab_size))
     cfg.output_bias = True
     fresh = SparseHead(cfg)
-    state["vocab.bias"] = torch.full((cfg.vocab_size,), float(value))
+    state["vocab.bias"] = old + float(value)
     fresh.load_state_dict(state)
     return fresh
 
