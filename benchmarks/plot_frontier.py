@@ -32,9 +32,16 @@ REFERENCE_DENSE = 0.419
 
 
 def family(row: dict) -> str:
-    """Runs that differ only in eta (the recipe name's trailing ``1e-1``) form one line."""
-    name = row.get("family") or re.sub(r"\d+e-\d+$", "", row["recipe"])
-    return name + "1" if name.endswith("-l") else name  # "...-l1e-2" is L1 at eta 1e-2
+    """Runs whose settings differ only in eta form one line, named after the recipe without its eta."""
+    if row.get("family"):
+        return row["family"]
+    settings = ",".join(sorted(kv for kv in row["spec"].partition(":")[2].split(",") if not kv.startswith("eta=")))
+    name = re.sub(r"-?\d+e-\d+", "", row["recipe"])
+    name = name + "1" if name.endswith("-l") else name  # "...-l1e-2" is L1 at eta 1e-2
+    return _FAMILY_NAMES.setdefault(settings, name)
+
+
+_FAMILY_NAMES: dict[str, str] = {}
 
 
 def table(rows: list[dict]) -> str:
@@ -93,7 +100,7 @@ def main() -> None:
     ax.set_ylabel("sparse R@1 / dense R@1")
     ax.set_title(args.title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="center left")
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=120)
