@@ -42,7 +42,9 @@ from d2s_search.train.vocab import (  # noqa: E402
     tokenize_captions,
 )
 
-DATA = ROOT.parent / "shared" / "data"
+# ../shared/data from the repository root; from a worktree (/work/wt/<name>) it is further up.
+DATA = next((p / "shared" / "data" for p in ROOT.parents if (p / "shared" / "data").is_dir()),
+            ROOT.parent / "shared" / "data")
 CAPS = DATA / "karpathy-captions"
 CLIP = DATA / "flickr8k-100-clip-b32"
 

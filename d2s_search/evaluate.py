@@ -171,6 +171,7 @@ class EvalOptions:
     fusion: str = "minmax"  # or "rrf"
     semantic_k: int = 20
     chunk: int = 1024
+    coactivation_top: int = 20  # terms listed in the co-activation report (0: no report)
 
 
 def evaluate(
@@ -179,8 +180,14 @@ def evaluate(
     query_tokens: Sequence[np.ndarray] | None = None,
     static_emb: np.ndarray | None = None,
     options: EvalOptions | None = None,
+    term_names: Sequence[str] | None = None,
 ) -> dict:
-    """All metrics for the requested runs; see :mod:`d2s_search.metrics`."""
+    """All metrics for the requested runs; see :mod:`d2s_search.metrics`.
+
+    With sparse vectors, ``result["coactivation"]`` reports the terms active across many
+    queries and documents (:func:`d2s_search.metrics.coactivation_report`), named by
+    ``term_names`` (id -> token) when given.
+    """
     opt = options or EvalOptions()
     runs = [r for r in opt.runs if r == "dense" or sparse is not None]
     result: dict = {
@@ -217,6 +224,10 @@ def evaluate(
                 s[f"Semantic@{opt.semantic_k}"] = M.semantic_at_k(
                     sparse.queries, query_tokens, static_emb, opt.semantic_k
                 )
+        if opt.coactivation_top:
+            result["coactivation"] = M.coactivation_report(
+                sparse.queries, sparse.docs, query_tokens, term_names, opt.coactivation_top
+            )
         if sparse.info:
             result["sparse_info"] = sparse.info
     if "dense" in ranked:

@@ -209,35 +209,104 @@ def _top_terms(row_idx: np.ndarray, row_val: np.ndarray, k: int) -> np.ndarray:
 
 
 def exact_at_k(queries, caption_tokens: Sequence[np.ndarray], k: int = 20) -> float:
-    """Mean share of each query's top-k (positive) terms that occur in the caption itself.
+    """The paper's Eq. 2: mean over queries of ``|top-k terms in the caption| / k``.
 
-    Queries with an empty sparse vector are left out of the mean.
+    Divided by ``k``, not by the number of positive terms, and every query counts: a vector
+    with fewer than ``k`` active terms scores at most ``len / k``, an empty one 0.
     """
     m = _as_csr(queries)
-    vals = []
+    if m.shape[0] == 0:
+        return float("nan")
+    total = 0.0
     for q in range(m.shape[0]):
         s, e = m.indptr[q], m.indptr[q + 1]
         top = _top_terms(m.indices[s:e], m.data[s:e], k)
-        if len(top):
-            vals.append(np.isin(top, caption_tokens[q]).mean())
-    return float(np.mean(vals)) if vals else float("nan")
+        total += np.isin(top, caption_tokens[q]).sum() / k
+    return float(total / m.shape[0])
 
 
 def semantic_at_k(
     queries, caption_tokens: Sequence[np.ndarray], static_emb: np.ndarray, k: int = 20
 ) -> float:
-    """Mean over queries of the mean over top-k terms of the max cosine to a caption token."""
+    """Eq. 2's Semantic@k: mean over queries of ``sum over top-k terms of the max cosine to a
+    caption token, / k`` (missing terms and empty vectors add 0, as in Exact@k)."""
     m = _as_csr(queries)
+    if m.shape[0] == 0:
+        return float("nan")
     norms = np.linalg.norm(static_emb, axis=1, keepdims=True)
     emb = static_emb / np.maximum(norms, 1e-12)
-    vals = []
+    total = 0.0
     for q in range(m.shape[0]):
         s, e = m.indptr[q], m.indptr[q + 1]
         top = _top_terms(m.indices[s:e], m.data[s:e], k)
         toks = np.asarray(caption_tokens[q], dtype=np.int64)
         if len(top) and len(toks):
-            vals.append((emb[top] @ emb[toks].T).max(axis=1).mean())
-    return float(np.mean(vals)) if vals else float("nan")
+            total += (emb[top] @ emb[toks].T).max(axis=1).sum() / k
+    return float(total / m.shape[0])
+
+
+# ----------------------------------------------------------------------------- co-activation
+
+
+def active_share(x) -> np.ndarray:
+    """Per term: the share of rows (vectors) in which it is active (weight > 0)."""
+    m = _as_csr(x)
+    if m.shape[0] == 0:
+        return np.zeros(m.shape[1])
+    return np.bincount(m.indices[m.data > 0], minlength=m.shape[1]) / m.shape[0]
+
+
+def foreign_active_share(queries, query_tokens: Sequence[np.ndarray]) -> np.ndarray:
+    """Per term: the share of queries in which it is active although it is not one of the
+    query's own tokens (an expansion term)."""
+    m = _as_csr(queries)
+    counts = np.zeros(m.shape[1])
+    for q in range(m.shape[0]):
+        s, e = m.indptr[q], m.indptr[q + 1]
+        idx = m.indices[s:e][m.data[s:e] > 0]
+        counts[idx[~np.isin(idx, query_tokens[q])]] += 1
+    return counts / max(m.shape[0], 1)
+
+
+def coactivation_report(
+    queries,
+    docs,
+    query_tokens: Sequence[np.ndarray] | None = None,
+    term_names: Sequence[str] | None = None,
+    top: int = 20,
+    common_doc_share: float = 0.5,
+) -> dict:
+    """Which terms fire everywhere, and what they cost.
+
+    A term's contribution to FLOPs is ``share_q(j) * share_d(j)`` (the mean over pairs of
+    both being active), so the terms listed are exactly the ones that cost the most.
+    ``flops_share_common_terms``: the share of FLOPs from terms active in more than
+    ``common_doc_share`` of the documents. With ``query_tokens``, also the largest share of
+    queries in which one term is active without being one of the query's own words.
+    """
+    sq, sd = active_share(queries), active_share(docs)
+    per_term = sq * sd
+    total = float(per_term.sum())
+    name = (lambda j: str(term_names[j])) if term_names is not None else (lambda j: str(j))
+    order = [j for j in np.argsort(-per_term, kind="stable")[:top] if per_term[j] > 0]
+    common = sd > common_doc_share
+    out = {
+        "top_coactivated": [
+            {"term": name(j), "id": int(j), "query_share": float(sq[j]), "doc_share": float(sd[j]),
+             "flops": float(per_term[j])}
+            for j in order
+        ],
+        "flops_share_common_terms": float(per_term[common].sum() / total) if total > 0 else 0.0,
+        "common_terms": int(common.sum()),
+        "terms_in_half_of_queries": int((sq > 0.5).sum()),
+    }
+    if query_tokens is not None:
+        fq = foreign_active_share(queries, query_tokens)
+        j = int(np.argmax(fq)) if len(fq) else 0
+        out["max_foreign_query_share"] = float(fq[j]) if len(fq) else 0.0
+        out["max_foreign_query_term"] = name(j) if len(fq) and fq[j] > 0 else None
+        out["foreign_terms_over_30pct"] = int((fq > 0.3).sum())
+    return out
 
 
 # ----------------------------------------------------------------------------- faithfulness

@@ -14,6 +14,7 @@ import numpy as np
 
 from .backends.base import Backend, Hit, SparseVector
 from .errors import QueryError
+from .terms import recognised_words
 
 MODES = ("sparse", "two-phase", "dense", "hybrid")
 FUSIONS = ("minmax", "rrf")
@@ -24,6 +25,14 @@ class QueryVectors:
     full: SparseVector  # every term the head gave the query
     own: SparseVector  # the subset that are the query's own words (two-phase first pass)
     dense: np.ndarray
+    # Text queries: typed words the vocabulary knows / does not know (d2s_search.terms).
+    recognised: list[str] | None = None
+    unrecognised: list[str] = field(default_factory=list)
+
+    @property
+    def weak(self) -> bool:
+        """A text query none of whose words the model recognises: its results are guesses."""
+        return self.recognised is not None and not self.recognised
 
 
 @dataclass
@@ -59,15 +68,30 @@ class SearchResult:
     query_terms: list[tuple[str, float]] = field(default_factory=list)
     # Hybrid only: who fused the runs, e.g. "elasticsearch-rrf-retriever" or "client-minmax".
     fusion: str | None = None
+    weak_query: bool = False
+    unrecognised_words: list[str] = field(default_factory=list)
+
+    @property
+    def notice(self) -> str | None:
+        return weak_query_notice(self.unrecognised_words) if self.weak_query else None
 
     def to_json(self) -> dict:
         return {
             "mode": self.mode,
             **({"fusion": self.fusion} if self.fusion else {}),
             "took_ms": round(self.took_ms, 3),
+            "weak_query": self.weak_query,
+            "unrecognised_words": self.unrecognised_words,
+            "notice": self.notice,
             "query_terms": [{"term": t, "weight": w} for t, w in self.query_terms],
             "results": [dict(rank=i + 1, **h.to_json()) for i, h in enumerate(self.hits)],
         }
+
+
+def weak_query_notice(unrecognised: list[str]) -> str:
+    words = f" ({', '.join(repr(w) for w in unrecognised[:5])})" if unrecognised else ""
+    return (f"The query has no word the model knows as content{words}; these results are guesses, "
+            "not matches. Try other (English) words, or search by a picture.")
 
 
 # --- encoding queries ------------------------------------------------------------------
@@ -84,7 +108,9 @@ def encode_text_query(encoder, text: str, top_k: int | None = None) -> QueryVect
     if not full:
         raise QueryError(f"the model gives no terms for {text!r}; try other words or --mode dense")
     own = {t: w for t, w in full.items() if t in own_words}
-    return QueryVectors(full=full, own=own or _top(full, 8), dense=enc.dense[0])
+    known, unknown = recognised_words(encoder.tokenizer, text)
+    return QueryVectors(full=full, own=own or _top(full, 8), dense=enc.dense[0], recognised=known,
+                        unrecognised=unknown)
 
 
 def encode_image_query(encoder, image, top_k: int | None = None) -> QueryVectors:
@@ -118,7 +144,7 @@ def run_query(backend: Backend, query: QueryVectors, options: SearchOptions) -> 
         native = getattr(backend, "hybrid_search", None) is not None
         fusion = getattr(backend, "last_fusion", None) if native else f"client-{options.fusion}"
     return SearchResult(mode=options.mode, hits=hits, took_ms=took, query_terms=list(_top(query.full, 50).items()),
-                        fusion=fusion)
+                        fusion=fusion, weak_query=query.weak, unrecognised_words=list(query.unrecognised))
 
 
 def hybrid(backend: Backend, query: QueryVectors, options: SearchOptions) -> list[Hit]:

@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# ../shared/data beside the clone; from a git worktree (/work/wt/<name>) it is further up.
+SHARED_DATA = next((p / "shared" / "data" for p in Path(__file__).resolve().parents[1].parents
+                    if (p / "shared" / "data").is_dir()), Path(__file__).resolve().parents[1].parent / "shared" / "data")
 FLICKR8K = SHARED_DATA / "flickr8k-800"
 
 

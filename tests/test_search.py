@@ -265,3 +265,31 @@ def test_heads_trained_without_expansion_search_with_the_query_words_only(tmp_pa
     unmasked = encode_text_query(Encoder(Bundle.load(tmp_path / "b"), device="cpu"), "a dog in a car")
     assert unmasked.full == q.full  # the flag comes from the bundle, not from the caller
     assert len(encoder.to_terms(encoder.encode_texts(["a dog in a car"]).sparse[0])) > len(q.full)
+
+
+def test_weak_queries_say_so(searchable, tmp_path, tiny_blip_bundle, image_folder, capsys):
+    """No word the model knows: results still come back, flagged as guesses."""
+    from d2s_search.search import SearchResult
+
+    encoder, backend, _ = searchable
+    for text in ("qwertyuiop", "собака в машине"):
+        vec = encode_text_query(encoder, text)
+        assert vec.weak and vec.recognised == []
+        res = run_query(backend, vec, SearchOptions(k=3))
+        out = res.to_json()
+        assert out["weak_query"] is True and out["results"]
+        assert out["unrecognised_words"] and "no word the model knows" in out["notice"]
+    vec = encode_text_query(encoder, "a dog in a car")
+    assert not vec.weak and vec.recognised == ["dog", "car"]
+    out = run_query(backend, vec, SearchOptions(k=3)).to_json()
+    assert out["weak_query"] is False and out["notice"] is None
+    assert SearchResult(mode="sparse", hits=[], took_ms=0.0).to_json()["weak_query"] is False
+    index = tmp_path / "idx"
+    run_cli_json(["ingest", image_folder, "--bundle", tiny_blip_bundle, "--index", index], capsys)
+    code, out, err = run_cli(["query", "qwertyuiop", "--bundle", tiny_blip_bundle, "--index", index, "-k", "3"], capsys)
+    assert code == 0 and "note: The query has no word the model knows" in err and "'qwertyuiop'" in err
+    assert "guesses" in err and "1" in out  # the results are still shown
+    code, result = run_cli_json(["query", "qwertyuiop", "--bundle", tiny_blip_bundle, "--index", index, "--json"], capsys)
+    assert code == 0 and result["weak_query"] is True and result["unrecognised_words"] == ["qwertyuiop"]
+    code, out, err = run_cli(["query", "a dog in a car", "--bundle", tiny_blip_bundle, "--index", index], capsys)
+    assert code == 0 and "no word the model knows" not in err

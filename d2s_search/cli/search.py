@@ -209,6 +209,8 @@ def _show_result(result, as_json: bool, paths_only: bool = False) -> int:
 def _print_hits(result) -> None:
     from rich.table import Table
 
+    if result.notice:  # before the hits: they are guesses
+        click.echo(f"note: {result.notice}", err=True)
     if not result.hits:
         click.echo(f"no results ({result.mode}, {result.took_ms:.1f} ms)")
         return

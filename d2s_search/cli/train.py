@@ -42,6 +42,15 @@ def _console(stderr: bool = True):
     return Console(stderr=stderr, highlight=False)
 
 
+def _bias_value(v: str | None) -> float | None:
+    if v is None or str(v).lower() == "none":
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        raise click.BadParameter(f"{v!r} is not a number or 'none'") from None
+
+
 def _tokenizer_option(f):
     return click.option(
         "--tokenizer", type=click.Path(exists=True),
@@ -56,19 +65,26 @@ def _tokenizer_option(f):
 @click.option("--data", type=click.Path(file_okay=False), help="Precomputed embeddings (img_embs/text_embs + dataset_meta.json, or image_embeddings.npy + text_embeddings.npy + metadata.csv).")
 @click.option("--out", type=click.Path(file_okay=False), default="./d2s-heads/run", show_default=True, help="Run directory: head.pt (best), last.pt, history.json.")
 @click.option("--expansion", type=click.Choice(["0", "1", "c", "c+w"]), default=None, help="PEC mode: 0 never expand captions, 1 always, c caption level, c+w caption + word level.  [default: c+w; joint: 1]")
-@click.option("--eta", type=float, default=1e-3, show_default=True, help="L1 weight (sparsity; 1e-5 .. 1e-2).")
+@click.option("--eta", type=float, default=0.03, show_default=True, help="Sparsity weight: ~0.01-0.1 for the FLOPS regulariser (default), 1e-5 .. 1e-2 for L1 (the paper).")
 @click.option("--lambda", "lam", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="Mix of distillation (1-lambda) and L1 (lambda); 0.5 = the authors' loss / 2.")
 @click.option("--tau", type=float, default=1e-3, show_default=True, help="Teacher temperature on dense scores.")
 @click.option("--epochs", type=click.IntRange(1), default=None,
               help="Passes over the training captions [default: 200; joint: 20].")
 @click.option("--batch-size", type=click.IntRange(2), default=None,
               help="Captions per step, the other images of the batch are the negatives [default: 512; joint: 256].")
-@click.option("--lr-proj", type=float, default=1e-3, show_default=True, help="Learning rate of W1.")
-@click.option("--lr-vocab", type=float, default=5e-5, show_default=True, help="Learning rate of LayerNorm and W2.")
+@click.option("--lr-proj", type=float, default=3e-3, show_default=True, help="Learning rate of W1 (the paper: 1e-3).")
+@click.option("--lr-vocab", type=float, default=2e-3, show_default=True, help="Learning rate of LayerNorm, W2 and the per-term bias (the paper: 5e-5 over 200 epochs).")
 @click.option("--warmup", type=click.FloatRange(0, 1), default=0.2, show_default=True, help="Share of steps for lr warm-up and the L1 ramp.")
 @click.option("--schedule", type=click.Choice(["paper", "authors", "reverse"]), default="paper", show_default=True, help="PEC ramp shape.")
 @click.option("--vocab-init", default="minilm", show_default=True, help="W2 init: minilm | distilbert | random | matrix file.")
 @click.option("--freeze-vocab", is_flag=True, help="Keep W2 as initialised (e.g. MiniLM's embeddings, rebuilt at export instead of shipped); LayerNorm still trains at --lr-vocab.")
+@click.option("--regularizer", type=click.Choice(["l1", "flops"]), default="flops", show_default=True, help="Sparsity term: l1 (the paper) or flops (SPLADE: squared mean activation per term in the batch; penalises terms that fire everywhere).")
+@click.option("--bias-init", default="-6", show_default=True, callback=lambda ctx, param, v: _bias_value(v), help="Learned per-term output bias, starting at this value (negative: the head starts sparse; -6 suits --proj-init words); 'none': no bias (the paper's head).")
+@click.option("--lr-bias", type=float, default=None, help="Learning rate of the per-term bias (default: --lr-vocab).")
+@click.option("--norm-gain", type=float, default=None, help="Initial LayerNorm gain (scales every vocabulary logit, like a scaled W2).")
+@click.option("--output-terms", type=click.Choice(["all", "words"]), default="words", show_default=True, help="words: only whole, non-stop words can be output terms (no punctuation, word pieces, stop words).")
+@click.option("--proj-init", type=click.Choice(["default", "words"]), default="words", show_default=True, help="words: fit W1 by ridge regression so the untrained head already names each caption's own words.")
+@click.option("--gate-own-words", is_flag=True, help="Algorithm 1 read literally: word-level gating E_v also masks the caption's own words.")
 @click.option("--val-images", type=click.IntRange(0), default=1000, show_default=True, help="Validate on the first N val images (0 = all).")
 @click.option("--select-during-warmup", is_flag=True, help="Let epochs that end inside the warm-up (L1 not yet at full weight) be chosen as best.")
 @click.option("--objective", type=click.Choice(["sparse", "joint"]), default="sparse", show_default=True,
@@ -95,7 +111,8 @@ def _tokenizer_option(f):
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
 def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj, lr_vocab, warmup, schedule,
-          vocab_init, freeze_vocab, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image,
+          vocab_init, freeze_vocab, regularizer, bias_init, lr_bias, norm_gain, output_terms, proj_init, gate_own_words,
+          val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image,
           joint_w1, joint_w2, joint_lambda1, joint_lambda2, joint_lambda3, joint_tau, joint_max_flops, joint_init_head, seed, device, threads,
           amp, resume, export_onnx_head, tokenizer, as_json) -> int:
     """Train a D2S sparse head on precomputed dense embeddings (docs/training.md).
@@ -138,16 +155,22 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
     train_tokens = tokenize_captions(splits["train"].captions, tok)
     val = splits.get("val")
     val_tokens = tokenize_captions(val.captions, tok) if val is not None else None
-    head = build_head(splits["train"].dim, vocab_init, excluded_token_ids(tok), tok.get_vocab_size(), seed=seed)
+    head = build_head(splits["train"].dim, vocab_init, excluded_token_ids(tok), tok.get_vocab_size(), seed=seed,
+                      bias_init=bias_init, norm_gain=norm_gain, output_terms=output_terms, tokenizer=tok)
     if freeze_vocab:
         head.vocab.weight.requires_grad_(False)  # no gradient: AdamW leaves it untouched
+    if proj_init == "words":
+        from d2s_search.train.modeling import fit_projection_to_words
+
+        fit_projection_to_words(head, splits["train"], train_tokens)
     if head.config.vocab_size != tok.get_vocab_size():
         raise TrainingError(f"--vocab-init has {head.config.vocab_size} rows, the tokenizer {tok.get_vocab_size()} terms")
     cfg = TrainConfig(
         expansion=expansion, eta=eta, lam=lam, tau=tau, epochs=epochs, batch_size=batch_size,
         lr_proj=lr_proj, lr_vocab=lr_vocab, warmup=warmup, schedule=schedule, seed=seed,
         amp="auto" if amp else "off", device=device, val_images=val_images,
-        select_after_warmup=not select_during_warmup,
+        select_after_warmup=not select_during_warmup, regularizer=regularizer, gate_own_words=gate_own_words,
+        lr_bias=lr_bias,
     )
     summary = run_train(head, splits["train"], train_tokens, cfg, out, val, val_tokens,
                         resume=resume, progress=not as_json)
@@ -317,14 +340,17 @@ def evaluate_cmd(data, dataset, image_root, bundle, index_dir, backend, url, ind
     bad = [r for r in wanted if r not in ("dense", "sparse", "hybrid")]
     if bad:
         raise click.UsageError(f"unknown run(s): {', '.join(bad)}")
-    sv, q_tokens = None, None
+    sv, q_tokens, names = None, None, None
     if head_path:
+        from d2s_search.train.vocab import id_to_token
+
         tok = load_tokenizer(tokenizer)
+        names = id_to_token(tok)
         ct = tokenize_captions(s.captions, tok)
         q_tokens = [ct.row(i) for i in range(len(ct))]
         sv = sparse_from_head(head_path, ev, q_tokens, None if query_mask == "auto" else query_mask)
     opts = EvalOptions(runs=wanted, hybrid_weight=alpha, fusion=fusion, semantic_k=semantic_k)
-    result = evaluate(ev, sv, q_tokens, static_embeddings() if sv is not None else None, opts)
+    result = evaluate(ev, sv, q_tokens, static_embeddings() if sv is not None else None, opts, names)
     if check:
         from d2s_search.evaluate import score_function
 
@@ -406,6 +432,17 @@ def _print_eval(result: dict, k: int) -> None:
         console.width = max(console.width, 160)  # don't squeeze the table in pipes and logs
     console.print(f"{result['dataset']}: {result['queries']} queries, {result['documents']} images")
     console.print(table)
+    co = result.get("coactivation")
+    if co:
+        terms = ", ".join(f"{t['term']} ({t['query_share']:.0%} q / {t['doc_share']:.0%} d)"
+                          for t in co["top_coactivated"][:10])
+        console.print(f"most co-activated terms: {terms}")
+        line = (f"{co['flops_share_common_terms']:.1%} of FLOPs from the {co['common_terms']} terms active in "
+                f"more than half of the images")
+        if co.get("max_foreign_query_term") is not None:
+            line += (f"; most frequent expansion term: {co['max_foreign_query_term']} in "
+                     f"{co['max_foreign_query_share']:.0%} of queries")
+        console.print(line)
 
 
 # ----------------------------------------------------------------------------- embed

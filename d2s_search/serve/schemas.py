@@ -63,6 +63,9 @@ class SearchResponse(BaseModel):
     encode_ms: float = Field(description="Time to encode the query (0 for 'more like this').")
     search_ms: float = Field(description="Time in the backend, fusion included.")
     query_terms: list[QueryTerm] = Field(description="The query's 50 strongest words.")
+    weak_query: bool = Field(False, description="True when the model recognises none of the typed words: the results are guesses.")
+    unrecognised_words: list[str] = Field(default_factory=list, description="Typed words the model's vocabulary does not know.")
+    notice: str | None = Field(None, description="A sentence for the user when the query is weak.")
     results: list[Result]
 
 
@@ -125,6 +128,7 @@ def search_response(searched: Searched, query: QueryInfo, k: int) -> SearchRespo
     return SearchResponse(
         query=query, mode=res.mode, k=k, encode_ms=round(searched.encode_ms, 3), search_ms=round(res.took_ms, 3),
         query_terms=[QueryTerm(term=t, weight=w, own=t in searched.own_terms) for t, w in res.query_terms],
+        weak_query=res.weak_query, unrecognised_words=res.unrecognised_words, notice=res.notice,
         results=[result(i, hit) for i, hit in enumerate(res.hits, start=1)],
     )
 

@@ -5,7 +5,11 @@ scores / 0.001 overflow fp16). Student logits: ``S = s_I s_C^T`` with no tempera
 Per direction the soft cross-entropy ``-sum_j T_ij log softmax(S)_ij`` averaged over rows;
 the two directions (image->caption, caption->image) are averaged.
 
-Total: ``L = (1 - lambda) * CE + lambda * eta_t * (L1(s_I) + L1(s_C)) / 2`` with
+Total: ``L = (1 - lambda) * CE + lambda * eta_t * (R(s_I) + R(s_C)) / 2`` where the sparsity
+regulariser R is L1 (the paper) or SPLADE's FLOPS regulariser (Paria et al. 2020;
+Formal et al. 2021): ``FLOPS(s) = sum_j (mean_rows |s_j|)^2``, a smooth stand-in for the
+expected number of multiplications, which penalises most the terms that fire in many rows
+of the batch (co-activation) and barely the rare ones. With L1,
 ``L1(s) = mean_rows sum_j |s_j|`` and ``eta_t = eta * min(1, (t / T_warmup)^2)`` (the
 authors' quadratic ramp). With lambda = 0.5 this is exactly half the authors' loss
 ``CE + eta_t * (L1_I + L1_C) / 2``, i.e. the same optimum and, under Adam, the same updates.
@@ -37,6 +41,14 @@ def l1(s: torch.Tensor) -> torch.Tensor:
     return s.float().abs().sum(dim=1).mean()
 
 
+def flops_reg(s: torch.Tensor) -> torch.Tensor:
+    """SPLADE's FLOPS regulariser: sum over terms of the squared mean activation in the batch."""
+    return s.float().abs().mean(dim=0).pow(2).sum()
+
+
+REGULARIZERS = {"l1": l1, "flops": flops_reg}
+
+
 def quadratic_ramp(step: int, warmup_steps: int) -> float:
     """Weight multiplier of the L1 term: 0 at step 0, 1 from ``warmup_steps`` on."""
     if warmup_steps <= 0:
@@ -52,6 +64,8 @@ class LossParts:
     l1_img: float
     l1_cap: float
     eta_t: float
+    reg_img: float = 0.0  # the regulariser actually used (= l1_* for "l1")
+    reg_cap: float = 0.0
 
 
 def d2s_loss(
@@ -64,15 +78,20 @@ def d2s_loss(
     lam: float = 0.5,
     step: int = 0,
     warmup_steps: int = 0,
+    regularizer: str = "l1",
 ) -> LossParts:
+    if regularizer not in REGULARIZERS:
+        raise ValueError(f"unknown regulariser {regularizer!r}; choose from {', '.join(REGULARIZERS)}")
     t_i2c, t_c2i = teacher_distributions(z_img, z_cap, tau)
     logits = s_img.float() @ s_cap.float().t()
     ce_i2c = soft_cross_entropy(logits, t_i2c)
     ce_c2i = soft_cross_entropy(logits.t(), t_c2i)
     l1_i, l1_c = l1(s_img), l1(s_cap)
+    reg = REGULARIZERS[regularizer]
+    r_i, r_c = (l1_i, l1_c) if regularizer == "l1" else (reg(s_img), reg(s_cap))
     eta_t = eta * quadratic_ramp(step, warmup_steps)
-    total = (1.0 - lam) * (ce_i2c + ce_c2i) / 2 + lam * eta_t * (l1_i + l1_c) / 2
+    total = (1.0 - lam) * (ce_i2c + ce_c2i) / 2 + lam * eta_t * (r_i + r_c) / 2
     return LossParts(
         total, float(ce_i2c.detach()), float(ce_c2i.detach()), float(l1_i.detach()),
-        float(l1_c.detach()), float(eta_t)
+        float(l1_c.detach()), float(eta_t), float(r_i.detach()), float(r_c.detach())
     )

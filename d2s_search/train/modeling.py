@@ -8,6 +8,14 @@ bert-base-uncased vocabulary, as in the follow-up paper (fresh LayerNorm, no bia
   ``vocab_projector`` (with bias); needs ``transformers`` and the model on the hub/cache;
 * ``random``     a seeded normal init (only for tests and ablations);
 * a path to a ``.npy`` / ``.safetensors`` / ``.pt`` matrix of shape (|V|, w).
+
+Options that make the untrained head start sparse instead of emitting thousands of terms
+(:func:`build_head`): ``bias_init`` adds a learned per-term output bias set to that value
+(negative: a term must earn its activation), ``norm_gain`` scales the LayerNorm's gain,
+which scales every vocabulary logit like a scaled W2 would, without changing W2 (so a
+frozen W2 can still be rebuilt from MiniLM at export). ``output_terms="words"`` excludes
+every term that is not a whole, non-stop word (see
+:func:`onnx_export.offline_mini.parts.word_terms_mask`).
 """
 
 from __future__ import annotations
@@ -60,8 +68,57 @@ def build_head(
     vocab_size: int = 30522,
     hidden_dim: int = 768,
     seed: int = 0,
+    bias_init: float | None = None,
+    norm_gain: float | None = None,
+    output_terms: str = "all",
+    tokenizer=None,
 ) -> SparseHead:
-    """A fresh head to train; see the module docstring for ``vocab_init``."""
+    """A fresh head to train; see the module docstring for the options."""
+    head = _build_base(dense_dim, vocab_init, excluded_ids, vocab_size, hidden_dim, seed)
+    notes = {}
+    if output_terms not in ("all", "words"):
+        raise ModelError(f"unknown output terms {output_terms!r}: use all or words")
+    if output_terms == "words":
+        from onnx_export.offline_mini.parts import word_terms_mask
+        from onnx_export.tokenizers_offline import bert_base_uncased_tokenizer
+
+        tok = tokenizer if tokenizer is not None else bert_base_uncased_tokenizer()[0]
+        keep = word_terms_mask(tok, head.config.vocab_size)
+        head = _with_excluded(head, sorted(set(head.config.excluded_ids) | set(torch.nonzero(~keep).flatten().tolist())))
+        notes["output_terms"] = "words"
+    if bias_init is not None:
+        head = _with_bias(head, bias_init)
+        notes["bias_init"] = bias_init
+    if norm_gain is not None:
+        with torch.no_grad():
+            head.norm.weight.fill_(norm_gain)
+        notes["norm_gain"] = norm_gain
+    head.config.notes = {**head.config.notes, **notes}
+    return head
+
+
+def _with_excluded(head: SparseHead, excluded: list[int]) -> SparseHead:
+    cfg = head.config
+    cfg.excluded_ids = list(excluded)
+    fresh = SparseHead(cfg)
+    fresh.load_state_dict(head.state_dict())
+    return fresh
+
+
+def _with_bias(head: SparseHead, value: float) -> SparseHead:
+    """The same head with a per-term output bias shifted by ``value`` (a head without one,
+    e.g. MiniLM's embeddings, gets ``value`` everywhere; DistilBERT's MLM bias is kept and shifted)."""
+    state = head.state_dict()
+    cfg = head.config
+    old = state.get("vocab.bias", torch.zeros(cfg.vocab_size))
+    cfg.output_bias = True
+    fresh = SparseHead(cfg)
+    state["vocab.bias"] = old + float(value)
+    fresh.load_state_dict(state)
+    return fresh
+
+
+def _build_base(dense_dim, vocab_init, excluded_ids, vocab_size, hidden_dim, seed) -> SparseHead:
     if vocab_init == "minilm":
         w = minilm_word_embeddings()
         head = SparseHead.from_vocab_projection(dense_dim, w, None, excluded_ids, seed)
@@ -146,3 +203,41 @@ def encode_sparse(
     if not parts:
         return sp.csr_matrix((0, head.config.vocab_size), dtype=np.float32)
     return sp.vstack(parts).tocsr()
+
+
+@torch.no_grad()
+def fit_projection_to_words(head: SparseHead, split, tokens, ridge: float = 1.0, max_rows: int = 50000) -> dict:
+    """Start W1 where the head already names the caption's own words.
+
+    Target of each training pair: the standardised mean of W2's rows for the caption's own
+    (allowed) tokens; W1 and its bias are the ridge-regression fit from the dense vectors
+    (captions and their images) to that target. Since LayerNorm standardises its input, the
+    head's hidden vector then points at the caption's words, so the largest vocabulary
+    logits are those words and their neighbours, instead of a random direction. With a
+    negative per-term bias only the strongest of them start active. Returns fit statistics.
+    """
+    w2 = head.vocab.weight.detach().float().cpu()
+    allowed = head.allowed.cpu() > 0
+    z_txt = torch.as_tensor(split.text_emb, dtype=torch.float32)
+    z_img = torch.as_tensor(split.image_emb, dtype=torch.float32)[torch.as_tensor(split.caption_image)]
+    n = min(len(z_txt), max_rows // 2)
+    targets = torch.zeros(n, w2.shape[1])
+    for i in range(n):
+        ids = torch.as_tensor(tokens.row(i), dtype=torch.long)
+        ids = ids[allowed[ids]] if len(ids) else ids
+        if len(ids):
+            targets[i] = w2[ids].mean(0)
+    keep = targets.abs().sum(1) > 0
+    t = targets[keep]
+    t = (t - t.mean(1, keepdim=True)) / (t.std(1, keepdim=True) + 1e-6)
+    x = torch.cat([z_txt[:n][keep], z_img[:n][keep]])
+    y = torch.cat([t, t])
+    x1 = torch.cat([x, torch.ones(len(x), 1)], 1)
+    a = x1.T @ x1 + ridge * torch.eye(x1.shape[1])
+    w = torch.linalg.solve(a, x1.T @ y)  # (d + 1, w)
+    head.proj.weight.copy_(w[:-1].T.to(head.proj.weight.dtype))
+    head.proj.bias.copy_(w[-1].to(head.proj.bias.dtype))
+    fit = x1 @ w
+    r2 = 1 - ((fit - y) ** 2).sum() / ((y - y.mean(0)) ** 2).sum()
+    head.config.notes = {**head.config.notes, "proj_init": "words"}
+    return {"pairs": int(keep.sum()), "r2": float(r2)}

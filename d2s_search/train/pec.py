@@ -18,6 +18,11 @@ by ``df_v / E`` per epoch. Shapes of ``r``:
   of training on);
 * ``reverse`` ``r = 1 - e / E`` (expansion allowed first, then taken away).
 
+Word-level gating, two readings: by default a caption keeps its own tokens and may expand
+into the terms drawn with ``E_v = 1`` (own words are never gated); ``gate_own_words`` is
+Algorithm 1 read literally, where ``E_v`` gates every term, the caption's own words included
+(a frequent own word such as "a" or "the" is then often masked early in training).
+
 Modes: ``0`` always masked, ``1`` never masked, ``c`` caption level only, ``c+w`` both.
 """
 
@@ -88,12 +93,14 @@ class PEC:
         epochs: int,
         shape: str = "paper",
         seed: int = 0,
+        gate_own_words: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown expansion mode {mode!r}; choose from {', '.join(MODES)}")
         progress(0, epochs, shape)  # validates shape
         self.mode, self.tokens, self.epochs, self.shape = mode, tokens, epochs, shape
         self.df = np.asarray(df, dtype=np.float64)
+        self.gate_own_words = gate_own_words
         self.generator = torch.Generator().manual_seed(seed)
 
     def p_c(self, epoch: int) -> float:
@@ -115,7 +122,10 @@ class PEC:
         if e_c == 1:  # c+w: own tokens plus the terms drawn as allowed expansions
             p_v = torch.as_tensor(self.p_v(epoch), dtype=torch.float64)
             e_v = torch.bernoulli(p_v, generator=self.generator).to(mask.dtype).to(mask.device)
-            mask = torch.maximum(mask, e_v.unsqueeze(0))
+            if self.gate_own_words:  # literal Algorithm 1: E_v gates own words as well
+                mask = e_v.unsqueeze(0).expand_as(mask).clone()
+            else:
+                mask = torch.maximum(mask, e_v.unsqueeze(0))
         return mask, e_c
 
     def state_dict(self) -> dict:

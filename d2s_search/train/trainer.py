@@ -56,6 +56,9 @@ class TrainConfig:
     # checkpoint: earlier epochs are barely regularised, dense, and win on R@1 alone in short runs.
     select_after_warmup: bool = True
     eval_batch: int = 1024
+    regularizer: str = "l1"  # "l1" (the paper) or "flops" (SPLADE's FLOPS regulariser)
+    gate_own_words: bool = False  # Algorithm 1 read literally: E_v also gates own words
+    lr_bias: float | None = None  # per-term output bias (if the head has one); None = lr_vocab
     notes: dict = field(default_factory=dict)
 
     def resolved_device(self) -> torch.device:
@@ -159,15 +162,16 @@ def train(
     total = steps_per_epoch * config.epochs
     warmup = int(total * config.warmup)
     new = list(head.proj.parameters())
-    pre = list(head.norm.parameters()) + list(head.vocab.parameters())
-    opt = torch.optim.AdamW(
-        [{"params": new, "lr": config.lr_proj}, {"params": pre, "lr": config.lr_vocab}],
-        betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-    )
+    pre = list(head.norm.parameters()) + [head.vocab.weight]
+    groups = [{"params": new, "lr": config.lr_proj}, {"params": pre, "lr": config.lr_vocab}]
+    if head.vocab.bias is not None:
+        groups.append({"params": [head.vocab.bias], "lr": config.lr_bias or config.lr_vocab})
+    opt = torch.optim.AdamW(groups, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(total, warmup))
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
     df = document_frequency(train_tokens)
-    pec = PEC(config.expansion, train_tokens, df, config.epochs, config.schedule, config.seed)
+    pec = PEC(config.expansion, train_tokens, df, config.epochs, config.schedule, config.seed,
+              gate_own_words=config.gate_own_words)
     order_rng = np.random.default_rng(config.seed)
 
     val = val_split
@@ -181,6 +185,7 @@ def train(
         "expansion": config.expansion,
         "eta": config.eta,
         "query_mask": query_mask_for(config.expansion),
+        "regularizer": config.regularizer,
     }
     state = {"epoch": 0, "step": 0, "best_r1": -math.inf, "best_epoch": -1, "history": []}
     last = out / "last.pt"
@@ -225,7 +230,8 @@ def train(
                         s_cap = s_cap * mask
                     s_img = head(zi)  # images are never masked
                 parts = d2s_loss(
-                    s_img, s_cap, zi, zc, config.tau, config.eta, config.lam, state["step"], warmup
+                    s_img, s_cap, zi, zc, config.tau, config.eta, config.lam, state["step"], warmup,
+                    config.regularizer,
                 )
                 opt.zero_grad(set_to_none=True)
                 scaler.scale(parts.total).backward()

@@ -177,8 +177,9 @@ def _load_head(config: dict, dim: int, vocab_weight: torch.Tensor, excluded: lis
     with safe_open(str(path), "pt") as fh:
         notes = json.loads((fh.metadata() or {}).get("notes", "{}"))
     state = load_tensors(path)
+    # A per-term output bias (heads trained with --bias-init) is shipped; W2 never is.
     head = SparseHead(HeadConfig(dense_dim=dim, vocab_size=vocab_weight.shape[0], hidden_dim=vocab_weight.shape[1],
-                                 excluded_ids=excluded, trained=True, notes=notes))
+                                 output_bias="vocab.bias" in state, excluded_ids=excluded, trained=True, notes=notes))
     state["vocab.weight"] = vocab_weight
     try:
         head.load_state_dict(state)

@@ -120,16 +120,7 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
 # --- output vocabulary ----------------------------------------------------------------------
 
 # Function words carry no meaning for search and, with a frozen W2, crowd out content words.
-_STOPWORDS_TEXT = """
-a about above after again against all am an and any are as at be because been before being below
-between both but by can could did do does doing down during each few for from further had has have
-having he her here hers herself him himself his how i if in into is it its itself just me more most
-my myself no nor not now of off on once only or other our ours ourselves out over own same she
-should so some such than that the their theirs them themselves then there these they this those
-through to too under until up very was we were what when where which while who whom why will with
-would you your yours yourself yourselves
-"""
-STOPWORDS = frozenset(_STOPWORDS_TEXT.split())
+from d2s_search.terms import STOPWORDS  # noqa: E402  (one list for training and search)
 
 
 def word_terms_mask(tokenizer, vocab_size: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Put a trained alignment run and D2S head into a built-in offline model.
 
-Copies the run's ``projections.safetensors``, stores the head's small layers (W1, its bias,
+Copies the run's ``projections.safetensors``, stores the head's small layers (W1, its bias, the per-term output bias if any,
 LayerNorm) as ``head.safetensors`` — W2 must still be MiniLM's word-embedding matrix, which
 is checked and not stored — and records both files' SHA-256 and size in the model config.
 """
@@ -35,16 +35,21 @@ def ship_weights(model: str, run_dir: Path, head_path: Path, config_path: Path |
     if output_terms is None:
         raise ModelError(f"{head_path}: W2 is not MiniLM's word embeddings (or their `words` subset); "
                          "train with --freeze-vocab so only the small layers change")
-    if head.config.output_bias or head.config.dense_dim != config["dense_dim"]:
-        raise ModelError(f"{head_path}: expected a {config['dense_dim']}-d head without output bias")
+    if head.config.notes.get("output_terms") == "words":  # excluded in the head (train --output-terms words)
+        output_terms = "words"
+    if head.config.dense_dim != config["dense_dim"]:
+        raise ModelError(f"{head_path}: expected a {config['dense_dim']}-d head")
     align = json.loads((run_dir / "align.json").read_text())
     out = weights_dir(config)
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(run_dir / PROJECTIONS_FILE, out / PROJECTIONS_FILE)
     state = head.state_dict()
-    notes = {k: v for k, v in head.config.notes.items() if k in ("expansion", "eta", "query_mask", "best_epoch")}
+    notes = {k: v for k, v in head.config.notes.items()
+             if k in ("expansion", "eta", "query_mask", "best_epoch", "regularizer", "bias_init", "output_terms",
+                      "proj_init", "sources")}
     notes["vocab_init"] = f"minilm word embeddings, frozen ({output_terms} terms)"  # not a local file path
-    save_tensors({k: state[k] for k in SMALL_LAYERS}, out / HEAD_FILE, metadata={"notes": json.dumps(notes)})
+    layers = SMALL_LAYERS + (("vocab.bias",) if head.config.output_bias else ())  # the per-term bias is small
+    save_tensors({k: state[k] for k in layers}, out / HEAD_FILE, metadata={"notes": json.dumps(notes)})
     config["output_terms"] = output_terms
     config["weights"] = {
         name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size}

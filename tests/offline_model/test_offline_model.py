@@ -151,6 +151,24 @@ def test_query_terms_are_words_of_the_query(offline_export):
     assert "dog" in terms and not any(t.startswith("[") for t in terms)
 
 
+def test_dogs_in_a_car_keeps_its_words_and_no_term_fires_on_most_photos(offline_export, heldout_photos):
+    """Issue 12: the query keeps `dogs`/`dog` and `car`, and no term fires on most photos.
+
+    Measured with the shipped head: the most widespread photo term is `girl` on 37.5% of these
+    40 photos (`man` on 36% of all 200 held-out ones); the issue's target is 30%, not met yet,
+    so this guards against a regression to terms that fire on most photos."""
+    from onnx_export.offline_mini.align_data import open_rgb
+
+    result, _ = offline_export
+    enc = Encoder(result.bundle, device="cpu")
+    terms = enc.to_terms(enc.encode_texts(["dogs in a car"]).sparse[0])
+    assert {"dogs", "dog"} & set(terms) and "car" in terms, sorted(terms, key=lambda t: -terms[t])[:15]
+    pixels = np.stack([enc.preprocess(open_rgb(p.path)) for p in heldout_photos])
+    _, sparse = enc.encode_pixels(pixels)
+    share = M.active_share(sparse)
+    assert share.max() <= 0.45, (enc.bundle.terms[int(share.argmax())], share.max())
+
+
 def _tampered_config(tmp_path, file: str) -> dict:
     config = load_config(MODEL)
     copy = tmp_path / "weights"

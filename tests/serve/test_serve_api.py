@@ -260,3 +260,11 @@ def test_openapi_docs_and_the_page(client):
     assert page.status_code == 200 and "/static/app.js" in page.text and page.headers["content-type"].startswith("text/html")
     assert client.get("/static/app.js").status_code == 200 and client.get("/static/app.css").status_code == 200
     problem(client.get("/api/nothing-here"), 404, "no such page")
+
+
+def test_weak_queries_are_flagged(client):
+    body = client.get("/api/search", params={"q": "qwertyuiop"}).json()
+    assert body["weak_query"] is True and body["unrecognised_words"] == ["qwertyuiop"]
+    assert "no word the model knows" in body["notice"] and body["results"]
+    body = client.get("/api/search", params={"q": "herbs in a meadow"}).json()
+    assert body["weak_query"] is False and body["notice"] is None

@@ -153,6 +153,17 @@ def test_empty_and_bad_queries_show_a_message(page):
     assert not page.is_visible("#message") and page.locator(".card").count() == 5
 
 
+def test_a_weak_query_shows_a_notice_beside_its_results(page):
+    page.goto("/")
+    page.wait_for_selector("body[data-ready=true]")
+    search(page, "qwertyuiop")
+    assert page.is_visible("#notice") and "no word the model knows" in page.inner_text("#notice")
+    assert page.locator(".card").count() > 0  # the guesses are still shown, marked as such
+    shot(page, "07b-weak-query")
+    search(page, "a dog in a car")
+    assert not page.is_visible("#notice")
+
+
 def test_search_by_dropped_or_chosen_picture(page, image_folder, live_server):
     page.goto("/")
     page.wait_for_selector("body[data-ready=true]")

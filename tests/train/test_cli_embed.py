@@ -45,12 +45,19 @@ def test_cli_train_evaluate_export(tmp_path):
     np.save(tmp_path / "w2.npy", np.random.default_rng(0).standard_normal((30522, 16)).astype(np.float32) * 0.1)
     runner = CliRunner()
     res = runner.invoke(train, ["--data", str(data), "--out", str(out), "--epochs", "2", "--batch-size", "32",
-                                "--vocab-init", str(tmp_path / "w2.npy"), "--export-onnx-head", "--json"],
+                                "--vocab-init", str(tmp_path / "w2.npy"), "--export-onnx-head", "--json",
+                                # the recipe options: the ONNX head must compute what was trained
+                                "--regularizer", "flops", "--bias-init", "-0.05", "--output-terms", "words"],
                         catch_exceptions=False)
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output)
     assert Path(summary["head"]).is_file() and Path(summary["head_onnx"]).is_file()
     assert len(summary["history"]) == 2 and "R@1" in summary["best_val"]
+    from onnx_export.head import load_head
+
+    trained = load_head(out / "head.pt")
+    assert trained.config.output_bias and trained.config.notes["output_terms"] == "words"
+    assert len(trained.config.excluded_ids) > 8000  # punctuation, pieces, stop words
     scores = {}
     for head in ("head.pt", "head.onnx"):
         res = runner.invoke(evaluate_cmd, ["--data", str(data), "--head", str(out / head), "--check", "--json"],
@@ -62,8 +69,13 @@ def test_cli_train_evaluate_export(tmp_path):
             for m in ("R@1", "R@5", "R@10", "MRR@10"):
                 assert ours[m] == pytest.approx(r["ir_measures"][kind][m]), (kind, m)
         assert r["runs"]["sparse"]["FLOPs"] > 0 and 0 <= r["runs"]["sparse"]["Exact@20"] <= 1
+        co = r["coactivation"]  # named terms, costs adding up to at most the run's FLOPs
+        assert co["top_coactivated"] and not co["top_coactivated"][0]["term"].isdigit()
+        assert sum(t["flops"] for t in co["top_coactivated"]) <= r["runs"]["sparse"]["FLOPs"] + 1e-9
         scores[head] = r["runs"]["sparse"]["R@1"]
     assert scores["head.pt"] == pytest.approx(scores["head.onnx"])
+    res = runner.invoke(evaluate_cmd, ["--data", str(data), "--head", str(out / "head.pt")], catch_exceptions=False)
+    assert res.exit_code == 0 and "most co-activated terms:" in res.output and "of FLOPs from" in res.output
     res = runner.invoke(evaluate_cmd, ["--data", str(data)], catch_exceptions=False)  # dense only, table
     assert res.exit_code == 0 and "dense" in res.output
     res = runner.invoke(train, ["--data", str(tmp_path / "nope")])

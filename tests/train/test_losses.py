@@ -75,3 +75,31 @@ def test_teacher_is_fp32_safe_at_tiny_tau():
     z = torch.nn.functional.normalize(torch.randn(4, 8), dim=1).half()
     parts = d2s_loss(torch.rand(4, 6), torch.rand(4, 6), z, z, tau=1e-3)
     assert math.isfinite(float(parts.total))
+
+
+def test_flops_regulariser_by_hand():
+    from d2s_search.train.losses import flops_reg
+
+    s = torch.tensor([[1.0, 0.0, 2.0], [3.0, 0.0, 0.0]])
+    # mean |activation| per term over the batch: [2, 0, 1] -> 2^2 + 0 + 1^2 = 5
+    assert float(flops_reg(s)) == pytest.approx(5.0)
+    # a term active in every row costs more than the same mass spread over rare terms
+    shared = torch.tensor([[1.0, 0, 0, 0], [1.0, 0, 0, 0], [1.0, 0, 0, 0], [1.0, 0, 0, 0]])
+    spread = torch.eye(4)
+    assert float(flops_reg(shared)) == pytest.approx(1.0) and float(flops_reg(spread)) == pytest.approx(0.25)
+    assert float(l1(shared)) == float(l1(spread))  # L1 cannot tell them apart
+
+    s_img = torch.tensor([[1.0, 0.0, 2.0], [0.0, 1.0, 0.5]])
+    s_cap = torch.tensor([[0.5, 0.0, 1.0], [0.0, 2.0, 0.0]])
+    z = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), dim=1)
+    eta, lam = 0.1, 0.3
+    with_l1 = d2s_loss(s_img, s_cap, z, z, eta=eta, lam=lam)
+    with_flops = d2s_loss(s_img, s_cap, z, z, eta=eta, lam=lam, regularizer="flops")
+    # FLOPS by hand: images mean [.5, .5, 1.25] -> .25 + .25 + 1.5625 = 2.0625;
+    # captions mean [.25, 1, .5] -> .0625 + 1 + .25 = 1.3125
+    assert with_flops.reg_img == pytest.approx(2.0625) and with_flops.reg_cap == pytest.approx(1.3125)
+    ce = (with_l1.ce_i2c + with_l1.ce_c2i) / 2
+    assert float(with_flops.total) == pytest.approx((1 - lam) * ce + lam * eta * (2.0625 + 1.3125) / 2, rel=1e-6)
+    assert with_flops.l1_img == with_l1.l1_img  # L1 is still reported
+    with pytest.raises(ValueError, match="regulariser"):
+        d2s_loss(s_img, s_cap, z, z, regularizer="l2")

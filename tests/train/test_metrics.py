@@ -87,14 +87,55 @@ def test_flops_terms_exact_semantic_by_hand():
     assert M.terms_per_vector(q) == 2.0 and M.terms_per_vector(d) == 2.0
     qv = sp.csr_matrix(np.array([[0.5, 3.0, 2.0, 1.0], [0.0, 0, 0, 0], [0, 0, 1.0, 0]]))
     toks = [np.array([1, 3]), np.array([0]), np.array([0])]
-    # q0 top-2 = terms 1 (3.0), 2 (2.0); 1 is in the caption -> 1/2. q1 empty: skipped.
-    # q2 top = [2], not in caption -> 0.  Mean = 0.25
-    assert M.exact_at_k(qv, toks, k=2) == pytest.approx(0.25)
+    # Eq. 2 divides by k and counts every query: q0 top-2 = terms 1 (3.0), 2 (2.0), 1 in the
+    # caption -> 1/2; q1 is empty -> 0; q2 has one term, not in the caption -> 0/2.  Mean 1/6.
+    assert M.exact_at_k(qv, toks, k=2) == pytest.approx(1 / 6)
+    # k larger than any vector: q0 has 4 terms, 2 of them (1, 3) in the caption -> 2/10.
+    assert M.exact_at_k(qv, toks, k=10) == pytest.approx((2 / 10 + 0 + 0) / 3)
     emb = np.array([[1.0, 0], [0, 1.0], [1.0, 1.0], [0, 2.0]])
-    # q0 top-2 terms 1,2 vs caption {1,3}: term1 max cos 1; term2 max cos(45deg)=0.7071
-    # q2 term 2 vs caption {0}: 0.7071.  Mean over queries = ((1 + .7071)/2 + .7071)/2
+    # q0 top-2 terms 1,2 vs caption {1,3}: term1 max cos 1; term2 max cos(45deg)=0.7071 -> /2
+    # q1 empty -> 0; q2 term 2 vs caption {0}: 0.7071, divided by k=2.
     c = np.sqrt(0.5)
-    assert M.semantic_at_k(qv, toks, emb, k=2) == pytest.approx(((1 + c) / 2 + c) / 2)
+    assert M.semantic_at_k(qv, toks, emb, k=2) == pytest.approx(((1 + c) / 2 + 0 + c / 2) / 3)
+
+
+def test_exact_at_k_exp0_is_not_one():
+    """The issue's case: own-token-only queries with fewer than k terms score below 1."""
+    q = sp.csr_matrix(np.array([[1.0, 1.0, 0, 0, 0], [0, 0, 2.0, 1.0, 1.0]]))
+    toks = [np.array([0, 1]), np.array([2, 3, 4])]
+    assert M.exact_at_k(q, toks, k=20) == pytest.approx((2 / 20 + 3 / 20) / 2)
+
+
+def test_coactivation_report_on_a_planted_example():
+    rng = np.random.default_rng(0)
+    n_q, n_d, v = 40, 50, 30
+    q = (rng.random((n_q, v)) < 0.05).astype(float)
+    d = (rng.random((n_d, v)) < 0.05).astype(float)
+    q[:, 7] = 1.0  # planted: term 7 fires in every query ...
+    d[:, 7] = 1.0  # ... and every document
+    d[:, 9] = 1.0  # term 9 in every document but no query
+    q[:, 9] = 0.0
+    d[: n_d // 2, 3] = 0.0
+    d[n_d // 2 :, 3] = 2.0  # term 3 in exactly half of the documents: not "common"
+    toks = [np.array([1, 2]) for _ in range(n_q)]
+    names = [f"t{j}" for j in range(v)]
+    rep = M.coactivation_report(sp.csr_matrix(q), sp.csr_matrix(d), toks, names, top=3)
+    sq, sd = (q > 0).mean(0), (d > 0).mean(0)
+    per = sq * sd
+    assert per.sum() == pytest.approx(M.flops(sp.csr_matrix(q), sp.csr_matrix(d)))
+    assert rep["top_coactivated"][0] == {"term": "t7", "id": 7, "query_share": 1.0, "doc_share": 1.0,
+                                         "flops": 1.0}
+    assert [t["id"] for t in rep["top_coactivated"]] == list(np.argsort(-per, kind="stable")[:3])
+    common = sd > 0.5  # terms 7 and 9 (9 costs nothing: no query has it)
+    assert set(np.flatnonzero(common)) == {7, 9}
+    assert rep["common_terms"] == 2
+    assert rep["flops_share_common_terms"] == pytest.approx(per[common].sum() / per.sum())
+    assert rep["max_foreign_query_term"] == "t7" and rep["max_foreign_query_share"] == 1.0
+    fq = ((q > 0) & ~np.isin(np.arange(v), [1, 2])[None, :]).mean(0)
+    assert rep["foreign_terms_over_30pct"] == int((fq > 0.3).sum())
+    # A query's own words are not "foreign": make term 7 every query's own token.
+    rep2 = M.coactivation_report(sp.csr_matrix(q), sp.csr_matrix(d), [np.array([7]) for _ in range(n_q)], names)
+    assert rep2["max_foreign_query_term"] != "t7"
 
 
 def test_faithfulness_overlap_and_correlation():

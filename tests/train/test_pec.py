@@ -123,3 +123,50 @@ def test_images_are_never_masked_in_training(synthetic, tmp_path, monkeypatch):
         assert torch.equal(s_img, full_img)  # images: the head's full output
         assert not torch.equal(s_cap, full_cap)  # captions: masked
         assert (s_img > 0).sum(1).min() > (s_cap > 0).sum(1).max()
+
+
+def test_literal_word_gating_also_gates_own_words():
+    rows = [[5, 6, 7]] * 4 + [[5, 6]] * 4 + [[5, 8]] * 8
+    tokens = CaptionTokens.from_lists(rows, 12)
+    df = document_frequency(tokens)  # df[5] = 1, df[8] = 0.5
+    pec = PEC("c+w", tokens, df, 2, seed=3, gate_own_words=True)
+    kept, n = np.zeros(12), 0
+    for _ in range(600):
+        mask, e_c = pec.draw(np.array([15]), epoch=1)  # caption with own words 5 and 8
+        if e_c:
+            kept += mask[0].numpy()
+            n += 1
+    freq = kept / n
+    p_v = 1 - df * 0.5
+    assert freq[5] < 1.0  # an own word can be gated away now
+    for v in (5, 8, 9):
+        sd = np.sqrt(p_v[v] * (1 - p_v[v]) / n)
+        assert abs(freq[v] - p_v[v]) <= 4 * sd + 1e-9, (v, freq[v], p_v[v])
+    # E_C = 0 batches still keep exactly the own words
+    mask, e_c = PEC("c+w", tokens, df, 2, seed=0, gate_own_words=True).draw(np.array([15]), epoch=0)
+    assert e_c == 0 and torch.equal(mask, own_token_mask(tokens, np.array([15])))
+
+
+def test_head_options_start_sparse_and_limit_terms():
+    from d2s_search.train.vocab import load_tokenizer
+
+    tok = load_tokenizer()
+    z = torch.nn.functional.normalize(torch.randn(8, 12, generator=torch.Generator().manual_seed(0)), dim=1)
+    plain = build_head(12, "random", SPECIAL, vocab_size=tok.get_vocab_size(), hidden_dim=16, seed=0)
+    biased = build_head(12, "random", SPECIAL, vocab_size=tok.get_vocab_size(), hidden_dim=16, seed=0,
+                        bias_init=-3.0)
+    assert biased.config.output_bias and torch.equal(biased.vocab.bias, torch.full((tok.get_vocab_size(),), -3.0))
+    with torch.no_grad():
+        assert torch.allclose(biased.logits(z), plain.logits(z) - 3.0, atol=1e-5)
+        assert (biased(z) > 0).sum() < (plain(z) > 0).sum()
+    gained = build_head(12, "random", SPECIAL, vocab_size=tok.get_vocab_size(), hidden_dim=16, seed=0, norm_gain=0.5)
+    with torch.no_grad():  # the gain scales every logit (no bias): a scaled W2 without changing W2
+        assert torch.allclose(gained.logits(z), 0.5 * plain.logits(z), atol=1e-5)
+    words = build_head(12, "random", SPECIAL, vocab_size=tok.get_vocab_size(), hidden_dim=16, seed=0,
+                       output_terms="words", tokenizer=tok)
+    vocab = tok.get_vocab()
+    with torch.no_grad():
+        s = words(z)
+    active = set(torch.nonzero(s)[:, 1].tolist())
+    assert active and all(i not in active for i in (vocab["."], vocab["the"], vocab["##s"], vocab["a"]))
+    assert words.allowed[vocab["dog"]] == 1 and words.allowed[vocab["the"]] == 0

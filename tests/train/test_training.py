@@ -101,3 +101,38 @@ def test_exp0_heads_are_evaluated_with_masked_queries(synthetic, tmp_path):
     assert saved.config.notes["query_mask"] == "own_tokens"
     # validation used masked queries: at most a caption's 4 tokens per query
     assert summary["best_val"]["terms_per_query"] <= 4.0
+
+
+def test_flops_regulariser_lowers_coactivation_at_equal_sparsity(synthetic, tmp_path):
+    """At about the same number of terms per vector, the FLOPS regulariser leaves far fewer
+    terms active in most documents (and less of the FLOPs on them) than L1."""
+    (_, _, _), (va, vat, _), _ = synthetic
+    from d2s_search.train.modeling import encode_sparse
+
+    reports = {}
+    for reg, eta in (("l1", 0.2), ("flops", 1.0)):
+        _, head = _run(synthetic, tmp_path, "1", epochs=8, eta=eta, regularizer=reg)
+        q, d = encode_sparse(head, va.text_emb), encode_sparse(head, va.image_emb)
+        reports[reg] = (M.terms_per_vector(d), M.coactivation_report(q, d))
+    (t_l1, r_l1), (t_fl, r_fl) = reports["l1"], reports["flops"]
+    assert abs(t_fl - t_l1) <= 0.15 * t_l1, (t_l1, t_fl)  # comparable sparsity ...
+    assert r_fl["common_terms"] <= 0.75 * r_l1["common_terms"], (r_l1, r_fl)  # ... less co-activation
+    assert r_fl["flops_share_common_terms"] <= 0.75 * r_l1["flops_share_common_terms"], (r_l1, r_fl)
+
+
+def test_projection_fit_to_words_names_the_captions_words_before_training(synthetic):
+    from d2s_search.train.modeling import encode_sparse, fit_projection_to_words
+
+    (tr, trt, _), (va, vat, va_words), _ = synthetic
+    def top3_hits(head):
+        docs = encode_sparse(head, va.image_emb[:60]).toarray()
+        return np.mean([len(set(np.argsort(-row)[:3]) & set(w.tolist())) for row, w in zip(docs, va_words[:60])])
+
+    plain = build_head(tr.dim, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=64, seed=0)
+    fitted = build_head(tr.dim, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=64, seed=0)
+    stats = fit_projection_to_words(fitted, tr, trt)
+    assert stats["pairs"] == len(tr.caption_ids) and 0 < stats["r2"] <= 1
+    assert fitted.config.notes["proj_init"] == "words"
+    # held-out images: their planted words are among the 3 strongest terms far above chance (0.03)
+    hits, base = top3_hits(fitted), top3_hits(plain)
+    assert hits >= 0.5 and hits > 5 * base, (hits, base)

@@ -165,6 +165,7 @@ function showMessage(text, kind = "info") {
     if (kind === "error") {
       $("#grid").replaceChildren();
       $("#query-terms").replaceChildren();
+      renderNotice(null);
     }
   }
 }
@@ -180,6 +181,7 @@ function render(data, label) {
     ` for ${label} · `, el("span", { class: "mode-label" }, data.mode), ` · ${took}`,
   );
   renderQueryTerms(data.query_terms, data.query.kind);
+  renderNotice(data.notice);
   if (!data.results.length) {
     grid.replaceChildren();
     grid.dataset.state = "done";
@@ -193,6 +195,15 @@ function render(data, label) {
   grid.replaceChildren(...data.results.map((r) => card(r, top)));
   grid.dataset.state = "done";
   grid.dataset.mode = data.mode;
+}
+
+// A query the model does not understand (no word it knows) still gets pictures: say that
+// they are guesses, next to the results rather than instead of them.
+function renderNotice(text) {
+  const box = $("#notice");
+  if (!box) return;
+  box.hidden = !text;
+  box.textContent = text || "";
 }
 
 function renderQueryTerms(terms, kind) {
