@@ -51,3 +51,40 @@ def test_paths_travel_without_the_vectors(spec, osmem_url, identity, tmp_path):
 def test_scan_bodies_match_spec(spec):
     spec.validate("POST", "/{index}/_search", q.scan_body(200))
     spec.validate("POST", "/{index}/_search", q.scan_body(1000, ["path"]))
+
+
+def test_ingest_follows_a_moved_file_reading_only_paths(osmem_url, tiny_blip_bundle, tmp_path):
+    from click.testing import CliRunner
+
+    from d2s_search.cli import cli
+    from tests.helpers import write_image
+
+    photos = [write_image(tmp_path / "old" / f"{i}.jpg", seed=i) for i in range(3)]
+    rec = FaultProxy(osmem_url)
+    common = ["--bundle", str(tiny_blip_bundle), "--backend", "opensearch", "--url", rec.url, "--index-name", "pics"]
+    try:
+        runner = CliRunner()
+        assert runner.invoke(cli, ["ingest", str(tmp_path / "old"), *common, "--json"]).exit_code == 0
+        moved = tmp_path / "new" / "renamed.jpg"
+        moved.parent.mkdir()
+        photos[0].rename(moved)
+        write_image(tmp_path / "new" / "fresh.jpg", seed=9)  # keeps the folder from being all-known
+        start = len(rec.log)
+        res = runner.invoke(cli, ["ingest", str(tmp_path / "new"), *common, "--json"])
+        assert res.exit_code == 0, res.output
+        report = json.loads(res.stdout)
+        assert report["moved"] == 1 and report["stored"] == 1
+        mgets = [s for s in rec.log[start:] if "/_mget" in s.path]
+    finally:
+        rec.close()
+    b = OpenSearchBackend(osmem_url, index_name="pics")
+    try:
+        listed = dict(b.document_paths())
+    finally:
+        b.close()
+    assert sorted(listed.values()) == sorted([str(moved), str(photos[1]), str(photos[2]),
+                                              str(tmp_path / "new" / "fresh.jpg")])
+    # Which ids are stored, then their paths only; the whole document only for the one that moved.
+    sources = [s.path.split("_source=")[1].split("&")[0] for s in mgets]
+    assert sources == ["false", "path", "true"]
+    assert json.loads(mgets[-1].body)["ids"] == [next(i for i, p in listed.items() if p == str(moved))]
