@@ -9,7 +9,7 @@ documents under both rules, so ``R@k = |relevant with rank <= k| / |relevant|`` 
 ``MRR@10 = 1 / best rank`` (0 beyond 10) equal what ir_measures reports for the full run.
 Top-k lists (:func:`rank_topk`, used for overlap and runs) follow trec_eval's order.
 
-Efficiency (DESIGN.md §2): ``FLOPs = mean over (query, doc) of sum_j 1[q_j > 0] 1[d_j > 0]``,
+Efficiency (docs/training.md, "Evaluation"): ``FLOPs = mean over (query, doc) of sum_j 1[q_j > 0] 1[d_j > 0]``,
 computed exactly as ``sum_j n_q(j) n_d(j) / (|Q| |D|)`` where ``n_x(j)`` counts the vectors
 that use term ``j``.
 """

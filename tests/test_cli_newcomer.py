@@ -382,6 +382,13 @@ def test_every_option_has_help_every_command_json_and_no_help_points_outside_the
     assert no_json == []  # "every command takes --json"
 
 
+def test_no_source_or_page_points_to_files_users_do_not_have():
+    shipped = [*ROOT.glob("d2s_search/**/*.py"), *ROOT.glob("onnx_export/**/*.py"), *ROOT.glob("docs/*.md"),
+               ROOT / "README.md"]
+    assert len(shipped) > 20
+    assert [str(f.relative_to(ROOT)) for f in shipped if "DESIGN.md" in f.read_text()] == []
+
+
 def test_align_wants_its_data_named(capsys):
     code, _, err = run_cli(["align"], capsys)
     assert code == 2 and "--data is required" in err

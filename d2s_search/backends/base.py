@@ -122,8 +122,8 @@ class Backend(Protocol):
 @runtime_checkable
 class PathListing(Protocol):
     """Optional: stored paths without the vectors, for ``index prune``, the missing-file count
-    of ``index stats`` and moved files in ``ingest`` (``local`` has it; other backends fall
-    back to ``get`` where they can)."""
+    of ``index stats`` and moved files in ``ingest`` (``local``, ``opensearch`` and
+    ``elasticsearch`` have it; a backend without it falls back to ``get`` in ``ingest``)."""
 
     def document_paths(self) -> Iterable[tuple[str, str]]:
         """(id, path) of every document."""

@@ -8,9 +8,15 @@ from pathlib import Path
 
 import click
 
-from d2s_search.cli.options import connection_options, load_bundle, opensearch_backend
+from d2s_search.cli.options import (
+    bundle_for_index,
+    connection_options,
+    index_location,
+    load_bundle,
+    opensearch_backend,
+)
 from d2s_search.cli.output import emit as _emit
-from d2s_search.errors import EXIT_OK
+from d2s_search.errors import EXIT_OK, IndexStoreError
 
 
 @click.group()
@@ -55,7 +61,8 @@ def dashboards_install(url, index_name, tenant, files, insecure, as_json) -> int
 
 @click.command("register-model")
 @click.option("--bundle", envvar="D2S_BUNDLE", type=click.Path(file_okay=False),
-              help="Model bundle whose text encoder is registered (default: the last exported).")
+              help="Model bundle whose text encoder is registered (default: the bundle that filled --index-name, "
+                   "else the last exported; with --package-only: the last exported).")
 @connection_options
 @click.option("--configure-cluster", is_flag=True,
               help="Also set the ml-commons settings a single-node cluster needs (uploads allowed, "
@@ -84,8 +91,8 @@ def register_model(bundle, url, index_name, insecure, configure_cluster, model_u
 
     if package_only and not zip_out:
         raise click.UsageError("--package-only needs --zip-out PATH")
-    loaded = load_bundle(bundle, verify=True)
     if package_only:
+        loaded = load_bundle(bundle, verify=True)
         pkg = package_model(loaded, Path(zip_out), max_terms=max_query_terms)
         payload = {"zip": str(pkg.path), "sha256": pkg.sha256, "bytes": pkg.size, "name": pkg.name,
                    "dropped_terms": {k: len(v) for k, v in pkg.dropped_terms.items()}}
@@ -94,6 +101,8 @@ def register_model(bundle, url, index_name, insecure, configure_cluster, model_u
 
     store = opensearch_backend(url, index_name, insecure)
     try:
+        # Queries must be encoded by the bundle that encoded the images: the one the index records.
+        loaded = bundle_for_index(bundle, _recorded_identity(store), index_location(store), verify=True)
         ml = MLCommons(store.http, timeout=timeout, progress=lambda msg: click.echo(f"  {msg}", err=True))
         template = ml.store_search_template()
         if template_only:
@@ -122,6 +131,18 @@ def register_model(bundle, url, index_name, insecure, configure_cluster, model_u
         f'{{"sparse": {{"query_text": "dogs in a car", "model_id": "{reg.model_id}"}}}}}}}}',
     ])
     return EXIT_OK
+
+
+def _recorded_identity(store):
+    """What the index records about the bundle that filled it; None without an index, or for one
+    not made by d2s-search."""
+    if not store.exists():
+        return None
+    try:
+        store.open(None, create=False)
+    except IndexStoreError:
+        return None
+    return store.identity
 
 
 def _template_example(index_name: str, template: str) -> str:

@@ -74,7 +74,7 @@ def index_prune(backend, index, url, index_name, dry_run, yes, as_json) -> int:
     store = make_backend(backend, index, url, index_name)
     require_index(store)
     if not isinstance(store, PathListing):
-        raise click.UsageError(f"index prune needs a backend that lists stored paths (local); not {store.name}")
+        raise click.UsageError(f"index prune needs a backend that lists stored paths; {store.name} does not")
     try:
         store.open(None, create=False)
         total = store.stats()["documents"]

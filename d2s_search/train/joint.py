@@ -1,4 +1,4 @@
-"""Joint sparse-dense self-distillation (the CIKM 2025 follow-up, DESIGN.md §2).
+"""Joint sparse-dense self-distillation (the CIKM 2025 follow-up of Nguyen et al., ECIR 2024).
 
 The dense projection layers (BLIP/ALBEF ``text_proj`` / ``vision_proj``, CLIP's
 ``text_projection`` / ``visual_projection``) are fine-tuned together with the sparse head,

@@ -1,4 +1,5 @@
-"""The D2S distillation loss (DESIGN.md §2).
+"""The D2S distillation loss (Nguyen et al., "Multimodal Learned Sparse Retrieval with
+Probabilistic Expansion Control", ECIR 2024; options in docs/training.md, "Training").
 
 Teacher: ``T = softmax(z_I z_C^T / tau)`` from the frozen dense vectors (always fp32:
 scores / 0.001 overflow fp16). Student logits: ``S = s_I s_C^T`` with no temperature.

@@ -48,6 +48,34 @@ def test_register_model_end_to_end(make_cluster, tiny_blip_bundle):
     assert "neural_sparse" in again.output and payload["model_id"] in again.output
 
 
+def test_register_model_uses_the_bundle_that_filled_the_index(make_cluster, tiny_blip_bundle, tiny_clip_bundle):
+    from pathlib import Path
+
+    from d2s_search import settings
+    from d2s_search.backends.opensearch.backend import OpenSearchBackend
+    from d2s_search.backends.opensearch.ml_package import model_name
+    from d2s_search.bundle import Bundle
+    from d2s_search.errors import BundleMismatchError
+
+    cluster = make_cluster(settings={}, task_polls=1)
+    blip = Bundle.load(tiny_blip_bundle)
+    store = OpenSearchBackend(cluster.url, index_name="pics")
+    store.open(blip.identity())  # records the bundle's fingerprint and path
+    store.close()
+    settings.remember_bundle(Path(tiny_clip_bundle))  # another bundle exported since
+    assert settings.last_bundle() == Path(tiny_clip_bundle)
+
+    result = run(register_model, ["--url", cluster.url, "--index-name", "pics", "--configure-cluster",
+                                  "--max-query-terms", "50", "--json"])
+    assert result.exception is None, result.output
+    assert json.loads(result.stdout)["name"] == model_name(blip)  # not the last exported
+
+    # Given explicitly, another bundle is refused, naming the one that filled the index.
+    result = run(register_model, ["--bundle", tiny_clip_bundle, "--url", cluster.url, "--index-name", "pics"])
+    assert isinstance(result.exception, BundleMismatchError)
+    assert str(Path(tiny_blip_bundle).resolve()) in str(result.exception)
+
+
 def test_template_only(make_cluster, tiny_blip_bundle):
     cluster = make_cluster(ml_enabled=False)
     result = run(register_model, ["--bundle", tiny_blip_bundle, "--url", cluster.url, "--template-only"])

@@ -9,7 +9,13 @@ rewrites those request headers to plain ``application/json`` / ``application/x-n
 osmem has no ``dense_vector`` type (OpenSearch calls it ``knn_vector``), an index-creation body's
 ``dense_vector`` field is handed on as a ``knn_vector`` of the same dimension, so the index can
 exist at all (only the sparse path is searched through osmem; the dense ``knn`` option is checked
-against the specification and the real-server suite). It also adds
+against the specification and the real-server suite). Points in time are opened and closed under
+OpenSearch's paths (``POST /{index}/_search/point_in_time`` answering ``pit_id``, ``DELETE
+/_search/point_in_time`` with ``{"pit_id": [...]}``: opensearch-project/opensearch-api-specification,
+model/_global/create_pit and delete_pit) and answered in Elasticsearch's shapes
+(``OpenPointInTimeResponse`` ``{id, _shards}``, ``ClosePointInTimeResponse`` ``{succeeded,
+num_freed}``: elastic/elasticsearch-specification at 9d9b9a5, output/typescript/types.ts); the
+search over a point in time (``pit``, ``_shard_doc``, ``search_after``) is the same in both. It also adds
 ``X-Elastic-Product: Elasticsearch`` to every forwarded answer (in case a server omits it), and
 keeps every fault rule of the OpenSearch tests' ``FaultProxy`` (busy bulk items, dropped
 connections, injected statuses). Every request body is recorded for the spec checks.
@@ -62,6 +68,9 @@ class CompatProxy(FaultProxy):
         plain = _COMPAT.sub(r"application/\1", ctype) if ctype else None
         if method == "PUT" and re.fullmatch(r"/[a-z0-9][^/_?]*", path) and body:
             body = _dense_as_knn_vector(body)
+        pit = _point_in_time(method, path, body)
+        if pit is not None:
+            return self._point_in_time(*pit, plain)
         status, headers, content = super()._forward(method, path, body, plain)
         headers["X-Elastic-Product"] = "Elasticsearch"
         if self.pretend_version and method == "GET" and path == "/" and status == 200:
@@ -71,6 +80,19 @@ class CompatProxy(FaultProxy):
                 root["version"]["build_flavor"] = self.pretend_flavor
             content = json.dumps(root).encode()
         return status, headers, content
+
+    def _point_in_time(self, method: str, path: str, body: bytes, ctype: str | None) -> tuple[int, dict, bytes]:
+        status, headers, content = super()._forward(method, path, body, ctype or "application/json")
+        headers["X-Elastic-Product"] = "Elasticsearch"
+        if status != 200:
+            return status, headers, content
+        answer = json.loads(content)
+        if method == "POST":
+            answer = {"id": answer["pit_id"], "_shards": answer.get("_shards", {})}
+        else:
+            freed = [p for p in answer.get("pits", []) if p.get("successful")]
+            answer = {"succeeded": len(freed) == len(answer.get("pits", [])), "num_freed": len(freed)}
+        return status, headers, json.dumps(answer).encode()
 
     def bodies(self, method: str, path_part: str) -> list[Sent]:
         return [s for s in self.sent if s.method == method.upper() and path_part in s.path]
@@ -84,3 +106,14 @@ def _dense_as_knn_vector(body: bytes) -> bytes:
             props[name] = {"type": "knn_vector", "dimension": field["dims"]}
             doc.setdefault("settings", {}).setdefault("index", {})["knn"] = True
     return json.dumps(doc).encode()
+
+
+def _point_in_time(method: str, path: str, body: bytes) -> tuple[str, str, bytes] | None:
+    """Elasticsearch's open / close point in time as the OpenSearch request (None: another request)."""
+    route, _, query = path.partition("?")
+    m = re.fullmatch(r"/([^/_][^/]*)/_pit", route)
+    if method == "POST" and m:
+        return "POST", f"/{m.group(1)}/_search/point_in_time" + (f"?{query}" if query else ""), b""
+    if method == "DELETE" and route == "/_pit":
+        return "DELETE", "/_search/point_in_time", json.dumps({"pit_id": [json.loads(body)["id"]]}).encode()
+    return None

@@ -487,11 +487,30 @@ class ElasticsearchBackend:
                     out.append(_document(d["_id"], d.get("_source", {})))
         return out
 
-    def _mget(self, ids: list[str], source: bool) -> list[dict]:
+    # PathListing (index prune, the missing-file count of index stats, moved files in ingest):
+    # only the ``path`` field of ``_source`` travels, never the vectors.
+
+    def document_paths(self, page: int = 1000) -> Iterator[tuple[str, str]]:
+        """(id, path) of every document, through a point in time that fetches only ``path``."""
+        for hits in self._pit_pages(self.index_name, page, fields=["path"]):
+            for h in hits:
+                yield h["_id"], h.get("_source", {}).get("path", "")
+
+    def paths_of(self, ids: Iterable[str]) -> dict[str, str]:
+        ids = list(dict.fromkeys(ids))
+        out: dict[str, str] = {}
+        for start in range(0, len(ids), 1000):
+            for d in self._mget(ids[start : start + 1000], source="path"):
+                if d.get("found"):
+                    out[d["_id"]] = d.get("_source", {}).get("path", "")
+        return out
+
+    def _mget(self, ids: list[str], source: bool | str) -> list[dict]:
+        """``source``: whole documents (True), none (False), or these comma-separated fields."""
         if not ids:
             return []
         status, body = self._call("POST", f"/{self.index_name}/_mget", body=q.mget_body(ids),
-                                  params={"_source": "true" if source else "false"})
+                                  params={"_source": source if isinstance(source, str) else "true" if source else "false"})
         return self._check(status, body, "read documents").get("docs", [])
 
     # -- searches -------------------------------------------------------------------------
@@ -665,19 +684,24 @@ class ElasticsearchBackend:
         return lost
 
     def _scan(self, index: str, page: int) -> Iterator[list[Document]]:
-        """Every document of ``index`` through a point in time (``search_after`` on ``_shard_doc``)."""
+        for hits in self._pit_pages(index, page):
+            yield [_document(h["_id"], h.get("_source", {})) for h in hits]
+
+    def _pit_pages(self, index: str, page: int, fields: Sequence[str] | None = None) -> Iterator[list[dict]]:
+        """Raw hits of every document of ``index`` through a point in time (``search_after`` on
+        ``_shard_doc``); ``fields``: only these of ``_source``."""
         status, body = self._call("POST", f"/{index}/_pit", params={"keep_alive": "5m"})
         pit = self._check(status, body, "open a point in time")["id"]
         try:
             after = None
             while True:
-                status, body = self._call("POST", "/_search", body=q.pit_page_body(pit, page, after))
+                status, body = self._call("POST", "/_search", body=q.pit_page_body(pit, page, after, fields=fields))
                 body = self._check(status, body, "scan")
                 pit = body.get("pit_id", pit)
                 hits = body.get("hits", {}).get("hits", [])
                 if not hits:
                     return
-                yield [_document(h["_id"], h.get("_source", {})) for h in hits]
+                yield hits
                 after = hits[-1]["sort"]
         finally:
             self._call("DELETE", "/_pit", body=q.close_pit_body(pit))

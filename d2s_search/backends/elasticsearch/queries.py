@@ -413,8 +413,10 @@ def alias_swap_body(alias: str, new_index: str, old_index: str | None, old_is_al
     return {"actions": actions}
 
 
-def pit_page_body(pit_id: str, page: int, after: list[Any] | None = None, keep_alive: str = "5m") -> dict[str, Any]:
-    """One page of a point-in-time scan (``_shard_doc`` order), for copying every document."""
+def pit_page_body(pit_id: str, page: int, after: list[Any] | None = None, keep_alive: str = "5m",
+                  fields: Sequence[str] | None = None) -> dict[str, Any]:
+    """One page of a point-in-time scan (``_shard_doc`` order), for copying every document;
+    ``fields``: only these of ``_source`` (e.g. the stored paths for ``index prune``)."""
     body: dict[str, Any] = {
         "size": int(page),
         "query": {"match_all": {}},
@@ -422,6 +424,8 @@ def pit_page_body(pit_id: str, page: int, after: list[Any] | None = None, keep_a
         "sort": [{"_shard_doc": {"order": "asc"}}],
         "track_total_hits": False,
     }
+    if fields is not None:
+        body["_source"] = source_filter(fields)
     if after is not None:
         body["search_after"] = list(after)
     return body

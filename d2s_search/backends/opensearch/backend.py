@@ -363,12 +363,32 @@ class OpenSearchBackend:
                     out.append(_document(d["_id"], d.get("_source", {}), self._decode))
         return out
 
-    def _mget(self, ids: list[str], source: bool) -> list[dict]:
+    # PathListing (index prune, the missing-file count of index stats, moved files in ingest):
+    # only the ``path`` field of ``_source`` travels, never the vectors.
+
+    def document_paths(self, page: int = 1000) -> Iterator[tuple[str, str]]:
+        """(id, path) of every document, through a scroll that fetches only ``path``."""
+        self.settle()
+        for hits in self._scroll(self.index_name, page, fields=["path"]):
+            for h in hits:
+                yield h["_id"], h.get("_source", {}).get("path", "")
+
+    def paths_of(self, ids: Iterable[str]) -> dict[str, str]:
+        ids = list(dict.fromkeys(ids))
+        out: dict[str, str] = {}
+        for start in range(0, len(ids), 1000):
+            for d in self._mget(ids[start : start + 1000], source="path"):
+                if d.get("found"):
+                    out[d["_id"]] = d.get("_source", {}).get("path", "")
+        return out
+
+    def _mget(self, ids: list[str], source: bool | str) -> list[dict]:
+        """``source``: whole documents (True), none (False), or these comma-separated fields."""
         if not ids:
             return []
         reply = self.http.request(
             "POST", f"/{self.index_name}/_mget", json_body=q.mget_body(ids),
-            params={"_source": "true" if source else "false"},
+            params={"_source": source if isinstance(source, str) else "true" if source else "false"},
         )
         self._raise_for(reply, "read documents")
         return reply.body.get("docs", [])
@@ -647,10 +667,13 @@ class OpenSearchBackend:
         return lost
 
     def _scan(self, index: str, page: int) -> Iterator[list[Document]]:
-        reply = self.http.request(
-            "POST", f"/{index}/_search", params={"scroll": "5m"},
-            json_body={"size": page, "sort": ["_doc"], "query": {"match_all": {}}},
-        )
+        for hits in self._scroll(index, page):
+            yield [_document(h["_id"], h.get("_source", {})) for h in hits]
+
+    def _scroll(self, index: str, page: int, fields: Sequence[str] | None = None) -> Iterator[list[dict]]:
+        """Raw hits of every document of ``index``, a page at a time, through a scroll."""
+        reply = self.http.request("POST", f"/{index}/_search", params={"scroll": "5m"},
+                                  json_body=q.scan_body(page, fields))
         self._raise_for(reply, "scan")
         scroll_id = reply.body.get("_scroll_id")
         try:
@@ -658,7 +681,7 @@ class OpenSearchBackend:
                 hits = reply.body.get("hits", {}).get("hits", [])
                 if not hits:
                     return
-                yield [_document(h["_id"], h.get("_source", {})) for h in hits]
+                yield hits
                 reply = self.http.request(
                     "POST", "/_search/scroll", json_body={"scroll": "5m", "scroll_id": scroll_id}
                 )

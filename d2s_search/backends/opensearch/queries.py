@@ -171,6 +171,14 @@ def mget_body(ids: Sequence[str]) -> dict[str, Any]:
     return {"ids": list(ids)}
 
 
+def scan_body(page: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
+    """First page of a scroll over every document (``_doc`` order); ``fields``: only these of ``_source``."""
+    body: dict[str, Any] = {"size": int(page), "sort": ["_doc"], "query": {"match_all": {}}}
+    if fields is not None:
+        body["_source"] = list(fields)
+    return body
+
+
 # -- queries -----------------------------------------------------------------------------
 
 
