@@ -7,12 +7,15 @@ from pathlib import Path
 import click
 
 from d2s_search.cli.options import (
+    backend_kind,
     backend_options,
     bundle_option,
     console,
     device_option,
     json_option,
+    load_bundle,
     open_index,
+    recorded_identity,
 )
 from d2s_search.cli.output import emit_json as _emit_json
 from d2s_search.cli.output import fit_path
@@ -149,13 +152,19 @@ def _report_ingest(report, as_json: bool) -> int:
 @click.option("--model-id", envvar="D2S_OPENSEARCH_MODEL_ID", help="ml-commons model for --server-side "
               "(default: the one registered for the bundle).")
 @click.option("--paths", "paths_only", is_flag=True, help="Print only the hits' paths, one per line (for piping).")
+@click.option("--no-serve", is_flag=True, help="Search in this process even when `d2s-search serve` runs on this index.")
 @bundle_option
 @backend_options
 @device_option
 @json_option
-def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side, model_id, paths_only, bundle, backend,
-          index, url, index_name, device, as_json) -> int:
-    """Search the index by TEXT (or --image PATH)."""
+def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side, model_id, paths_only, no_serve, bundle,
+          backend, index, url, index_name, device, as_json) -> int:
+    """Search the index by TEXT (or --image PATH).
+
+    A text query on a local index that `d2s-search serve` is serving (on loopback, same
+    bundle) is answered by that serve, which has everything loaded; the output says so.
+    Anything amiss with it (stopped, busy, another bundle) and the query runs here.
+    """
     from d2s_search.encoder import Encoder
     from d2s_search.errors import QueryError
     from d2s_search.search import SearchOptions, encode_image_query, encode_text_query, run_query
@@ -169,6 +178,12 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
     if server_side and (backend or ("opensearch" if url else "local")) != "opensearch":
         raise click.UsageError("--server-side needs --url or D2S_OPENSEARCH_URL")
     options = SearchOptions(mode=mode, k=k, window=window, fusion=fusion, alpha=alpha, explain=explain)
+    options.validate()
+    if text is not None and not server_side and not no_serve and backend_kind(backend, url) == "local":
+        answered = _ask_running_serve(text, options, index, bundle)
+        if answered is not None:
+            result, address = answered
+            return _show_result(result, as_json, paths_only, answered_by=address)
     bundle_obj, store, _ = open_index(backend, index, url, index_name, bundle, create=False)
     try:
         if server_side:
@@ -195,14 +210,35 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
     return _show_result(result, as_json, paths_only)
 
 
-def _show_result(result, as_json: bool, paths_only: bool = False) -> int:
+def _ask_running_serve(text: str, options, index: str, bundle: str | None):
+    """(result, the serve's address) when a running serve of this index answered, else None."""
+    from d2s_search.errors import D2SError
+    from d2s_search.serve import discovery
+
+    if not discovery.discovery_path(index).is_file():
+        return None  # the common case, decided without opening anything
+    try:
+        recorded = recorded_identity("local", index, None, "")
+        if recorded is None or (bundle and load_bundle(bundle).fingerprint != recorded.fingerprint):
+            return None  # the local path gives the proper error
+    except D2SError:
+        return None
+    entry = discovery.find(index, recorded.fingerprint)
+    answer = discovery.ask(entry, text, options) if entry is not None else None
+    result = discovery.to_result(answer) if answer is not None else None
+    return None if result is None else (result, discovery.address(entry))
+
+
+def _show_result(result, as_json: bool, paths_only: bool = False, answered_by: str | None = None) -> int:
     if as_json:
-        _emit_json(result.to_json())
+        _emit_json(result.to_json() | ({"answered_by": answered_by} if answered_by else {}))
     elif paths_only:
         for hit in result.hits:
             click.echo(hit.path)
     else:
         _print_hits(result)
+        if answered_by:
+            console().print(f"[dim]answered by the running serve at {answered_by}[/dim]")
     return EXIT_OK
 
 
