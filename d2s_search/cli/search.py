@@ -165,9 +165,7 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
     bundle) is answered by that serve, which has everything loaded; the output says so.
     Anything amiss with it (stopped, busy, another bundle) and the query runs here.
     """
-    from d2s_search.encoder import Encoder
-    from d2s_search.errors import QueryError
-    from d2s_search.search import SearchOptions, encode_image_query, encode_text_query, run_query
+    from d2s_search.search import SearchOptions
 
     if (text is None) == (image_path is None):
         raise click.UsageError("give either TEXT or --image PATH")
@@ -184,6 +182,10 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
         if answered is not None:
             result, address = answered
             return _show_result(result, as_json, paths_only, answered_by=address)
+    from d2s_search.encoder import Encoder  # not needed when a serve answered
+    from d2s_search.errors import QueryError
+    from d2s_search.search import encode_image_query, encode_text_query, run_query
+
     bundle_obj, store, _ = open_index(backend, index, url, index_name, bundle, create=False)
     try:
         if server_side:
