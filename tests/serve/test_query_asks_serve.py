@@ -121,3 +121,17 @@ def test_a_stale_or_foreign_discovery_file_falls_back_to_the_local_search(runnin
     assert proc.wait(timeout=20) == 0
     assert path.is_file()  # another serve's (newer) file is left alone
     os.unlink(path)
+
+
+def test_two_phase_on_the_local_index_says_it_misses(running_serve, serve_index, capsys):
+    """Asked or not asked through the serve, two-phase on a local index carries the note."""
+    for extra in ([], ["--no-serve"]):
+        answer = _query(capsys, serve_index, "--mode", "two-phase", *extra)
+        assert answer["mode"] == "two-phase" and "--mode sparse is exact" in answer["note"]
+        assert ("answered_by" in answer) == (not extra)
+        assert "note" not in _query(capsys, serve_index, "--mode", "sparse", *extra)
+    code, out, err = run_cli(["query", "a dog", "--index", serve_index, "--mode", "two-phase", "--paths", "--no-serve"],
+                             capsys)
+    lines = out.splitlines()
+    assert code == 0 and lines and all(os.path.isabs(line) for line in lines)  # stdout: only paths
+    assert err.startswith("note: on the local index two-phase misses") and len(err.splitlines()) == 1
