@@ -20,6 +20,7 @@ import os
 import platform
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -68,21 +69,12 @@ def v_reference(layout, cols, weights, out):
     kernels.accumulate(layout["indptr"], layout["ids32"], layout["w32"], layout["rows"], cols, weights, out)
 
 
-def v_fancy_add_int32(layout, cols, weights, out):
+def v_fancy_add(layout, cols, weights, out, ids_name="ids32"):
     """scores[ids] += w * data: exact because a posting list holds a document once."""
     scores = out[: layout["rows"]]
     scores.fill(0)
     for _, s, e, w in spans(layout, cols, weights):
-        ids = layout["ids32"][s:e]
-        scores[ids] += layout["w32"][s:e] * w
-
-
-def v_fancy_add_uint16(layout, cols, weights, out):
-    scores = out[: layout["rows"]]
-    scores.fill(0)
-    for _, s, e, w in spans(layout, cols, weights):
-        ids = layout["ids16"][s:e]
-        scores[ids] += layout["w32"][s:e] * w
+        scores[layout[ids_name][s:e]] += layout["w32"][s:e] * w
 
 
 def v_add_at_uint16_fp16(layout, cols, weights, out):
@@ -161,8 +153,8 @@ def v_shipped(layout, cols, weights, out):
 
 VARIANTS = {
     "reference: scipy csc_matvec per term (int32 ids, fp32)": v_reference,
-    "numpy scores[ids] += w*data (int32 ids)": v_fancy_add_int32,
-    "numpy scores[ids] += w*data (uint16 in-shard ids)": v_fancy_add_uint16,
+    "numpy scores[ids] += w*data (int32 ids)": v_fancy_add,
+    "numpy scores[ids] += w*data (uint16 in-shard ids)": partial(v_fancy_add, ids_name="ids16"),
     "numpy np.add.at (uint16 ids, fp16 weights)": v_add_at_uint16_fp16,
     "scipy per term, fp16 weights widened per term": v_scipy_fp16_weights,
     "numpy bincount over all query postings (float64 sums)": v_bincount_all_terms,

@@ -139,9 +139,10 @@ def ask(entry: dict, text: str, options) -> dict | None:
         params["window"] = options.window
     conn = http.client.HTTPConnection(entry["host"], entry["port"], timeout=TIMEOUT_S)
     try:
-        # The serve accepts these host names only (DNS rebinding guard).
+        # A loopback serve accepts its own host names only (DNS rebinding guard); Starlette
+        # cuts the Host header at the first ':', so "[::1]" would not pass: "localhost" does.
         conn.request("GET", "/api/search?" + urlencode(params),
-                     headers={"Host": "localhost" if entry["host"] == "127.0.0.1" else "[::1]",
+                     headers={"Host": "localhost",
                               TOKEN_HEADER: entry["token"], "Accept": "application/json"})
         response = conn.getresponse()
         body = response.read(64 * 1024 * 1024)
