@@ -140,6 +140,7 @@ def _report_ingest(report, as_json: bool) -> int:
 LOCAL_TWO_PHASE_NOTE = ("on the local index two-phase misses most of the exact top-k (recall@10 about 0.2 "
                         "in the benchmarks) and saves under a millisecond: --mode sparse is exact")
 
+
 @click.command()
 @click.argument("text", required=False)
 @click.option("--image", "image_path", type=click.Path(dir_okay=False), help="Search by an image instead of text.")
@@ -247,6 +248,8 @@ def _show_result(result, as_json: bool, paths_only: bool = False, answered_by: s
     if paths_only:
         for hit in result.hits:
             click.echo(hit.path)
+        if answered_by:
+            click.echo(f"answered by the running serve at {answered_by}", err=True)
     else:
         _print_hits(result)
         if answered_by:

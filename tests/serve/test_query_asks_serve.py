@@ -68,6 +68,9 @@ def test_the_text_output_says_who_answered(running_serve, serve_index, capsys):
     _, url = running_serve
     code, out, err = run_cli(["query", "a dog", "--index", serve_index, "-k", "3"], capsys)
     assert code == 0 and f"answered by the running serve at {url}" in " ".join(out.split()) and not err
+    code, out, err = run_cli(["query", "a dog", "--index", serve_index, "-k", "3", "--paths"], capsys)
+    assert code == 0 and len(out.splitlines()) == 3 and all(os.path.isabs(p) for p in out.splitlines())
+    assert err.strip() == f"answered by the running serve at {url}"  # stdout stays pipeable
 
 
 def test_the_discovery_file_is_removed_when_serve_stops(running_serve, serve_index):

@@ -68,7 +68,7 @@ def accumulate(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows
     Calls scipy's C++ ``csc_matvec`` once per term on views (no posting is copied); a term
     with a dense column (``dense_terms`` sorted, ``dense_columns`` terms x rows) is added as
     ``weight * column`` instead: the same float32 products in the same term order, read in
-    order rather than scattered (docs/benchmarks.md: 0.76-0.78x of the kernel time at 123k).
+    order rather than scattered (docs/benchmarks.md: about 0.9x of the kernel time at 123k).
     """
     scores = out[:n_rows]
     scores.fill(0.0)
