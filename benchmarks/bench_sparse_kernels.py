@@ -96,6 +96,19 @@ def v_scipy_fp16_weights(layout, cols, weights, out):
         kernels._csc_matvec(layout["rows"], 1, one, layout["ids32"][s:e], layout["w16"][s:e].astype(np.float32), w1, scores)
 
 
+def v_scipy_uint16_ids(layout, cols, weights, out):
+    """uint16 in-shard ids handed to scipy's kernel (which accepts them by widening them to
+    its int32 instantiation: a copy per term)."""
+    scores = out[: layout["rows"]]
+    scores.fill(0)
+    one = np.zeros(2, dtype=np.int32)
+    w1 = np.zeros(1, dtype=np.float32)
+    for _, s, e, w in spans(layout, cols, weights):
+        one[1] = e - s
+        w1[0] = w
+        kernels._csc_matvec(layout["rows"], 1, one, layout["ids16"][s:e], layout["w32"][s:e], w1, scores)
+
+
 def v_bincount_all_terms(layout, cols, weights, out):
     """One np.bincount over the query's postings gathered together (float64 sums)."""
     parts = list(spans(layout, cols, weights))
@@ -161,6 +174,7 @@ VARIANTS = {
     "dense columns for frequent terms + scipy for the rest": v_dense_frequent_terms,
     "dense columns for frequent terms (reused buffer) + scipy": v_dense_frequent_terms_no_temp,
     "shipped: kernels.accumulate with the cache's dense columns (terms in >= 1/2 of a shard)": v_shipped,
+    "scipy per term, uint16 in-shard ids": v_scipy_uint16_ids,
 }
 
 
