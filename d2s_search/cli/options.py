@@ -60,10 +60,15 @@ def device_option(f):
                         show_default=True, help="ONNX Runtime device (CUDA when it really loads).")(f)
 
 
+def backend_kind(backend: str | None, url: str | None) -> str:
+    """Which backend the flags and environment name: local, opensearch or elasticsearch."""
+    return backend or ("opensearch" if url else "elasticsearch" if os.environ.get("D2S_ELASTICSEARCH_URL") else "local")
+
+
 def make_backend(backend: str | None, index: str, url: str | None, index_name: str):
     from d2s_search.backends import open_backend
 
-    kind = backend or ("opensearch" if url else "elasticsearch" if os.environ.get("D2S_ELASTICSEARCH_URL") else "local")
+    kind = backend_kind(backend, url)
     if kind == "elasticsearch":
         return elasticsearch_backend(url, index_name)
     if kind == "opensearch":

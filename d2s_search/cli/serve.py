@@ -26,6 +26,7 @@ from d2s_search.cli.options import (
     require_index,
 )
 from d2s_search.errors import EXIT_OK, D2SError
+from d2s_search.serve import discovery
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -86,17 +87,28 @@ def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url,
         click.echo(f"warning: listening on {host}: anyone who can reach this address can search and see the pictures",
                    err=True)
     ready = {"address": address, "index": where, "bundle": str(bundle_obj.path.resolve()), "api_docs": address + "docs"}
-    _announce_when_ready(server, ready, as_json)
-    # uvicorn re-raises Ctrl+C after its graceful shutdown; stopping is the normal end.
-    with contextlib.suppress(KeyboardInterrupt):
-        server.run(sockets=[sock])
+    # `d2s-search query` on this index may ask this serve (loopback only; see serve/discovery.py).
+    discoverable = None
+    if store.name == "local":
+        app.state.serve_token = discovery.new_token()
+        bound = sock.getsockname()
+        discoverable = (store.path, bound[0], bound[1], bundle_obj.fingerprint, app.state.serve_token)
+    _announce_when_ready(server, ready, as_json, discoverable)
+    try:
+        # uvicorn re-raises Ctrl+C after its graceful shutdown; stopping is the normal end.
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run(sockets=[sock])
+    finally:
+        if discoverable is not None:
+            discovery.withdraw(store.path, app.state.serve_token)
     if not as_json:
         click.echo("d2s-search: stopped", err=True)
     return EXIT_OK
 
 
-def _announce_when_ready(server, ready: dict, as_json: bool) -> None:
-    """Print the page's address once, when uvicorn is accepting connections."""
+def _announce_when_ready(server, ready: dict, as_json: bool, discoverable: tuple | None = None) -> None:
+    """Print the page's address once, when uvicorn is accepting connections (and write the
+    discovery file for `query`, when ``discoverable``)."""
     import threading
     import time
 
@@ -105,6 +117,8 @@ def _announce_when_ready(server, ready: dict, as_json: bool) -> None:
             time.sleep(0.05)
         if not server.started:
             return
+        if discoverable is not None:
+            discovery.announce(*discoverable)
         if as_json:
             click.echo(json.dumps({"ready": True, **ready}))  # one line: read it, then connect
         else:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, File, Path, Query, Request, UploadFile
+from fastapi import APIRouter, Depends, File, Path, Query, Request, Response, UploadFile
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
 from ..images import decode
 from ..search import SearchOptions
-from . import schemas
+from . import discovery, schemas
 from .problems import BadRequest
 from .service import DocumentNotFound, SearchService
 from .thumbnails import DOC_ID, PictureCache
@@ -69,11 +69,16 @@ DocId = Annotated[str, Depends(document_id)]
 
 @router.get("/search", response_model=schemas.SearchResponse, summary="Search by text")
 async def search_text(
+    request: Request,
+    response: Response,
     svc: Service,
     options: Options,
     q: Annotated[str, Query(max_length=QUERY_MAX_CHARS, description="What to look for, in words")],
 ) -> schemas.SearchResponse:
     searched = await svc.run(svc.search_text, q, options)
+    # `d2s-search query` sends the token from the discovery file: confirm this is that serve.
+    if discovery.token_matches(getattr(request.app.state, "serve_token", None), request.headers.get(discovery.TOKEN_HEADER)):
+        response.headers[discovery.CONFIRM_HEADER] = "1"
     return schemas.search_response(searched, schemas.QueryInfo(kind="text", text=q), options.k)
 
 

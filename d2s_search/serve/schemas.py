@@ -62,6 +62,7 @@ class SearchResponse(BaseModel):
     k: int
     encode_ms: float = Field(description="Time to encode the query (0 for 'more like this').")
     search_ms: float = Field(description="Time in the backend, fusion included.")
+    fusion: str | None = Field(None, description="Hybrid only: who fused the runs, e.g. client-minmax.")
     query_terms: list[QueryTerm] = Field(description="The query's 50 strongest words.")
     weak_query: bool = Field(False, description="True when the model recognises none of the typed words: the results are guesses.")
     unrecognised_words: list[str] = Field(default_factory=list, description="Typed words the model's vocabulary does not know.")
@@ -126,7 +127,7 @@ def result(rank: int, hit: Hit) -> Result:
 def search_response(searched: Searched, query: QueryInfo, k: int) -> SearchResponse:
     res = searched.result
     return SearchResponse(
-        query=query, mode=res.mode, k=k, encode_ms=round(searched.encode_ms, 3), search_ms=round(res.took_ms, 3),
+        query=query, mode=res.mode, k=k, encode_ms=round(searched.encode_ms, 3), search_ms=round(res.took_ms, 3), fusion=res.fusion,
         query_terms=[QueryTerm(term=t, weight=w, own=t in searched.own_terms) for t, w in res.query_terms],
         weak_query=res.weak_query, unrecognised_words=res.unrecognised_words, notice=res.notice,
         results=[result(i, hit) for i, hit in enumerate(res.hits, start=1)],

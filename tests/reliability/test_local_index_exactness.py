@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from d2s_search.backends.base import Hit
-from d2s_search.backends.local import LocalBackend, cache
+from d2s_search.backends.local import LocalBackend, cache, kernels
 from d2s_search.search import QueryVectors, SearchOptions, fuse_minmax, fuse_rrf, run_query
 from tests.helpers import brute_force_dense, brute_force_sparse
 from tests.reliability.local_index_fixtures import IDENTITY, VOCAB, synthetic_docs
@@ -163,3 +163,42 @@ def test_dense_is_exact_below_the_threshold_and_clustered_above(tmp_path, monkey
     query = centres[0] + rng.normal(size=16).astype(np.float32) * 0.5
     want = {d for d, _ in brute_force_dense(collection, query)[:10]}
     assert len({h.id for h in reopened.dense_search(query, 10, explain=0)} & want) >= 8
+
+
+def test_frequent_terms_scored_from_dense_columns_equal_brute_force(tmp_path, monkeypatch):
+    """Terms in at least half of a shard's documents are also stored as dense columns and
+    scored from them: every plan still returns the brute-force top-k, bit for bit the same
+    scores as the postings give, after appends and from a new process; a column whose shape
+    does not match its shard is refused as damage."""
+    monkeypatch.setattr(cache, "SHARD_ROWS", 7)
+    docs = synthetic_docs(40, seed=5)
+    rng = np.random.default_rng(8)
+    for doc in docs:  # two words in most documents: dense columns in every shard
+        for word in VOCAB[:2]:
+            if rng.random() < 0.8:
+                doc.sparse[word] = float(rng.uniform(0.05, 2.0))
+    backend = LocalBackend(tmp_path / "idx")
+    backend.open(IDENTITY)
+    for start in range(0, 40, 13):
+        backend.upsert(docs[start : start + 13])
+        check_every_plan(backend, docs[: start + 13], seed=start)
+    shards = backend._search_state().shards
+    assert all(s.arrays["dense_terms"].size for s in shards)
+    q = {VOCAB[0]: 0.7, VOCAB[1]: 1.3, VOCAB[5]: 0.2}
+    cols, weights = backend._query_columns(q)
+    for s in shards:  # the columns give exactly the postings' float32 sums
+        a = s.arrays
+        with_columns, postings_only = np.empty(s.rows, np.float32), np.empty(s.rows, np.float32)
+        kernels.accumulate(a["csc_indptr"], a["csc_indices"], a["csc_data"], s.rows, cols, weights, with_columns,
+                           a["dense_terms"], a["dense_columns"])
+        kernels.accumulate(a["csc_indptr"], a["csc_indices"], a["csc_data"], s.rows, cols, weights, postings_only)
+        assert np.array_equal(with_columns, postings_only)
+    backend.close()
+    reopened = LocalBackend(tmp_path / "idx")
+    reopened.open(IDENTITY, create=False)
+    check_every_plan(reopened, docs, seed=3)
+    shard = reopened._search_state().shards[0]
+    shard.validated = False
+    shard.arrays["dense_columns"] = shard.arrays["dense_columns"][:, :-1]
+    with pytest.raises(cache.CacheUnusable, match="dense columns"):
+        shard.validate()

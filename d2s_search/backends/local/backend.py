@@ -561,7 +561,8 @@ class LocalBackend:
         for shard in state.shards:
             self._validated(shard)
             a = shard.arrays
-            kernels.accumulate(a["csc_indptr"], a["csc_indices"], a["csc_data"], shard.rows, cols, weights, buffer)
+            kernels.accumulate(a["csc_indptr"], a["csc_indices"], a["csc_data"], shard.rows, cols, weights, buffer,
+                               a.get("dense_terms"), a.get("dense_columns"))
             scores = buffer[: shard.rows]
             rows = kernels.top_rows(scores, k)
             candidates.append((rows + shard.start, scores[rows].copy()))
@@ -631,7 +632,8 @@ class LocalBackend:
             else:
                 if buffer is None:
                     buffer = np.empty(state.shard_rows, dtype=np.float32)
-                kernels.accumulate(a["csc_indptr"], a["csc_indices"], a["csc_data"], shard.rows, cols, weights, buffer)
+                kernels.accumulate(a["csc_indptr"], a["csc_indices"], a["csc_data"], shard.rows, cols, weights, buffer,
+                                   a.get("dense_terms"), a.get("dense_columns"))
                 out[picked] = buffer[local]
         return out
 

@@ -8,6 +8,10 @@ process):
 * ``csc_*``: postings, term -> shard-local row ids (exact term-at-a-time scoring; the score
   array of one shard, 256 KB, stays in the CPU cache);
 * ``csr_*``: the same matrix row-wise (rescoring and explanations of returned hits);
+* ``dense_terms``/``dense_columns``: the terms in at least half of the shard's documents
+  again as dense float32 columns (term x row): a scaled add over a column reads in order and
+  beats scattering a posting list that long (same products, same order: the same scores);
+  at that density a column is no larger than the term's postings;
 * ``dense``: the dense vectors, used in place (in row order; in cluster order, with
   ``ivf_order``/``ivf_offsets``, when the dense side is approximate);
 * ``ids``/``paths``/``urls``: the strings a hit shows, as one byte blob plus offsets.
@@ -46,15 +50,18 @@ STALE_SECONDS = 120  # an unreferenced state this old is no longer being written
 
 STRING_FIELDS = ("ids", "paths", "urls")
 # Arrays whose CRC-32 is verified on every open (small); the others on `index check`.
-SMALL = {"seqs", "ids_offsets", "paths_offsets", "urls_offsets", "has_url", "csr_indptr", "csc_indptr", "ivf_offsets"}
-# Present only when the dense side is approximate (see backend.APPROXIMATE_DENSE_FROM).
-OPTIONAL = {"ivf_order", "ivf_offsets"}
+SMALL = {"seqs", "ids_offsets", "paths_offsets", "urls_offsets", "has_url", "csr_indptr", "csc_indptr", "ivf_offsets",
+         "dense_terms"}
+# ivf_*: present only when the dense side is approximate (see backend.APPROXIMATE_DENSE_FROM);
+# dense_*: absent in caches written before them (scored from the postings alone).
+OPTIONAL = {"ivf_order", "ivf_offsets", "dense_terms", "dense_columns"}
+DENSE_COLUMN_FRACTION = 0.5  # a term in at least this share of a shard's rows gets a dense column
 DTYPES = {
     "seqs": np.int64, "has_url": np.bool_, "dense": np.float32,
     "csr_indptr": np.int64, "csr_indices": np.int32, "csr_data": np.float32,
     "csc_indptr": np.int32, "csc_indices": np.int32, "csc_data": np.float32,
     **{f"{s}_blob": np.uint8 for s in STRING_FIELDS}, **{f"{s}_offsets": np.int64 for s in STRING_FIELDS},
-    "ivf_order": np.int32, "ivf_offsets": np.int64,
+    "ivf_order": np.int32, "ivf_offsets": np.int64, "dense_terms": np.int32, "dense_columns": np.float32,
 }
 
 
@@ -93,6 +100,14 @@ class Shard:
                 raise DamagedArrays("dense vectors do not match the rows")
             if a["has_url"].shape[0] != rows:
                 raise DamagedArrays("url flags do not match the rows")
+            if ("dense_terms" in a) != ("dense_columns" in a):
+                raise DamagedArrays("dense columns without their terms")
+            if "dense_terms" in a:
+                terms = a["dense_terms"]
+                if terms.ndim != 1 or a["dense_columns"].shape != (terms.shape[0], rows) or (
+                    terms.size and (int(terms[0]) < 0 or int(terms[-1]) >= self.n_cols or np.any(np.diff(terms) <= 0))
+                ):
+                    raise DamagedArrays("dense columns do not match the terms and rows")
             if "ivf_order" in a:  # the dense clusters' member lists: ids inside the shard
                 check_postings(a["ivf_offsets"], a["ivf_order"], a["ivf_order"], max(rows, 1))
             for name in STRING_FIELDS:
@@ -201,6 +216,8 @@ def build_shard(start: int, parsed: list[tuple], n_cols: int, dim: int) -> Shard
         "csc_data": csc.data.astype(np.float32),
         "has_url": np.fromiter((r[3] is not None for r in parsed), dtype=np.bool_, count=n),
     }
+    arrays["dense_terms"], arrays["dense_columns"] = dense_columns(arrays["csc_indptr"], arrays["csc_indices"],
+                                                                   arrays["csc_data"], n)
     for name, column in (("ids", 1), ("paths", 2), ("urls", 3)):
         encoded = [(r[column] or "").encode("utf-8", "surrogatepass") for r in parsed]
         offsets = np.zeros(n + 1, dtype=np.int64)
@@ -210,6 +227,17 @@ def build_shard(start: int, parsed: list[tuple], n_cols: int, dim: int) -> Shard
     shard = Shard(start=start, arrays=arrays)
     shard.validate()
     return shard
+
+
+def dense_columns(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(terms, their columns as a terms x rows float32 array) for the terms whose posting
+    lists cover at least :data:`DENSE_COLUMN_FRACTION` of the rows."""
+    terms = np.flatnonzero(np.diff(indptr) >= max(1, DENSE_COLUMN_FRACTION * rows)).astype(np.int32)
+    columns = np.zeros((terms.size, rows), dtype=np.float32)
+    for slot, col in enumerate(terms.tolist()):
+        start, end = int(indptr[col]), int(indptr[col + 1])
+        columns[slot, indices[start:end]] = data[start:end]
+    return terms, columns
 
 
 # -- writing ----------------------------------------------------------------------------------

@@ -60,19 +60,32 @@ def check_postings(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_
 
 
 def accumulate(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows: int,
-               cols: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
+               cols: np.ndarray, weights: np.ndarray, out: np.ndarray,
+               dense_terms: np.ndarray | None = None, dense_columns: np.ndarray | None = None) -> None:
     """out[:n_rows] = sum over query columns of weight * posting list (term-at-a-time, exact).
 
     Columns at or beyond ``indptr.size - 1`` (terms newer than this shard) have no postings.
-    Calls scipy's C++ ``csc_matvec`` once per term on views (no posting is copied).
+    Calls scipy's C++ ``csc_matvec`` once per term on views (no posting is copied); a term
+    with a dense column (``dense_terms`` sorted, ``dense_columns`` terms x rows) is added as
+    ``weight * column`` instead: the same float32 products in the same term order, read in
+    order rather than scattered (docs/benchmarks.md: about 0.9x of the kernel time at 123k).
     """
     scores = out[:n_rows]
     scores.fill(0.0)
     n_cols = indptr.size - 1
     one = np.zeros(2, dtype=indptr.dtype)
     w = np.zeros(1, dtype=np.float32)
-    for col, weight in zip(cols.tolist(), weights.tolist()):
+    slots = None
+    if dense_terms is not None and dense_terms.size:
+        at = np.minimum(np.searchsorted(dense_terms, cols), dense_terms.size - 1)
+        slots = np.where(dense_terms[at] == cols, at, -1).tolist()
+        scaled = np.empty(n_rows, dtype=np.float32)
+    for i, (col, weight) in enumerate(zip(cols.tolist(), weights.tolist())):
         if col >= n_cols:
+            continue
+        if slots is not None and slots[i] >= 0:
+            np.multiply(dense_columns[slots[i]], np.float32(weight), out=scaled)
+            np.add(scores, scaled, out=scores)
             continue
         start, end = int(indptr[col]), int(indptr[col + 1])
         if end <= start:
