@@ -12,12 +12,12 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..backends.base import Backend
 from ..bundle import Bundle
 from ..encoder import Encoder
 from . import api, problems
+from .hosts import AllowedHosts
 from .limits import BodyLimit
 from .service import SearchService
 from .thumbnails import PictureCache, default_cache_dir
@@ -63,7 +63,7 @@ def create_app(
     app.state.decode_slots = asyncio.Semaphore(api.DECODE_SLOTS)
     app.add_middleware(BodyLimit, max_bytes=api.UPLOAD_MAX_BYTES + api.MULTIPART_OVERHEAD)
     if allowed_hosts:
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
+        app.add_middleware(AllowedHosts, allowed=list(allowed_hosts))
     problems.install(app)
     app.include_router(api.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

@@ -23,6 +23,8 @@ from urllib.parse import unquote_to_bytes, urlsplit
 from d2s_search.errors import D2SError
 from d2s_search.regular_files import open_regular
 
+from .hosts import LOOPBACK_NAMES, host_name  # noqa: F401  (re-exported)
+
 # Explicit, not `mimetypes`: its table depends on the platform (e.g. no webp on older systems).
 CONTENT_TYPES = {
     ".jpg": "image/jpeg",
@@ -37,17 +39,6 @@ CONTENT_TYPES = {
     ".tiff": "image/tiff",
 }
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})  # what a Host header may name
-
-
-def host_name(header: str) -> str:
-    """``Host`` header -> host name without port (``[::1]:8765`` -> ``::1``), lowercased."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[1:].split("]", 1)[0]
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
-
-
 class ImageServerError(D2SError):
     """The folder cannot be served (missing, not a folder) or the address is taken."""
 

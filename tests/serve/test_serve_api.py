@@ -268,3 +268,18 @@ def test_weak_queries_are_flagged(client):
     assert "no word the model knows" in body["notice"] and body["results"]
     body = client.get("/api/search", params={"q": "herbs in a meadow"}).json()
     assert body["weak_query"] is False and body["notice"] is None
+
+
+def test_loopback_names_are_answered_and_others_refused(tmp_path, tiny_blip_bundle, image_folder):
+    """The DNS-rebinding guard understands IPv6 literals: http://[::1]:8000/ is the page's own address."""
+    from fastapi.testclient import TestClient
+
+    index = make_index(tmp_path / "index", tiny_blip_bundle, image_folder)
+    app = make_app(tiny_blip_bundle, index, tmp_path / "thumbs", allowed_hosts=["127.0.0.1", "localhost", "[::1]"],
+                   warm_up=False)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        for host in ("[::1]:8000", "[::1]", "localhost:8000", "LOCALHOST", "127.0.0.1:8000"):
+            assert client.get("/api/status", headers={"host": host}).status_code == 200, host
+        for host in ("evil.example", "evil.example:8000", "[::2]:8000", "127.0.0.2", "localhost.evil.example", ""):
+            answer = client.get("/api/status", headers={"host": host})
+            assert answer.status_code == 400 and answer.text == "Invalid host header", host
