@@ -24,6 +24,7 @@ import secrets
 from pathlib import Path
 
 from .. import settings
+from ..processes import pid_alive
 from ..regular_files import read_regular
 
 TOKEN_HEADER = "X-D2S-Serve-Token"
@@ -108,17 +109,9 @@ def find(index: str | os.PathLike[str], fingerprint: str) -> dict | None:
         return None
     if not hmac.compare_digest(entry["fingerprint"].encode(), fingerprint.encode()):
         return None
-    return entry if _pid_alive(entry["pid"]) else None
+    return entry if pid_alive(entry["pid"]) else None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, another user's: the token check decides
-    return True
 
 
 def address(entry: dict) -> str:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...processes import pid_alive
 from .kernels import DamagedArrays, check_postings
 from .store import CACHE_POINTER as POINTER
 from .store import LEGACY_CACHE, fsync_dir, is_temp_name, write_atomic
@@ -423,14 +424,6 @@ def verify_all(structures: Structures) -> list[str]:
 # -- housekeeping -------------------------------------------------------------------------------
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
 
 
 def remove_leftovers(folder: Path) -> list[str]:
@@ -447,7 +440,7 @@ def remove_leftovers(folder: Path) -> list[str]:
             pid = int(entry.name.split("-")[1])
         except (IndexError, ValueError):
             continue
-        if pid != os.getpid() and _pid_alive(pid):
+        if pid != os.getpid() and pid_alive(pid):
             continue
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
