@@ -424,8 +424,6 @@ def verify_all(structures: Structures) -> list[str]:
 # -- housekeeping -------------------------------------------------------------------------------
 
 
-
-
 def remove_leftovers(folder: Path) -> list[str]:
     """Temp files and folders of writers that are gone (a crash mid-write)."""
     removed = []
