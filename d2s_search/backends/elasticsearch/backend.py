@@ -32,6 +32,7 @@ from d2s_search.backends.elasticsearch import queries as q
 from d2s_search.backends.elasticsearch.features import decode_features, matched_terms
 from d2s_search.backends.engine.bulk import item_reason, next_generation
 from d2s_search.backends.engine.documents import document_from_source
+from d2s_search.backends.engine.identity import check_dims, check_identity
 from d2s_search.errors import (
     BackendUnavailableError,
     BundleMismatchError,
@@ -733,22 +734,10 @@ class ElasticsearchBackend:
         return ident
 
     def _check_identity(self, wanted: IndexIdentity, stored: IndexIdentity | None) -> None:
-        if stored is None:
-            raise IndexStoreError(f"index {self.index_name!r} vanished at {self.url}")
-        if stored.fingerprint and stored.fingerprint != wanted.fingerprint:
-            raise BundleMismatchError(
-                f"index {self.index_name!r} was filled with bundle {stored.fingerprint[:12]}"
-                f"{' (' + stored.model + ')' if stored.model else ''}, not {wanted.fingerprint[:12]}: "
-                "use that bundle, another --index-name, or `d2s-search index reindex`"
-            )
-        self._check_dims(wanted, stored)
+        check_identity(self.index_name, self.url, wanted, stored, "--index-name")
 
     def _check_dims(self, wanted: IndexIdentity, stored: IndexIdentity) -> None:
-        if stored.dense_dim and wanted.dense_dim and stored.dense_dim != wanted.dense_dim:
-            raise BundleMismatchError(
-                f"index {self.index_name!r} holds {stored.dense_dim}-d dense vectors, the bundle makes "
-                f"{wanted.dense_dim}-d ones"
-            )
+        check_dims(self.index_name, wanted, stored)
 
     def _count(self, index: str) -> int:
         status, body = self._call("GET", f"/{index}/_count")

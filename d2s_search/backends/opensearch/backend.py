@@ -24,6 +24,7 @@ from d2s_search import redact
 from d2s_search.backends.base import Document, Hit, IndexIdentity, SparseVector
 from d2s_search.backends.engine.bulk import item_reason, next_generation
 from d2s_search.backends.engine.documents import document_from_source
+from d2s_search.backends.engine.identity import check_dims, check_identity
 from d2s_search.backends.opensearch import queries as q
 from d2s_search.backends.opensearch.client import (
     ENV_AWS_REGION,
@@ -747,22 +748,10 @@ class OpenSearchBackend:
         return ident
 
     def _check_identity(self, wanted: IndexIdentity, stored: IndexIdentity | None) -> None:
-        if stored is None:
-            raise IndexStoreError(f"index {self.index_name!r} vanished at {self.url}")
-        if stored.fingerprint and stored.fingerprint != wanted.fingerprint:
-            raise BundleMismatchError(
-                f"index {self.index_name!r} was filled with bundle {stored.fingerprint[:12]}"
-                f"{' (' + stored.model + ')' if stored.model else ''}, not {wanted.fingerprint[:12]}: "
-                "use that bundle, another --index, or `d2s-search index reindex`"
-            )
-        self._check_dims(wanted, stored)
+        check_identity(self.index_name, self.url, wanted, stored, "--index")
 
     def _check_dims(self, wanted: IndexIdentity, stored: IndexIdentity) -> None:
-        if stored.dense_dim and wanted.dense_dim and stored.dense_dim != wanted.dense_dim:
-            raise BundleMismatchError(
-                f"index {self.index_name!r} holds {stored.dense_dim}-d dense vectors, the bundle makes "
-                f"{wanted.dense_dim}-d ones"
-            )
+        check_dims(self.index_name, wanted, stored)
 
     def _put_meta(self, identity: IndexIdentity) -> None:
         meta = q.index_body(identity)["mappings"]["_meta"]
