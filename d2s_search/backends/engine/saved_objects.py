@@ -5,7 +5,7 @@ ndjson export files. Each engine's module adds its own ids and migration stamps.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 THUMBNAIL_PX = 160
@@ -81,3 +81,19 @@ def parse_ndjson(text: str) -> list[dict[str, Any]]:
                 raise ValueError(f"line {number}: a saved object needs {key!r}")
         out.append(obj)
     return out
+
+
+def describe_errors(errors: Sequence[Mapping[str, Any]], limit: int = 3) -> str:
+    """``type/id: reason`` for the first few import errors, on one line."""
+    parts = []
+    for e in errors[:limit]:
+        err = e.get("error") or {}
+        kind = err.get("type", "error")
+        if kind == "missing_references":
+            refs = ", ".join(f"{r.get('type')}/{r.get('id')}" for r in err.get("references") or [])
+            reason = f"missing references {refs}"
+        else:
+            reason = err.get("message") or kind
+        parts.append(f"{e.get('type')}/{e.get('id')}: {reason}")
+    more = f" (+{len(errors) - limit} more)" if len(errors) > limit else ""
+    return "; ".join(parts) + more
