@@ -1,4 +1,5 @@
-"""Index backends behind one protocol (``base.Backend``): ``local`` (embedded) and ``opensearch/``.
+"""Index backends behind one protocol (``base.Backend``): ``local`` (embedded), ``opensearch/`` and
+``elasticsearch/``; ``engine/`` holds what the two search engines share (bodies, bulk, saved objects).
 Runtime code: imports d2s_search's core modules (errors, base types), never torch or the CLI.
 """
 

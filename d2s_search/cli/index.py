@@ -205,17 +205,11 @@ def index_reindex(bundle, url, index_name, insecure, engine, shards, replicas, k
     store = opensearch_backend(url, index_name, insecure)
     try:
         store.open(None, create=False)
-        identity, reencode = None, None
-        if bundle:
-            loaded = load_bundle(bundle)
-            identity = loaded.identity()
-            if store.identity and identity.fingerprint != store.identity.fingerprint:
-                reencode = make_reencoder(loaded, device)
+        identity, reencode = _reindex_target(store, bundle, device)
         out = store.reindex(identity, reencode, engine=engine, shards=shards, replicas=replicas, keep_old=keep_old)
     finally:
         store.close()
-    _emit(out, as_json, [f"reindexed {out['documents']} documents: {index_name} now points at {out['to']} "
-                         f"(was {out['from']}{', kept' if out['kept_old'] else ', deleted'})"])
+    _emit(out, as_json, [_reindexed_line(out, index_name)])
     return EXIT_OK
 
 
@@ -291,18 +285,12 @@ def _elastic_reindex(bundle, url, index_name, insecure, shards, replicas, keep_o
     store = elasticsearch_backend(url, index_name, insecure)
     try:
         store.open(None, create=False)
-        identity, reencode = None, None
-        if bundle:
-            loaded = load_bundle(bundle)
-            identity = loaded.identity()
-            if store.identity and identity.fingerprint != store.identity.fingerprint:
-                reencode = make_reencoder(loaded, device)
+        identity, reencode = _reindex_target(store, bundle, device)
         mapping = _vector_mapping(store.mapping, sparse_type, similarity, dense_index)
         out = store.reindex(identity, reencode, mapping=mapping, shards=shards, replicas=replicas, keep_old=keep_old)
     finally:
         store.close()
-    _emit(out, as_json, [f"reindexed {out['documents']} documents: {index_name} now points at {out['to']} "
-                         f"(was {out['from']}{', kept' if out['kept_old'] else ', deleted'})"])
+    _emit(out, as_json, [_reindexed_line(out, index_name)])
     return EXIT_OK
 
 
@@ -340,3 +328,20 @@ def index_check(index, repair, as_json) -> int:
             return EXIT_FAILED
         return EXIT_PARTIAL if report["lost_documents"] else EXIT_OK
     return EXIT_OK if healthy else EXIT_FAILED
+
+
+def _reindex_target(store, bundle, device):
+    """(identity, re-encoder) for reindex: the bundle's identity, and a re-encoder only when the
+    bundle differs from the one the index was built with (either engine)."""
+    identity, reencode = None, None
+    if bundle:
+        loaded = load_bundle(bundle)
+        identity = loaded.identity()
+        if store.identity and identity.fingerprint != store.identity.fingerprint:
+            reencode = make_reencoder(loaded, device)
+    return identity, reencode
+
+
+def _reindexed_line(out: dict, index_name: str) -> str:
+    return (f"reindexed {out['documents']} documents: {index_name} now points at {out['to']} "
+            f"(was {out['from']}{', kept' if out['kept_old'] else ', deleted'})")

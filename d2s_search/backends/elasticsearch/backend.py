@@ -30,6 +30,9 @@ import numpy as np
 from d2s_search.backends.base import Document, Hit, IndexIdentity, SparseVector
 from d2s_search.backends.elasticsearch import queries as q
 from d2s_search.backends.elasticsearch.features import decode_features, matched_terms
+from d2s_search.backends.engine.bulk import item_reason, next_generation
+from d2s_search.backends.engine.documents import document_from_source
+from d2s_search.backends.engine.identity import check_dims, check_identity
 from d2s_search.errors import (
     BackendUnavailableError,
     BundleMismatchError,
@@ -53,7 +56,6 @@ ENV_INSECURE = "D2S_ELASTICSEARCH_INSECURE"  # "1": skip TLS verification (local
 RETRY_STATUSES = (429, 502, 503, 504)
 RETRY_ITEM_STATUSES = frozenset({429, 500, 502, 503, 504})
 RRF_LICENSES = frozenset({"enterprise", "trial"})
-_GENERATION = re.compile(r"^(?P<base>.+)-(?P<gen>\d{6})$")
 _VERSION = re.compile(r"^(\d+)\.(\d+)")
 
 
@@ -458,7 +460,7 @@ class ElasticsearchBackend:
                 elif item_status in RETRY_ITEM_STATUSES and attempt < self.retries:
                     retry.extend(pending[n * lines_per_doc : (n + 1) * lines_per_doc])
                 else:
-                    failures[doc_id] = self._scrub(item_reason(result))
+                    failures[doc_id] = self._scrub(item_reason(result, _clip))
             if retry:
                 self._wait(attempt, f"{len(retry) // lines_per_doc} bulk item(s) refused as busy")
                 attempt += 1
@@ -732,22 +734,10 @@ class ElasticsearchBackend:
         return ident
 
     def _check_identity(self, wanted: IndexIdentity, stored: IndexIdentity | None) -> None:
-        if stored is None:
-            raise IndexStoreError(f"index {self.index_name!r} vanished at {self.url}")
-        if stored.fingerprint and stored.fingerprint != wanted.fingerprint:
-            raise BundleMismatchError(
-                f"index {self.index_name!r} was filled with bundle {stored.fingerprint[:12]}"
-                f"{' (' + stored.model + ')' if stored.model else ''}, not {wanted.fingerprint[:12]}: "
-                "use that bundle, another --index-name, or `d2s-search index reindex`"
-            )
-        self._check_dims(wanted, stored)
+        check_identity(self.index_name, self.url, wanted, stored, "--index-name")
 
     def _check_dims(self, wanted: IndexIdentity, stored: IndexIdentity) -> None:
-        if stored.dense_dim and wanted.dense_dim and stored.dense_dim != wanted.dense_dim:
-            raise BundleMismatchError(
-                f"index {self.index_name!r} holds {stored.dense_dim}-d dense vectors, the bundle makes "
-                f"{wanted.dense_dim}-d ones"
-            )
+        check_dims(self.index_name, wanted, stored)
 
     def _count(self, index: str) -> int:
         status, body = self._call("GET", f"/{index}/_count")
@@ -781,34 +771,8 @@ def knn_score_to_inner_product(score: float, similarity: str) -> float:
 
 
 def _document(doc_id: str, src: Mapping[str, Any]) -> Document:
-    ingested = src.get("ingested_at")
-    return Document(
-        id=doc_id,
-        path=src.get("path", ""),
-        size_bytes=int(src.get("size_bytes", 0) or 0),
-        width=int(src.get("width", 0) or 0),
-        height=int(src.get("height", 0) or 0),
-        sparse=decode_features(src.get(q.SPARSE_FIELD)),
-        dense=np.asarray(src.get(q.DENSE_FIELD, []), dtype=np.float32),
-        url=src.get("url"),
-        ingested_at=float(ingested) / 1000.0 if ingested is not None else 0.0,
-    )
+    return document_from_source(doc_id, src, decode_features)
 
 
-def item_reason(result: Mapping[str, Any]) -> str:
-    """One line for a refused bulk item (copied from the OpenSearch backend's ``_item_reason``)."""
-    err = result.get("error")
-    if isinstance(err, dict):
-        cause = err.get("caused_by") if isinstance(err.get("caused_by"), dict) else None
-        text = f"{err.get('type', 'error')}: {err.get('reason', '')}"
-        if cause:
-            text += f" ({cause.get('reason', '')})"
-        return text[:300]
-    return f"status {result.get('status')}: {err or 'unknown error'}"[:300]
-
-
-def next_generation(alias: str, current: str) -> str:
-    """``d2s-000001`` -> ``d2s-000002`` (copied from the OpenSearch backend's ``_next_generation``)."""
-    m = _GENERATION.match(current)
-    gen = int(m.group("gen")) + 1 if m and m.group("base") == alias else 1
-    return f"{alias}-{gen:06d}"
+def _clip(text: str) -> str:
+    return text[:300]

@@ -32,7 +32,7 @@ from d2s_search.backends.elasticsearch.kibana_objects import (
     saved_objects,
     to_ndjson,
 )
-from d2s_search.backends.opensearch.dashboards import describe_errors  # same import-error format
+from d2s_search.backends.engine.saved_objects import describe_errors  # same import-error format
 from d2s_search.errors import BackendUnavailableError, D2SError
 
 log = logging.getLogger("d2s_search.kibana")

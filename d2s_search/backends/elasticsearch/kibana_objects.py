@@ -12,16 +12,26 @@ every later migration of each type on import, so one file serves 8.x and 9.x.
 
 Why no time field: Discover hides every document outside its time picker; pictures are searched,
 not monitored. Why ``fields`` is ``"[]"``: Kibana reads the field list from the cluster, so it
-always matches the live mapping. The ndjson helpers are the OpenSearch Dashboards ones (same
-format), imported rather than copied.
+always matches the live mapping. The pieces both consoles read alike (ndjson helpers, tag cloud,
+search source) live in :mod:`d2s_search.backends.engine.saved_objects`.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from d2s_search.backends.opensearch.dashboards_objects import parse_ndjson, to_ndjson
+from d2s_search.backends.engine.saved_objects import (  # noqa: F401  (re-exported)
+    SEARCH_COLUMNS,
+    TAGCLOUD_TITLE,
+    THUMBNAIL_PX,
+    index_ref,
+    json_text,
+    parse_ndjson,
+    search_source,
+    tagcloud_vis,
+    to_ndjson,
+)
+from d2s_search.backends.engine.saved_objects import retarget as _retarget
 
 __all__ = ["saved_objects", "to_ndjson", "parse_ndjson", "retarget", "DATA_VIEW_ID"]
 
@@ -29,22 +39,7 @@ DATA_VIEW_ID = "d2s-data-view"
 SEARCH_ID = "d2s-kibana-images"
 TAGCLOUD_ID = "d2s-kibana-terms"
 DASHBOARD_ID = "d2s-kibana-dashboard"
-THUMBNAIL_PX = 160
-TAGCLOUD_TERMS = 50
-SEARCH_COLUMNS = ["url", "path", "terms"]
 MIGRATED_FROM = "8.0.0"
-INDEX_REF = "kibanaSavedObjectMeta.searchSourceJSON.index"
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def _search_source(with_index: bool) -> dict[str, str]:
-    source: dict[str, Any] = {"query": {"query": "", "language": "kuery"}, "filter": []}
-    if with_index:
-        source["indexRefName"] = INDEX_REF
-    return {"searchSourceJSON": _json(source)}
 
 
 def _object(kind: str, obj_id: str, attributes: dict[str, Any], references: list[dict[str, str]]) -> dict[str, Any]:
@@ -58,10 +53,6 @@ def _object(kind: str, obj_id: str, attributes: dict[str, Any], references: list
     }
 
 
-def _index_ref() -> list[dict[str, str]]:
-    return [{"id": DATA_VIEW_ID, "name": INDEX_REF, "type": "index-pattern"}]
-
-
 def data_view(index_name: str = "d2s") -> dict[str, Any]:
     # The url field format with type "img" renders <img src=value> in Discover and in saved
     # search panels; width/height cap the thumbnail size.
@@ -71,9 +62,9 @@ def data_view(index_name: str = "d2s") -> dict[str, Any]:
         "title": index_name,
         "name": "d2s pictures",
         "fields": "[]",
-        "fieldFormatMap": _json(formats),
+        "fieldFormatMap": json_text(formats),
         # The vectors are not for reading: hide them from Discover's document view.
-        "sourceFilters": _json([{"value": "dense"}, {"value": "sparse"}]),
+        "sourceFilters": json_text([{"value": "dense"}, {"value": "sparse"}]),
         "allowNoIndex": True,
     }, [])
 
@@ -85,32 +76,18 @@ def saved_search() -> dict[str, Any]:
                        "e.g. terms:dog and terms:beach.",
         "columns": list(SEARCH_COLUMNS),
         "sort": [],  # relevance (_score) order when a query is typed
-        "kibanaSavedObjectMeta": _search_source(with_index=True),
-    }, _index_ref())
+        "kibanaSavedObjectMeta": search_source(with_index=True),
+    }, index_ref(DATA_VIEW_ID))
 
 
 def tag_cloud() -> dict[str, Any]:
-    title = "d2s: most frequent terms"
-    vis = {
-        "title": title,
-        "type": "tagcloud",
-        "params": {"scale": "linear", "orientation": "single", "minFontSize": 14, "maxFontSize": 60,
-                   "showLabel": False},
-        "aggs": [
-            {"id": "1", "enabled": True, "type": "count", "schema": "metric", "params": {}},
-            {"id": "2", "enabled": True, "type": "terms", "schema": "segment",
-             "params": {"field": "terms", "size": TAGCLOUD_TERMS, "order": "desc", "orderBy": "1",
-                        "otherBucket": False, "otherBucketLabel": "Other",
-                        "missingBucket": False, "missingBucketLabel": "Missing"}},
-        ],
-    }
     return _object("visualization", TAGCLOUD_ID, {
-        "title": title,
+        "title": TAGCLOUD_TITLE,
         "description": "The words that describe most pictures. Click one to filter the dashboard.",
-        "visState": _json(vis),
+        "visState": json_text(tagcloud_vis()),
         "uiStateJSON": "{}",
-        "kibanaSavedObjectMeta": _search_source(with_index=True),
-    }, _index_ref())
+        "kibanaSavedObjectMeta": search_source(with_index=True),
+    }, index_ref(DATA_VIEW_ID))
 
 
 def dashboard() -> dict[str, Any]:
@@ -125,10 +102,10 @@ def dashboard() -> dict[str, Any]:
     return _object("dashboard", DASHBOARD_ID, {
         "title": "d2s-search pictures",
         "description": "Top terms of the indexed pictures and the pictures themselves.",
-        "panelsJSON": _json(panels),
-        "optionsJSON": _json({"hidePanelTitles": False, "useMargins": True}),
+        "panelsJSON": json_text(panels),
+        "optionsJSON": json_text({"hidePanelTitles": False, "useMargins": True}),
         "timeRestore": False,
-        "kibanaSavedObjectMeta": _search_source(with_index=False),
+        "kibanaSavedObjectMeta": search_source(with_index=False),
     }, [
         {"id": TAGCLOUD_ID, "name": "panel_0", "type": "visualization"},
         {"id": SEARCH_ID, "name": "panel_1", "type": "search"},
@@ -141,9 +118,5 @@ def saved_objects(index_name: str = "d2s") -> list[dict[str, Any]]:
 
 
 def retarget(objects: list[dict[str, Any]], index_name: str) -> list[dict[str, Any]]:
-    """The objects with our data view pointed at ``index_name`` (its id stays the same)."""
-    return [
-        {**o, "attributes": {**o["attributes"], "title": index_name}}
-        if o.get("type") == "index-pattern" and o.get("id") == DATA_VIEW_ID else o
-        for o in objects
-    ]
+    """The objects with our index pattern pointed at ``index_name`` (its id stays the same)."""
+    return _retarget(objects, index_name, DATA_VIEW_ID)

@@ -19,7 +19,6 @@ Versions (Elasticsearch reference; the backend checks the server's version where
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,11 +27,18 @@ import numpy as np
 
 from d2s_search.backends.base import Document, IndexIdentity, SparseVector
 from d2s_search.backends.elasticsearch.features import check_feature_key, prune, sendable_weights
+from d2s_search.backends.engine.bodies import (  # noqa: F401  (re-exported)
+    NO_FILTERS,
+    Filters,
+    alias_swap_body,
+    dumps,
+    mget_body,
+    reindex_body,
+)
+from d2s_search.backends.engine.documents import DENSE_FIELD, SPARSE_FIELD
 from d2s_search.errors import QueryError
 
 MAPPING_VERSION = 1
-SPARSE_FIELD = "sparse"
-DENSE_FIELD = "dense"
 SPARSE_TYPES = ("rank_features", "sparse_vector")
 SIMILARITIES = ("dot_product", "max_inner_product")
 DENSE_INDEX_TYPES = ("hnsw", "int8_hnsw")
@@ -229,26 +235,7 @@ def bulk_delete_lines(index: str, ids: Iterable[str]) -> list[str]:
     return [dumps({"delete": {"_index": index, "_id": i}}) for i in ids]
 
 
-def mget_body(ids: Sequence[str]) -> dict[str, Any]:
-    return {"ids": list(ids)}
-
-
 # -- queries -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Filters:
-    """Restrictions applied to every query plan."""
-
-    path_prefix: str | None = None
-
-    def clauses(self) -> list[dict[str, Any]]:
-        if self.path_prefix:
-            return [{"prefix": {"path": {"value": self.path_prefix}}}]
-        return []
-
-
-NO_FILTERS = Filters()
 
 
 def query_weights(query: SparseVector, max_clauses: int) -> dict[str, float]:
@@ -399,20 +386,6 @@ def rrf_search_body(sparse: SparseVector, vector: np.ndarray, k: int, *, offset:
 # -- reindex, aliases, scans -------------------------------------------------------------
 
 
-def reindex_body(source_index: str, dest_index: str) -> dict[str, Any]:
-    return {"source": {"index": source_index}, "dest": {"index": dest_index, "op_type": "index"}}
-
-
-def alias_swap_body(alias: str, new_index: str, old_index: str | None, old_is_alias: bool) -> dict[str, Any]:
-    """Point ``alias`` at ``new_index`` atomically; a same-named plain index is removed in the same step."""
-    actions: list[dict[str, Any]] = [{"add": {"index": new_index, "alias": alias}}]
-    if old_index and old_is_alias:
-        actions.append({"remove": {"index": old_index, "alias": alias}})
-    elif old_index:
-        actions.append({"remove_index": {"index": old_index}})
-    return {"actions": actions}
-
-
 def pit_page_body(pit_id: str, page: int, after: list[Any] | None = None, keep_alive: str = "5m",
                   fields: Sequence[str] | None = None) -> dict[str, Any]:
     """One page of a point-in-time scan (``_shard_doc`` order), for copying every document;
@@ -437,7 +410,3 @@ def close_pit_body(pit_id: str) -> dict[str, Any]:
 
 def put_meta_body(identity: IndexIdentity, mapping: VectorMapping = DEFAULT_MAPPING) -> dict[str, Any]:
     return {"_meta": index_body(identity, mapping)["mappings"]["_meta"]}
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -23,6 +22,9 @@ from opensearchpy import helpers
 
 from d2s_search import redact
 from d2s_search.backends.base import Document, Hit, IndexIdentity, SparseVector
+from d2s_search.backends.engine.bulk import item_reason, next_generation
+from d2s_search.backends.engine.documents import document_from_source
+from d2s_search.backends.engine.identity import check_dims, check_identity
 from d2s_search.backends.opensearch import queries as q
 from d2s_search.backends.opensearch.client import (
     ENV_AWS_REGION,
@@ -60,7 +62,6 @@ ENV_SNIFF = "D2S_OPENSEARCH_SNIFF"  # "1": discover the cluster's other nodes (n
 
 # Per-item bulk statuses worth sending again (queue full, node busy).
 RETRY_ITEM_STATUSES = frozenset({429, 500, 502, 503, 504})
-_GENERATION = re.compile(r"^(?P<base>.+)-(?P<gen>\d{6})$")
 
 
 class OpenSearchBackend:
@@ -318,7 +319,7 @@ class OpenSearchBackend:
                 elif status in RETRY_ITEM_STATUSES and attempt < self.http.retries:
                     retry.append(by_id[doc_id])
                 else:
-                    failures[doc_id] = _item_reason(result)
+                    failures[doc_id] = item_reason(result, redact.one_line)
             if too_large:
                 # A smaller chunk may fit; this is not a retry of a busy server.
                 chunk_docs, chunk_bytes = max(1, chunk_docs // 2), max(1024, chunk_bytes // 2)
@@ -612,7 +613,7 @@ class OpenSearchBackend:
             raise IndexStoreError(f"{self.index_name!r} points at {len(concrete)} indices; expected one")
         (old_index,) = concrete
         is_alias = old_index != self.index_name
-        target = _next_generation(self.index_name, old_index)
+        target = next_generation(self.index_name, old_index)
         body = q.index_body(new_identity, engine=engine, shards=shards, replicas=replicas)
         reply = self.http.request("PUT", f"/{target}", json_body=body)
         if not reply.ok:
@@ -747,22 +748,10 @@ class OpenSearchBackend:
         return ident
 
     def _check_identity(self, wanted: IndexIdentity, stored: IndexIdentity | None) -> None:
-        if stored is None:
-            raise IndexStoreError(f"index {self.index_name!r} vanished at {self.url}")
-        if stored.fingerprint and stored.fingerprint != wanted.fingerprint:
-            raise BundleMismatchError(
-                f"index {self.index_name!r} was filled with bundle {stored.fingerprint[:12]}"
-                f"{' (' + stored.model + ')' if stored.model else ''}, not {wanted.fingerprint[:12]}: "
-                "use that bundle, another --index, or `d2s-search index reindex`"
-            )
-        self._check_dims(wanted, stored)
+        check_identity(self.index_name, self.url, wanted, stored, "--index")
 
     def _check_dims(self, wanted: IndexIdentity, stored: IndexIdentity) -> None:
-        if stored.dense_dim and wanted.dense_dim and stored.dense_dim != wanted.dense_dim:
-            raise BundleMismatchError(
-                f"index {self.index_name!r} holds {stored.dense_dim}-d dense vectors, the bundle makes "
-                f"{wanted.dense_dim}-d ones"
-            )
+        check_dims(self.index_name, wanted, stored)
 
     def _put_meta(self, identity: IndexIdentity) -> None:
         meta = q.index_body(identity)["mappings"]["_meta"]
@@ -825,32 +814,4 @@ def knn_score_to_inner_product(score: float) -> float:
 
 def _document(doc_id: str, src: Mapping[str, Any],
               decode: Callable[[Mapping[str, float] | None], dict[str, float]] = decode_features) -> Document:
-    ingested = src.get("ingested_at")
-    return Document(
-        id=doc_id,
-        path=src.get("path", ""),
-        size_bytes=int(src.get("size_bytes", 0) or 0),
-        width=int(src.get("width", 0) or 0),
-        height=int(src.get("height", 0) or 0),
-        sparse=decode(src.get(q.SPARSE_FIELD)),
-        dense=np.asarray(src.get(q.DENSE_FIELD, []), dtype=np.float32),
-        url=src.get("url"),
-        ingested_at=float(ingested) / 1000.0 if ingested is not None else 0.0,
-    )
-
-
-def _item_reason(result: Mapping[str, Any]) -> str:
-    err = result.get("error")
-    if isinstance(err, dict):
-        cause = err.get("caused_by") if isinstance(err.get("caused_by"), dict) else None
-        text = f"{err.get('type', 'error')}: {err.get('reason', '')}"
-        if cause:
-            text += f" ({cause.get('reason', '')})"
-        return redact.one_line(text)
-    return redact.one_line(f"status {result.get('status')}: {err or 'unknown error'}")
-
-
-def _next_generation(alias: str, current: str) -> str:
-    m = _GENERATION.match(current)
-    gen = int(m.group("gen")) + 1 if m and m.group("base") == alias else 1
-    return f"{alias}-{gen:06d}"
+    return document_from_source(doc_id, src, decode)

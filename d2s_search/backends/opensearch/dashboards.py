@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from d2s_search import redact
+from d2s_search.backends.engine.saved_objects import describe_errors
 from d2s_search.backends.opensearch.client import OpenSearchHTTP, Reply
 from d2s_search.backends.opensearch.dashboards_objects import (
     parse_ndjson,
@@ -178,22 +179,6 @@ def multipart_file(field_name: str, file_name: str, data: bytes, content_type: s
     head = (f'--{boundary}\r\nContent-Disposition: form-data; name="{field_name}"; filename="{file_name}"\r\n'
             f"Content-Type: {content_type}\r\n\r\n").encode()
     return head + data + f"\r\n--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
-
-
-def describe_errors(errors: Sequence[Mapping[str, Any]], limit: int = 3) -> str:
-    """``type/id: reason`` for the first few import errors, on one line."""
-    parts = []
-    for e in errors[:limit]:
-        err = e.get("error") or {}
-        kind = err.get("type", "error")
-        if kind == "missing_references":
-            refs = ", ".join(f"{r.get('type')}/{r.get('id')}" for r in err.get("references") or [])
-            reason = f"missing references {refs}"
-        else:
-            reason = err.get("message") or kind
-        parts.append(f"{e.get('type')}/{e.get('id')}: {reason}")
-    more = f" (+{len(errors) - limit} more)" if len(errors) > limit else ""
-    return "; ".join(parts) + more
 
 
 def load_objects(paths: Sequence[str | Path] = (), index_name: str = "d2s") -> list[dict[str, Any]]:

@@ -8,15 +8,21 @@ default arguments (a test keeps them equal), so a user can apply them with curl.
 from __future__ import annotations
 
 import copy
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from d2s_search.backends.base import Document, IndexIdentity, SparseVector
+from d2s_search.backends.engine.bodies import (  # noqa: F401  (re-exported)
+    NO_FILTERS,
+    Filters,
+    alias_swap_body,
+    mget_body,
+    reindex_body,
+)
+from d2s_search.backends.engine.documents import DENSE_FIELD, SPARSE_FIELD
 from d2s_search.backends.opensearch.cluster import Dialect
 from d2s_search.backends.opensearch.features import (
     NEURAL_SPARSE_MAX_WEIGHT,
@@ -26,8 +32,6 @@ from d2s_search.backends.opensearch.features import (
 from d2s_search.errors import QueryError
 
 MAPPING_VERSION = 1
-SPARSE_FIELD = "sparse"
-DENSE_FIELD = "dense"
 DEFAULT_MAX_CLAUSES = 1024  # indices.query.bool.max_clause_count default
 MAX_RESULT_WINDOW = 10_000  # index.max_result_window default
 # index.max_rescore_window default (OpenSearch server/.../index/IndexSettings.java,
@@ -167,10 +171,6 @@ def bulk_delete_actions(index: str, ids: Iterable[str]) -> list[dict[str, Any]]:
     return [{"_op_type": "delete", "_index": index, "_id": i} for i in ids]
 
 
-def mget_body(ids: Sequence[str]) -> dict[str, Any]:
-    return {"ids": list(ids)}
-
-
 def scan_body(page: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
     """First page of a scroll over every document (``_doc`` order); ``fields``: only these of ``_source``."""
     body: dict[str, Any] = {"size": int(page), "sort": ["_doc"], "query": {"match_all": {}}}
@@ -180,22 +180,6 @@ def scan_body(page: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 # -- queries -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Filters:
-    """Restrictions applied to every query plan."""
-
-    path_prefix: str | None = None
-
-    def clauses(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        if self.path_prefix:
-            out.append({"prefix": {"path": {"value": self.path_prefix}}})
-        return out
-
-
-NO_FILTERS = Filters()
 
 
 def query_weights(query: SparseVector, max_clauses: int) -> dict[str, float]:
@@ -483,23 +467,5 @@ def _fusion_weights(weights: tuple[float, float]) -> tuple[float, float]:
 # -- reindex and aliases -----------------------------------------------------------------
 
 
-def reindex_body(source_index: str, dest_index: str) -> dict[str, Any]:
-    return {"source": {"index": source_index}, "dest": {"index": dest_index, "op_type": "index"}}
-
-
-def alias_swap_body(alias: str, new_index: str, old_index: str | None, old_is_alias: bool) -> dict[str, Any]:
-    """Point ``alias`` at ``new_index`` atomically; a same-named plain index is removed in the same step."""
-    actions: list[dict[str, Any]] = [{"add": {"index": new_index, "alias": alias}}]
-    if old_index and old_is_alias:
-        actions.append({"remove": {"index": old_index, "alias": alias}})
-    elif old_index:
-        actions.append({"remove_index": {"index": old_index}})
-    return {"actions": actions}
-
-
 def clone(body: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(body)
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
