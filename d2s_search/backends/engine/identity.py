@@ -3,6 +3,9 @@ both engines (only the CLI option that names the index differs)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from d2s_search.backends.base import IndexIdentity
 from d2s_search.errors import BundleMismatchError, IndexStoreError
 
@@ -27,3 +30,15 @@ def check_dims(index_name: str, wanted: IndexIdentity, stored: IndexIdentity) ->
             f"index {index_name!r} holds {stored.dense_dim}-d dense vectors, the bundle makes "
             f"{wanted.dense_dim}-d ones"
         )
+
+
+def meta_identity(meta: Mapping[str, Any] | None) -> IndexIdentity | None:
+    """``_meta`` of a mapping -> the identity it records (None if not a d2s index)."""
+    if not meta or "fingerprint" not in meta:
+        return None
+    return IndexIdentity(
+        fingerprint=str(meta.get("fingerprint", "")),
+        dense_dim=int(meta.get("dense_dim", 0) or 0),
+        model=str(meta.get("model", "")),
+        bundle_path=str(meta.get("bundle_path", "")),
+    )

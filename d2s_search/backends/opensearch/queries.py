@@ -23,6 +23,7 @@ from d2s_search.backends.engine.bodies import (  # noqa: F401  (re-exported)
     reindex_body,
 )
 from d2s_search.backends.engine.documents import DENSE_FIELD, SPARSE_FIELD
+from d2s_search.backends.engine.identity import meta_identity  # noqa: F401  (q.meta_identity)
 from d2s_search.backends.opensearch.cluster import Dialect
 from d2s_search.backends.opensearch.features import (
     NEURAL_SPARSE_MAX_WEIGHT,
@@ -125,17 +126,6 @@ def index_body(
         body["mappings"]["_meta"]["sparse_keys"] = "vocabulary ids (positions in the bundle's vocabulary)"
     return body
 
-
-def meta_identity(meta: Mapping[str, Any] | None) -> IndexIdentity | None:
-    """``_meta`` of a mapping -> the identity it records (None if not a d2s index)."""
-    if not meta or "fingerprint" not in meta:
-        return None
-    return IndexIdentity(
-        fingerprint=str(meta.get("fingerprint", "")),
-        dense_dim=int(meta.get("dense_dim", 0) or 0),
-        model=str(meta.get("model", "")),
-        bundle_path=str(meta.get("bundle_path", "")),
-    )
 
 
 # -- documents ---------------------------------------------------------------------------
