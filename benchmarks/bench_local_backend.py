@@ -233,7 +233,7 @@ def main() -> None:
         **open_in_new_process(path, queries),
         "stored_matrices_mb": round(stored / 2**20),
         **build,
-        "exact_top10_agreement": f"{agree}/100",
+        "exact_top10_agreement": f"{agree}/{len(queries[:100])}",
         "two_phase_recall_at_10_vs_exact": round(float(recall), 3),
         "latency": results,
     }

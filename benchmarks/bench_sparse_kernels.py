@@ -4,7 +4,7 @@
 
 Uses the index that ``bench_local_backend.py`` builds (same synthetic collection, same
 queries). For every query, every variant accumulates the scores of every shard and takes
-the shard's top 10 (``kernels.top_rows``); the variants run interleaved query by query, the
+the shard's top 10 (``kernels.top_rows``, or the variant's own); the variants run interleaved query by query, the
 order rotating, so a busy machine slows them alike. Reported: p50/p99 of the whole shard
 loop per variant and its ratio to the reference (``kernels.accumulate``: scipy's C++
 ``csc_matvec`` once per term, int32 ids, float32 weights) measured in the same run. Every
@@ -66,7 +66,7 @@ def spans(layout: dict, cols: np.ndarray, weights: np.ndarray):
 
 
 def v_reference(layout, cols, weights, out):
-    kernels.accumulate(layout["indptr"], layout["ids32"], layout["w32"], layout["rows"], cols, weights, out)
+    kernels.accumulate(layout["indptr"], layout["ids32"], layout["w32"], layout["rows"], cols, weights, out, use_c=False)
 
 
 def v_fancy_add(layout, cols, weights, out, ids_name="ids32"):
@@ -158,10 +158,23 @@ def v_dense_frequent_terms_no_temp(layout, cols, weights, out):
         kernels._csc_matvec(layout["rows"], 1, one, layout["ids32"][s:e], layout["w32"][s:e], w1, scores)
 
 
-def v_shipped(layout, cols, weights, out):
-    """``kernels.accumulate`` as the backend calls it, with the shard's stored dense columns."""
+def v_numpy_path(layout, cols, weights, out):
+    """``kernels.accumulate`` without the C kernel, with the shard's stored dense columns
+    (what the backend ran before ``_score.c``, and runs when no compiler built it)."""
+    kernels.accumulate(layout["indptr"], layout["ids32"], layout["w32"], layout["rows"], cols, weights, out,
+                       layout["stored_dense_terms"], layout["stored_dense_columns"], use_c=False)
+
+
+def v_c_accumulate(layout, cols, weights, out):
+    """The compiled kernel's accumulation (``_score.c``), the top-k still numpy's."""
     kernels.accumulate(layout["indptr"], layout["ids32"], layout["w32"], layout["rows"], cols, weights, out,
                        layout["stored_dense_terms"], layout["stored_dense_columns"])
+
+
+def v_shipped(layout, cols, weights, out):
+    """``kernels.shard_top`` as the backend calls it: accumulation and top-k in C."""
+    return kernels.shard_top(layout["indptr"], layout["ids32"], layout["w32"], layout["rows"], cols, weights, out, K,
+                             layout["stored_dense_terms"], layout["stored_dense_columns"])
 
 
 VARIANTS = {
@@ -173,8 +186,10 @@ VARIANTS = {
     "numpy bincount over all query postings (float64 sums)": v_bincount_all_terms,
     "dense columns for frequent terms + scipy for the rest": v_dense_frequent_terms,
     "dense columns for frequent terms (reused buffer) + scipy": v_dense_frequent_terms_no_temp,
-    "shipped: kernels.accumulate with the cache's dense columns (terms in >= 1/2 of a shard)": v_shipped,
+    "numpy path: kernels.accumulate with the cache's dense columns (terms in >= 1/2 of a shard)": v_numpy_path,
     "scipy per term, uint16 in-shard ids": v_scipy_uint16_ids,
+    "C kernel accumulate + numpy top-k": v_c_accumulate,
+    "shipped: C kernel, accumulate and top-k in one call (kernels.shard_top)": v_shipped,
 }
 
 
@@ -205,10 +220,12 @@ def main() -> None:
     def run(name, cols, weights):
         found = []
         for j, layout in enumerate(layouts):
-            VARIANTS[name](layout, cols, weights, out)
-            scores = out[: layout["rows"]]
-            rows = kernels.top_rows(scores, K)
-            found.append((rows + state.shards[j].start, scores[rows].astype(np.float32)))
+            top = VARIANTS[name](layout, cols, weights, out)
+            if top is None:  # the variant filled the scores; the top-k is numpy's
+                scores = out[: layout["rows"]]
+                rows = kernels.top_rows(scores, K)
+                top = (rows, scores[rows].astype(np.float32))
+            found.append((top[0] + state.shards[j].start, top[1]))
         return kernels.merge_top(found, K)
 
     times = {n: [] for n in names}

@@ -92,8 +92,8 @@ def damage_ids_out_of_range(index):
     """Checksums forged to match: only the bounds check stands between this and a segfault."""
     f = state_dir(index) / "shard-00000-csc_indices.npy"
     bad = np.load(f).copy()
-    bad[len(bad) // 2] = 10**9
-    bad[0] = -5
+    bad[len(bad) // 2] = np.iinfo(bad.dtype).max  # 16-bit in-shard ids: 65,535 rows past this small shard
+    bad[0] = -5 if bad.dtype.kind == "i" else np.iinfo(bad.dtype).max - 1
     rewrite_array(index, "shard-00000-csc_indices.npy", bad)
 
 

@@ -561,21 +561,26 @@ class LocalBackend:
         for shard in state.shards:
             self._validated(shard)
             a = shard.arrays
-            kernels.accumulate(a["csc_indptr"], a["csc_indices"], a["csc_data"], shard.rows, cols, weights, buffer,
-                               a.get("dense_terms"), a.get("dense_columns"))
-            scores = buffer[: shard.rows]
-            rows = kernels.top_rows(scores, k)
-            candidates.append((rows + shard.start, scores[rows].copy()))
+            try:
+                rows, scores = kernels.shard_top(a["csc_indptr"], a["csc_indices"], a["csc_data"], shard.rows, cols,
+                                                 weights, buffer, k, a.get("dense_terms"), a.get("dense_columns"))
+            except kernels.DamagedArrays as exc:  # the kernel's own bounds checks: changed since validation
+                self._damaged(exc)
+            candidates.append((rows + shard.start, scores))
         return kernels.merge_top(candidates, k)
 
     def _validated(self, shard: Shard) -> None:
         try:
             shard.validate()
         except CacheUnusable as exc:  # damaged after open: rebuild, and stop this search cleanly
-            self._structures_cache = None
-            self._seen_version = None
-            self._warn(f"search cache of {self.path} unusable ({exc}): rebuilding it from the database")
-            raise _Retry from None
+            self._damaged(exc)
+
+    def _damaged(self, exc: Exception) -> None:
+        """Drop the damaged structures and stop this search cleanly: it reruns after a rebuild."""
+        self._structures_cache = None
+        self._seen_version = None
+        self._warn(f"search cache of {self.path} unusable ({exc}): rebuilding it from the database")
+        raise _Retry from None
 
     def _searching(self, fn, *args):
         """Run a search; when a shard turns out damaged, rebuild once from SQLite and rerun."""

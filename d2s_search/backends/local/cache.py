@@ -45,8 +45,8 @@ from .kernels import DamagedArrays, check_postings
 from .store import CACHE_POINTER as POINTER
 from .store import LEGACY_CACHE, fsync_dir, is_temp_name, write_atomic
 
-SHARD_ROWS = 65536
-CACHE_FORMAT = "d2s-local-cache/3"  # 3: clustered dense vectors stored in cluster order
+SHARD_ROWS = 65536  # at most 2**16: the postings hold 16-bit in-shard ids
+CACHE_FORMAT = "d2s-local-cache/4"  # 3: clustered dense vectors in cluster order; 4: 16-bit posting ids
 STALE_SECONDS = 120  # an unreferenced state this old is no longer being written by anyone
 
 STRING_FIELDS = ("ids", "paths", "urls")
@@ -60,7 +60,7 @@ DENSE_COLUMN_FRACTION = 0.5  # a term in at least this share of a shard's rows g
 DTYPES = {
     "seqs": np.int64, "has_url": np.bool_, "dense": np.float32,
     "csr_indptr": np.int64, "csr_indices": np.int32, "csr_data": np.float32,
-    "csc_indptr": np.int32, "csc_indices": np.int32, "csc_data": np.float32,
+    "csc_indptr": np.int32, "csc_indices": np.uint16, "csc_data": np.float32,
     **{f"{s}_blob": np.uint8 for s in STRING_FIELDS}, **{f"{s}_offsets": np.int64 for s in STRING_FIELDS},
     "ivf_order": np.int32, "ivf_offsets": np.int64, "dense_terms": np.int32, "dense_columns": np.float32,
 }
@@ -213,7 +213,7 @@ def build_shard(start: int, parsed: list[tuple], n_cols: int, dim: int) -> Shard
         "dense": np.vstack([r[6] for r in parsed]).astype(np.float32) if n else np.zeros((0, dim), np.float32),
         "csr_indptr": csr.indptr.astype(np.int64), "csr_indices": csr.indices.astype(np.int32),
         "csr_data": csr.data.astype(np.float32),
-        "csc_indptr": csc.indptr.astype(np.int32), "csc_indices": csc.indices.astype(np.int32),
+        "csc_indptr": csc.indptr.astype(np.int32), "csc_indices": csc.indices.astype(np.uint16),
         "csc_data": csc.data.astype(np.float32),
         "has_url": np.fromiter((r[3] is not None for r in parsed), dtype=np.bool_, count=n),
     }

@@ -1,9 +1,10 @@
 """Scoring kernels of the local index: posting accumulation, top-k, explanations.
 
-Pure functions over numpy arrays (no SQLite, no files). The one C kernel that writes
-through ids (scipy's ``csc_matvec``) is only handed postings whose ids were checked to be
+Pure functions over numpy arrays (no SQLite, no files). A shard is scored by the compiled
+kernel ``_score.c`` when the install built it (it checks every id and pointer it reads),
+else by scipy's ``csc_matvec``, which is only handed postings whose ids were checked to be
 inside the score array (see :func:`check_postings`); everything else is numpy indexing,
-which checks bounds itself.
+which checks bounds itself. Both paths give bit-identical scores.
 """
 
 from __future__ import annotations
@@ -41,6 +42,45 @@ def _load_csc_matvec():
 _csc_matvec = _load_csc_matvec()
 
 
+def _load_c_kernel():
+    """The compiled kernel (``_score.c``, built by ``pip install``; optional), through
+    ctypes: scoring plus top-k of a shard in C, 2-3x the numpy/scipy path (docs/benchmarks.md).
+    ``D2S_C_KERNEL=0`` turns it off (tests run both paths and compare them)."""
+    import os
+
+    if os.environ.get("D2S_C_KERNEL", "1") == "0":
+        return None
+    import ctypes
+    import importlib.machinery
+
+    folder = os.path.dirname(os.path.abspath(__file__))
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(folder, "_score" + suffix)
+        if not os.path.isfile(path):
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+            accumulate32, accumulate16, top_c = lib.d2s_accumulate, lib.d2s_accumulate16, lib.d2s_top_positive
+        except (OSError, AttributeError):
+            return None
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        for fn in (accumulate32, accumulate16):
+            fn.argtypes = [p, i64, p, p, i64, i64, p, p, i64, p, p, i64, p]
+            fn.restype = i64
+        top_c.argtypes = [p, i64, i64, p, p, p]
+        top_c.restype = i64
+        return {np.dtype(np.int32): accumulate32, np.dtype(np.uint16): accumulate16}, top_c
+    return None
+
+
+_c_kernel = _load_c_kernel()
+
+
+def c_kernel_loaded() -> bool:
+    """Whether shards are scored by the compiled kernel (``doctor`` and the benchmarks say so)."""
+    return _c_kernel is not None
+
+
 class DamagedArrays(ValueError):
     """Arrays read back from disk do not describe a valid structure."""
 
@@ -55,13 +95,71 @@ def check_postings(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_
     if indptr.size > 1 and np.any(np.diff(indptr) < 0):
         raise DamagedArrays("pointer array goes backwards")
     # One unsigned reduction catches negative ids too (they wrap to huge values).
-    if indices.size and int(indices.view(np.uint32).max()) >= n_rows:
+    unsigned = indices if indices.dtype.kind == "u" else indices.view(np.dtype(f"u{indices.dtype.itemsize}"))
+    if indices.size and int(unsigned.max()) >= n_rows:
         raise DamagedArrays("an id points outside the shard")
+
+
+def _dense_slots(cols: np.ndarray, dense_terms: np.ndarray | None) -> np.ndarray | None:
+    """Per query column: its row in ``dense_columns`` or -1 (``dense_terms`` sorted)."""
+    if dense_terms is None or not dense_terms.size:
+        return None
+    at = np.minimum(np.searchsorted(dense_terms, cols), dense_terms.size - 1)
+    return np.where(dense_terms[at] == cols, at, -1).astype(np.int64)
+
+
+def _c_ready(*arrays_and_types) -> bool:
+    """The C kernel reads raw memory: only C-contiguous arrays of the exact dtype go there."""
+    return all(a.dtype == t and a.flags.c_contiguous for a, t in zip(arrays_and_types[::2], arrays_and_types[1::2]))
+
+
+def _accumulate_c(indptr, indices, data, n_rows, cols, weights, out, dense_terms, dense_columns) -> bool:
+    """Run the C kernel if the arrays suit it; False when they do not (numpy path then)."""
+    if _c_kernel is None or out.size < n_rows:
+        return False
+    cols = np.ascontiguousarray(cols, dtype=np.int64)
+    weights = np.ascontiguousarray(weights, dtype=np.float32)
+    slots = _dense_slots(cols, dense_terms)
+    columns_ok = slots is None or (dense_columns.ndim == 2 and dense_columns.shape[1] == n_rows
+                                   and _c_ready(dense_columns, np.float32))
+    accumulate_c = _c_kernel[0].get(indices.dtype)
+    if accumulate_c is None or not (columns_ok and indices.flags.c_contiguous
+                                    and _c_ready(indptr, np.int32, data, np.float32, out, np.float32)):
+        return False
+    if indices.size != data.size:
+        raise DamagedArrays("ids and weights differ in length")
+    bad = accumulate_c(indptr.ctypes.data, indptr.size - 1, indices.ctypes.data, data.ctypes.data, indices.size,
+                       n_rows, cols.ctypes.data, weights.ctypes.data, cols.size,
+                       None if slots is None else slots.ctypes.data,
+                       None if slots is None else dense_columns.ctypes.data,
+                       0 if slots is None else dense_columns.shape[0], out.ctypes.data)
+    if bad:
+        raise DamagedArrays(f"{bad} postings point outside the shard")
+    return True
+
+
+def shard_top(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows: int,
+              cols: np.ndarray, weights: np.ndarray, out: np.ndarray, k: int,
+              dense_terms: np.ndarray | None = None,
+              dense_columns: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, scores) of the shard's k highest positive scores, best first, ties by row:
+    :func:`accumulate` then :func:`top_rows`, in one C call when the kernel is built."""
+    if _accumulate_c(indptr, indices, data, n_rows, cols, weights, out, dense_terms, dense_columns):
+        k = max(0, min(k, n_rows))
+        heap = np.empty(2 * k, dtype=np.int32)  # k (float32 score, int32 row) pairs
+        rows = np.empty(k, dtype=np.int32)
+        scores = np.empty(k, dtype=np.float32)
+        n = _c_kernel[1](out.ctypes.data, n_rows, k, heap.ctypes.data, rows.ctypes.data, scores.ctypes.data)
+        return rows[:n].astype(np.int64), scores[:n]
+    accumulate(indptr, indices, data, n_rows, cols, weights, out, dense_terms, dense_columns)
+    rows = top_rows(out[:n_rows], k)
+    return rows, out[rows].copy()
 
 
 def accumulate(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows: int,
                cols: np.ndarray, weights: np.ndarray, out: np.ndarray,
-               dense_terms: np.ndarray | None = None, dense_columns: np.ndarray | None = None) -> None:
+               dense_terms: np.ndarray | None = None, dense_columns: np.ndarray | None = None,
+               use_c: bool = True) -> None:
     """out[:n_rows] = sum over query columns of weight * posting list (term-at-a-time, exact).
 
     Columns at or beyond ``indptr.size - 1`` (terms newer than this shard) have no postings.
@@ -70,6 +168,8 @@ def accumulate(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows
     ``weight * column`` instead: the same float32 products in the same term order, read in
     order rather than scattered (docs/benchmarks.md: about 0.9x of the kernel time at 123k).
     """
+    if use_c and _accumulate_c(indptr, indices, data, n_rows, cols, weights, out, dense_terms, dense_columns):
+        return
     scores = out[:n_rows]
     scores.fill(0.0)
     n_cols = indptr.size - 1

@@ -1,0 +1,112 @@
+"""The compiled shard kernel (``backends/local/_score.c``) against the numpy/scipy path:
+bit-identical scores, the same top-k (ties by row), and damaged postings refused without
+writing outside the score buffer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from d2s_search.backends.local import kernels
+from d2s_search.backends.local.cache import dense_columns
+
+pytestmark = pytest.mark.skipif(not kernels.c_kernel_loaded(),
+                                reason="the C kernel was not built (no C compiler at install time)")
+
+
+def random_shard(rng: np.random.Generator, rows: int, cols: int, per_row: int):
+    """A CSC shard (int32 pointers and ids, float32 weights) with Zipf-like term popularity and
+    weights drawn from few values, so equal scores (ties) occur."""
+    popularity = 1.0 / np.arange(1, cols + 1)
+    popularity /= popularity.sum()
+    entries = {}
+    for r in range(rows):
+        for c in rng.choice(cols, size=min(per_row, cols), replace=False, p=popularity):
+            entries[(int(c), r)] = np.float32(rng.choice([0.25, 0.5, 1.0, 1.5]))
+    keys = sorted(entries)
+    indptr = np.zeros(cols + 1, dtype=np.int32)
+    np.cumsum(np.bincount([c for c, _ in keys], minlength=cols), out=indptr[1:])
+    indices = np.array([r for _, r in keys], dtype=np.int32)
+    data = np.array([entries[k] for k in keys], dtype=np.float32)
+    return indptr, indices, data
+
+
+def numpy_path(indptr, indices, data, rows, cols, weights, k, terms=None, columns=None):
+    out = np.empty(rows + 3, dtype=np.float32)
+    kernels.accumulate(indptr, indices, data, rows, cols, weights, out, terms, columns, use_c=False)
+    top = kernels.top_rows(out[:rows], k)
+    return out[:rows].copy(), top, out[top]
+
+
+@pytest.mark.parametrize("id_type", [np.uint16, np.int32])  # the cache's 16-bit in-shard ids, and int32
+@pytest.mark.parametrize("seed", range(6))
+def test_c_kernel_equals_the_numpy_path_bit_for_bit(seed, id_type):
+    rng = np.random.default_rng(seed)
+    rows, n_cols = int(rng.integers(50, 700)), 60
+    indptr, indices, data = random_shard(rng, rows, n_cols, per_row=int(rng.integers(3, 15)))
+    indices = indices.astype(id_type)
+    terms, columns = dense_columns(indptr, indices, data, rows)
+    assert terms.size  # the popular terms are stored as dense columns too
+    for _ in range(10):
+        cols = np.sort(rng.choice(n_cols + 5, size=int(rng.integers(1, 20)), replace=False)).astype(np.int64)
+        weights = rng.choice([0.5, 1.0, 0.3, 2.0], size=cols.size).astype(np.float32)  # ids >= n_cols: newer terms
+        for k in (1, 5, 10, 1000):
+            for t, c in ((None, None), (terms, columns)):
+                want_scores, want_rows, want_top = numpy_path(indptr, indices, data, rows, cols, weights, k, t, c)
+                buffer = np.full(rows + 3, 7.0, dtype=np.float32)
+                got_rows, got_top = kernels.shard_top(indptr, indices, data, rows, cols, weights, buffer, k, t, c)
+                assert np.array_equal(buffer[:rows], want_scores)  # bit-identical, not just close
+                assert np.all(buffer[rows:] == 7.0)  # nothing written past the shard
+                assert got_rows.tolist() == want_rows.tolist()
+                assert np.array_equal(got_top, want_top)
+                assert np.all(got_top > 0)
+
+
+def test_top_k_keeps_the_earliest_row_among_equal_scores():
+    indptr = np.array([0, 6], dtype=np.int32)
+    indices = np.array([0, 1, 2, 3, 4, 5], dtype=np.int32)
+    data = np.array([1.0, 2.0, 1.0, 2.0, 2.0, 0.0], dtype=np.float32)
+    buffer = np.empty(6, dtype=np.float32)
+    rows, scores = kernels.shard_top(indptr, indices, data, 6, np.array([0]), np.array([1.0], np.float32), buffer, 4)
+    assert rows.tolist() == [1, 3, 4, 0] and scores.tolist() == [2.0, 2.0, 2.0, 1.0]
+    rows, _ = kernels.shard_top(indptr, indices, data, 6, np.array([0]), np.array([1.0], np.float32), buffer, 10)
+    assert rows.tolist() == [1, 3, 4, 0, 2]  # zero scores are not hits
+    rows, _ = kernels.shard_top(indptr, indices, data, 6, np.array([0]), np.array([1.0], np.float32), buffer, 0)
+    assert rows.size == 0
+
+
+@pytest.mark.parametrize("id_type", [np.uint16, np.int32])
+@pytest.mark.parametrize("damage", ["id too large", "negative id", "pointer past the end", "pointer backwards"])
+def test_damaged_postings_are_refused_without_writing_out_of_bounds(damage, id_type):
+    if damage == "negative id" and id_type == np.uint16:
+        pytest.skip("16-bit ids are unsigned")
+    indptr = np.array([0, 2, 4], dtype=np.int32)
+    indices = np.array([0, 1, 1, 2], dtype=id_type)
+    data = np.ones(4, dtype=np.float32)
+    if damage == "id too large":
+        indices[1] = 3
+    elif damage == "negative id":
+        indices[1] = -5
+    elif damage == "pointer past the end":
+        indptr[2] = 900
+    else:
+        indptr[1] = 5
+    guard = np.full(8, 9.0, dtype=np.float32)
+    buffer = guard[2:5]  # rows 0-2 of the shard inside a larger block: the guards must stay
+    with pytest.raises(kernels.DamagedArrays):
+        kernels.shard_top(indptr, indices, data, 3, np.array([0, 1]), np.ones(2, np.float32), buffer, 3)
+    assert np.all(guard[:2] == 9.0) and np.all(guard[5:] == 9.0)
+
+
+def test_arrays_the_kernel_cannot_read_take_the_numpy_path():
+    """A strided view or another dtype is not raw memory the C kernel may walk: same answer."""
+    rng = np.random.default_rng(3)
+    indptr, indices, data = random_shard(rng, 300, 40, per_row=8)
+    cols, weights = np.arange(0, 40, 3, dtype=np.int64), np.full(14, 0.5, dtype=np.float32)
+    want_scores, want_rows, _ = numpy_path(indptr, indices, data, 300, cols, weights, 10)
+    strided = np.repeat(data, 2)[::2]
+    assert not strided.flags.c_contiguous
+    for ids, weights_ in ((indices, strided), (indices.astype(np.int64), data)):
+        buffer = np.empty(300, dtype=np.float32)
+        rows, _ = kernels.shard_top(indptr, ids, weights_, 300, cols, weights, buffer, 10)
+        assert rows.tolist() == want_rows.tolist() and np.array_equal(buffer, want_scores)
