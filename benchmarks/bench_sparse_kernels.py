@@ -47,7 +47,8 @@ def shard_layouts(shard, dense_min_fraction: float) -> dict:
         column[indices[indptr[col] : indptr[col + 1]]] = data[indptr[col] : indptr[col + 1]]
         dense_cols[col] = column
     return {
-        "rows": shard.rows, "indptr": indptr, "ids32": indices, "w32": data,
+        "rows": shard.rows, "indptr": indptr, "ids32": indices.astype(np.int32), "w32": data,
+        "stored_ids": indices,  # the cache's own (16-bit in-shard ids since cache format 4)
         "ids16": indices.astype(np.uint16), "w16": data.astype(np.float16), "ids64": indices.astype(np.intp),
         "dense_cols": dense_cols,
         "stored_dense_terms": a.get("dense_terms"), "stored_dense_columns": a.get("dense_columns"),
@@ -172,8 +173,9 @@ def v_c_accumulate(layout, cols, weights, out):
 
 
 def v_shipped(layout, cols, weights, out):
-    """``kernels.shard_top`` as the backend calls it: accumulation and top-k in C."""
-    return kernels.shard_top(layout["indptr"], layout["ids32"], layout["w32"], layout["rows"], cols, weights, out, K,
+    """``kernels.shard_top`` as the backend calls it: accumulation and top-k in C, on the
+    cache's 16-bit ids."""
+    return kernels.shard_top(layout["indptr"], layout["stored_ids"], layout["w32"], layout["rows"], cols, weights, out, K,
                              layout["stored_dense_terms"], layout["stored_dense_columns"])
 
 
@@ -188,7 +190,7 @@ VARIANTS = {
     "dense columns for frequent terms (reused buffer) + scipy": v_dense_frequent_terms_no_temp,
     "numpy path: kernels.accumulate with the cache's dense columns (terms in >= 1/2 of a shard)": v_numpy_path,
     "scipy per term, uint16 in-shard ids": v_scipy_uint16_ids,
-    "C kernel accumulate + numpy top-k": v_c_accumulate,
+    "C kernel accumulate (int32 ids) + numpy top-k": v_c_accumulate,
     "shipped: C kernel, accumulate and top-k in one call (kernels.shard_top)": v_shipped,
 }
 
