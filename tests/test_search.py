@@ -228,6 +228,9 @@ def test_index_stats_and_delete(tmp_path, tiny_blip_bundle, image_folder, capsys
     code, stats = run_cli_json(["index", "stats", "--index", index], capsys)
     assert code == 0 and stats["documents"] == 40 and stats["bundle_model"] == "tiny-blip"
     assert stats["mean_terms_per_document"] > 0 and stats["disk_bytes"] > 0
+    from d2s_search.backends.local import kernels
+
+    assert stats["scoring_kernel"] == ("compiled" if kernels.c_kernel_loaded() else "numpy")
     code, out = run_cli_json(["index", "delete", "--index", index, "--yes"], capsys)
     assert code == 0 and not index.exists()
     code, _, err = run_cli(["index", "delete", "--index", index, "--yes"], capsys)

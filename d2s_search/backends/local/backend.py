@@ -384,6 +384,8 @@ class LocalBackend:
             "created_at": _iso(meta.get("created_at")),
             "last_ingest_at": _iso(meta.get("last_ingest_at")),
             "disk_bytes": disk,
+            # which scoring kernel this install has: "numpy" means no C compiler at install time
+            "scoring_kernel": "compiled" if kernels.c_kernel_loaded() else "numpy",
         }
 
     def generation(self) -> tuple[str, int]:
