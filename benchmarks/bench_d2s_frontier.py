@@ -66,7 +66,7 @@ def parse_recipe(spec: str) -> tuple[str, dict, dict]:
     return name, train_kw, head_kw
 
 
-def run(spec: str, data_dir: Path, out: Path, threads: int, eval_only: bool = False) -> dict:
+def run(spec: str, data_dir: Path, out: Path, threads: int, eval_only: bool = False, all_pairs: bool = False) -> dict:
     import torch
     from bench_d2s_minilm import build_caption_dataset
 
@@ -89,7 +89,7 @@ def run(spec: str, data_dir: Path, out: Path, threads: int, eval_only: bool = Fa
 
     torch.set_num_threads(threads)
     name, train_kw, head_kw = parse_recipe(spec)
-    build_caption_dataset(data_dir)
+    build_caption_dataset(data_dir, all_pairs=all_pairs)
     splits = load_dataset(data_dir)
     tok = load_tokenizer()
     toks = {k: tokenize_captions(s.captions, tok) for k, s in splits.items()}
@@ -136,7 +136,7 @@ def run(spec: str, data_dir: Path, out: Path, threads: int, eval_only: bool = Fa
         "history": [{"epoch": h["epoch"], "R@1": h["val"].get("R@1"), "FLOPs": h["val"].get("FLOPs"),
                      "ce": h["ce"], "l1_img": h["l1_img"]} for h in summary["history"]],
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"), "load": os.getloadavg()[0],
-        "threads": threads,
+        "threads": threads, "all_pairs": all_pairs,
     }
     with (out / "runs.jsonl").open("a") as f:
         f.write(json.dumps(row, default=float) + "\n")
@@ -158,10 +158,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "test-artifacts" / "frontier")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--eval-only", action="store_true", help="Evaluate the best head of an existing (cut-short) run.")
+    ap.add_argument("--all-pairs", action="store_true",
+                    help="Every training caption plays the document once (5x the pairs; use its own --data folder).")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for spec in args.recipe:
-        run(spec, args.data, args.out, args.threads, args.eval_only)
+        run(spec, args.data, args.out, args.threads, args.eval_only, args.all_pairs)
 
 
 if __name__ == "__main__":

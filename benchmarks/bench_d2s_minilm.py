@@ -54,10 +54,17 @@ def read_groups(path: Path, size: int = 5) -> list[list[str]]:
     return [lines[i : i + size] for i in range(0, len(lines), size) if len(lines[i : i + size]) >= 2]
 
 
-def build_caption_dataset(out: Path, n_val: int = 200, seed: int = 0) -> dict:
-    """Authors' layout: doc captions as 'images', the other captions as their sentences."""
+def build_caption_dataset(out: Path, n_val: int = 200, seed: int = 0, all_pairs: bool = False) -> dict:
+    """Authors' layout: doc captions as 'images', the other captions as their sentences.
+
+    ``all_pairs``: in the training split every caption of an image plays the document once
+    (5 training "images" per image, the other 4 captions their queries: 5x the pairs from
+    the same text); validation and test keep caption 0 as the document."""
     if (out / "dataset_meta.json").is_file():
-        return json.loads((out / "prep.json").read_text())
+        prep = json.loads((out / "prep.json").read_text())
+        if prep.get("all_pairs", False) != all_pairs:
+            raise SystemExit(f"{out} holds the dataset built with all_pairs={prep.get('all_pairs', False)}: use another --data")
+        return prep
     from d2s_search.train.minilm import MiniLMEncoder
 
     groups = []
@@ -69,23 +76,25 @@ def build_caption_dataset(out: Path, n_val: int = 200, seed: int = 0) -> dict:
     images, docs, queries, q_ids, doc_ids = [], [], [], [], []
     for k, (src, _, g) in enumerate(groups + coco):
         split = "test" if src == "coco" else ("val" if k in val_set else "train")
-        iid = f"{src}-{k:05d}"
-        sents = []
-        for j, cap in enumerate(g[1:]):
-            sid = f"{iid}-q{j}"
-            sents.append({"sentid": sid, "raw": cap})
-            queries.append(cap)
-            q_ids.append(sid)
-        images.append({"imgid": iid, "split": split, "doc": g[0], "sentences": sents})
-        docs.append(g[0])
-        doc_ids.append(iid)
+        roles = range(len(g)) if (all_pairs and split == "train") else [0]
+        for d in roles:
+            iid = f"{src}-{k:05d}" if d == 0 else f"{src}-{k:05d}-d{d}"
+            sents = []
+            for j, cap in enumerate(c for i, c in enumerate(g) if i != d):
+                sid = f"{iid}-q{j}"
+                sents.append({"sentid": sid, "raw": cap})
+                queries.append(cap)
+                q_ids.append(sid)
+            images.append({"imgid": iid, "split": split, "doc": g[d], "sentences": sents})
+            docs.append(g[d])
+            doc_ids.append(iid)
     enc = MiniLMEncoder()
     t0 = time.perf_counter()
     embed = lambda texts: np.vstack([enc(texts[i : i + 128]) for i in range(0, len(texts), 128)])  # noqa: E731
     write_embeddings(out, "img", doc_ids, embed(docs))
     write_embeddings(out, "text", q_ids, embed(queries))
     (out / "dataset_meta.json").write_text(json.dumps({"images": images}))
-    prep = {"encode_seconds": time.perf_counter() - t0, "texts": len(docs) + len(queries)}
+    prep = {"encode_seconds": time.perf_counter() - t0, "texts": len(docs) + len(queries), "all_pairs": all_pairs}
     (out / "prep.json").write_text(json.dumps(prep))
     return prep
 
