@@ -27,12 +27,14 @@ from typing import Any
 import httpx
 
 from d2s_search.backends.elasticsearch.kibana_objects import (
-    parse_ndjson,
     retarget,
     saved_objects,
     to_ndjson,
 )
-from d2s_search.backends.engine.saved_objects import describe_errors  # same import-error format
+from d2s_search.backends.engine.saved_objects import (  # same import-error format
+    describe_errors,
+    read_ndjson_files,
+)
 from d2s_search.errors import BackendUnavailableError, D2SError
 
 log = logging.getLogger("d2s_search.kibana")
@@ -234,21 +236,7 @@ def load_objects(paths: Sequence[str | Path] = (), index_name: str = "d2s") -> l
     """The built-in objects, or those of ndjson files/folders (``*.ndjson``), for ``index_name``."""
     if not paths:
         return saved_objects(index_name)
-    objects: list[dict[str, Any]] = []
-    for raw in paths:
-        path = Path(raw)
-        files = sorted(path.glob("*.ndjson")) if path.is_dir() else [path]
-        if not files:
-            raise KibanaError(f"no .ndjson files in {path}")
-        for file in files:
-            if not file.is_file():
-                raise KibanaError(f"not a regular file: {file}")
-            try:
-                objects.extend(parse_ndjson(file.read_text(encoding="utf-8")))
-            except OSError as exc:
-                raise KibanaError(f"cannot read {file}: {exc.strerror or exc}") from None
-            except ValueError as exc:
-                raise KibanaError(f"{file}: {exc}") from None
+    objects = read_ndjson_files(paths, KibanaError)
     return retarget(objects, index_name)
 
 

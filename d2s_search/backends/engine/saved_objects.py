@@ -5,14 +5,19 @@ ndjson export files. Each engine's module adds its own ids and migration stamps.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+from d2s_search.regular_files import read_regular
 
 THUMBNAIL_PX = 160
 TAGCLOUD_TERMS = 50
 SEARCH_COLUMNS = ["url", "path", "terms"]
 INDEX_REF = "kibanaSavedObjectMeta.searchSourceJSON.index"
 TAGCLOUD_TITLE = "d2s: most frequent terms"
+MAX_NDJSON_BYTES = 64 * 2**20  # an export of saved objects is kilobytes; refuse anything huge
 
 
 def json_text(value: Any) -> str:
@@ -81,6 +86,26 @@ def parse_ndjson(text: str) -> list[dict[str, Any]]:
                 raise ValueError(f"line {number}: a saved object needs {key!r}")
         out.append(obj)
     return out
+
+
+def read_ndjson_files(paths: Sequence[str | Path], error: Callable[[str], Exception]) -> list[dict[str, Any]]:
+    """The saved objects of ndjson files or folders (their ``*.ndjson``), in order. Only regular
+    files are opened; ``error`` builds the engine's one-line error."""
+    objects: list[dict[str, Any]] = []
+    for raw in paths:
+        path = Path(raw)
+        files = sorted(path.glob("*.ndjson")) if path.is_dir() else [path]
+        if not files:
+            raise error(f"no .ndjson files in {path}")
+        for file in files:
+            try:
+                text = read_regular(file, MAX_NDJSON_BYTES).decode("utf-8")
+                objects.extend(parse_ndjson(text))
+            except OSError as exc:
+                raise error(f"cannot read {os.fsdecode(file)}: {exc.strerror or exc}") from None
+            except ValueError as exc:  # not UTF-8, not JSON, not a saved object
+                raise error(f"{os.fsdecode(file)}: {exc}") from None
+    return objects
 
 
 def describe_errors(errors: Sequence[Mapping[str, Any]], limit: int = 3) -> str:

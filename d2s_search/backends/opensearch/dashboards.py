@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from d2s_search import redact
-from d2s_search.backends.engine.saved_objects import describe_errors
+from d2s_search.backends.engine.saved_objects import describe_errors, read_ndjson_files
 from d2s_search.backends.opensearch.client import OpenSearchHTTP, Reply
 from d2s_search.backends.opensearch.dashboards_objects import (
-    parse_ndjson,
     retarget,
     saved_objects,
     to_ndjson,
@@ -185,19 +184,7 @@ def load_objects(paths: Sequence[str | Path] = (), index_name: str = "d2s") -> l
     """The built-in objects, or those of ndjson files/folders (``*.ndjson``), for ``index_name``."""
     if not paths:
         return saved_objects(index_name)
-    objects: list[dict[str, Any]] = []
-    for raw in paths:
-        path = Path(raw)
-        files = sorted(path.glob("*.ndjson")) if path.is_dir() else [path]
-        if not files:
-            raise DashboardsError(f"no .ndjson files in {path}")
-        for file in files:
-            try:
-                objects.extend(parse_ndjson(file.read_text(encoding="utf-8")))
-            except OSError as exc:
-                raise DashboardsError(f"cannot read {file}: {exc.strerror or exc}") from None
-            except ValueError as exc:
-                raise DashboardsError(f"{file}: {exc}") from None
+    objects = read_ndjson_files(paths, DashboardsError)
     return retarget(objects, index_name)
 
 
