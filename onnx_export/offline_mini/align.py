@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from d2s_search import metrics as M
+from d2s_search.errors import ModelError
 from onnx_export.offline_mini.parts import ImageProjection, TextProjection, normalize
 
 
@@ -42,8 +43,8 @@ class AlignConfig:
 class TrainSet:
     """Per image: features of its views; per caption: text features and its image."""
 
-    pooled: np.ndarray  # (N, V, 1280)
-    logits: np.ndarray  # (N, V, 1000)
+    pooled: np.ndarray  # (N, V, F): F = 1280 (EfficientNet-Lite0) or the DINOv2 pooling's width
+    logits: np.ndarray  # (N, V, 1000) ImageNet logits, (N, V, 0) for a tower without classifier
     text: np.ndarray  # (M, 384)
     caption_image: np.ndarray  # (M,)
     n_views: np.ndarray  # (N,) how many views each image has (<= V)
@@ -51,16 +52,16 @@ class TrainSet:
 
 @dataclass
 class EvalSet:
-    pooled: np.ndarray  # (N, 1280), the runtime's view
+    pooled: np.ndarray  # (N, F), the runtime's view
     logits: np.ndarray  # (N, 1000)
     text: np.ndarray  # (M, 384)
     caption_image: np.ndarray  # (M,)
 
 
 class AlignModel(torch.nn.Module):
-    def __init__(self, config: AlignConfig, class_emb: torch.Tensor | None) -> None:
+    def __init__(self, config: AlignConfig, class_emb: torch.Tensor | None, feature_dim: int = 1280) -> None:
         super().__init__()
-        self.image = ImageProjection(1280, config.dim, class_emb if config.bridge else None)
+        self.image = ImageProjection(feature_dim, config.dim, class_emb if config.bridge else None)
         self.text = TextProjection(384, config.dim)
         self.logit_scale = torch.nn.Parameter(torch.tensor(math.log(1 / config.init_temperature)))
 
@@ -110,7 +111,9 @@ def train_alignment(
 ) -> tuple[AlignModel, dict]:
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
-    model = AlignModel(config, class_emb)
+    if config.bridge and train.logits.shape[-1] == 0:
+        raise ModelError("the class bridge needs ImageNet logits; this image tower has none (use --no-bridge)")
+    model = AlignModel(config, class_emb, train.pooled.shape[-1])
     opt = torch.optim.AdamW(_groups(model, config))
     n = len(train.pooled)
     steps = config.epochs * math.ceil(n / config.batch_size)

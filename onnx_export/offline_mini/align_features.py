@@ -16,7 +16,8 @@ from onnx_export.offline_mini.align_data import Captioned, cache_key, cached, op
 
 
 class Backbones:
-    """The frozen EfficientNet-Lite0 and MiniLM feature extractors, built on first use."""
+    """The frozen image (EfficientNet-Lite0, or DINOv2-small when the config's
+    ``backbones.image.kind`` is ``dinov2-onnx``) and MiniLM feature extractors, built on first use."""
 
     def __init__(self, config: dict) -> None:
         self.config = config
@@ -25,9 +26,13 @@ class Backbones:
     @property
     def image(self):
         if self._image is None:
-            from onnx_export.offline_mini.backbones import EfficientNetLite0Features, freeze
+            from onnx_export.offline_mini import backbones as B
 
-            self._image = freeze(EfficientNetLite0Features())
+            spec = self.config.get("backbones", {}).get("image", {})
+            if spec.get("kind") == "dinov2-onnx":
+                self._image = B.DinoV2OnnxFeatures(spec.get("pooling", "cls"))
+            else:
+                self._image = B.freeze(B.EfficientNetLite0Features())
         return self._image
 
     @property
@@ -46,15 +51,17 @@ class Backbones:
             self._tokenizer = bert_base_uncased_tokenizer()[0]
         return self._tokenizer
 
-    def identity(self) -> dict:
-        """What the features depend on (the weights' hashes are in the model config)."""
-        c = self.config
-        return {"image": c["image"], "max_text_length": c["max_text_length"], "backbones": c.get("backbones", {})}
+    def identity(self, what: str) -> dict:
+        """What the ``images`` or ``texts`` features depend on (the weights' hashes are in the
+        model config); text features are shared by configs with different image towers."""
+        c, towers = self.config, self.config.get("backbones", {})
+        if what == "texts":
+            return {"max_text_length": c["max_text_length"], "backbone": towers.get("text", {})}
+        return {"image": c["image"], "backbone": towers.get("image", {})}
 
     @torch.no_grad()
     def encode_images(self, items: Sequence[Captioned], views: Sequence[str], batch: int = 32, progress=None) -> dict:
-        pooled = np.zeros((len(items), len(views), 1280), np.float32)
-        logits = np.zeros((len(items), len(views), 1000), np.float32)
+        pooled = logits = None  # widths come from the backbone (1280 + 1000 classes, or DINOv2's)
         task = progress.add_task("image features", total=len(items)) if progress else None
         for start in range(0, len(items), batch):
             chunk = items[start : start + batch]
@@ -62,6 +69,9 @@ class Backbones:
             for v, view in enumerate(views):
                 px = torch.from_numpy(np.stack([view_pixels(im, self.config["image"], view) for im in images]))
                 p, lg = self.image(px)
+                if pooled is None:
+                    pooled = np.zeros((len(items), len(views), p.shape[1]), np.float32)
+                    logits = np.zeros((len(items), len(views), lg.shape[1]), np.float32)
                 pooled[start : start + len(chunk), v] = p.numpy()
                 logits[start : start + len(chunk), v] = lg.numpy()
             if progress:
@@ -80,11 +90,11 @@ class Backbones:
 
 
 def image_features(bb: Backbones, items: Sequence[Captioned], views: Sequence[str], cache_dir: Path, progress=None) -> dict:
-    key = cache_key({"what": "images", **bb.identity(), "views": list(views), "files": [it.image_id for it in items]})
+    key = cache_key({"what": "images", **bb.identity("images"), "views": list(views), "files": [it.image_id for it in items]})
     return cached(cache_dir / f"img-{items[0].source if items else 'none'}-{key}.npz",
                   lambda: bb.encode_images(items, views, progress=progress))
 
 
 def text_features(bb: Backbones, texts: Sequence[str], cache_dir: Path, tag: str) -> np.ndarray:
-    key = cache_key({"what": "texts", **bb.identity(), "texts": list(texts)})
+    key = cache_key({"what": "texts", **bb.identity("texts"), "texts": list(texts)})
     return cached(cache_dir / f"txt-{tag}-{key}.npz", lambda: {"z": bb.encode_texts(texts)})["z"]
