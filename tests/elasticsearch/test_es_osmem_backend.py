@@ -12,6 +12,9 @@ they run in test_real_elasticsearch.py against a cluster.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import httpx
 import numpy as np
 import pytest
 from d2s_os_reference import lucene_score, random_query, ranking, synthetic_docs, ulps, vocabulary
@@ -152,6 +155,15 @@ def test_busy_bulk_items_are_resent_refused_ones_reported(backend, es_proxy, sle
     assert len(sleeps) == 1
 
 
+def test_a_chunk_refused_as_too_large_is_sent_again_in_halves(backend, es_proxy, sleeps):
+    docs = synthetic_docs(20, dim=8, seed=6, prefix="large")
+    es_proxy.add("POST", "/_bulk", "status", code=413)
+    backend.upsert(docs)
+    assert [b.items for b in es_proxy.seen("POST", "/_bulk")] == [20, 10, 10]
+    assert backend.ids_present([d.id for d in docs]) == {d.id for d in docs}
+    assert sleeps == []  # a smaller request is not a retry of a busy server: no back-off
+
+
 def test_delete_counts_existing(backend, corpus):
     assert backend.delete([corpus[0].id, corpus[1].id, "nope"]) == 2
     assert backend.stats()["documents"] == N_DOCS - 2
@@ -258,3 +270,47 @@ def test_settings_from_environment_cloud_id_and_api_key():
         b.close()
     with pytest.raises(BackendUnavailableError, match="D2S_ELASTICSEARCH_URL"):
         ElasticsearchBackend.from_env(env={})
+
+
+def _stored_meta(osmem_url: str, index: str = "d2s-test") -> dict:
+    (mapping,) = httpx.get(f"{osmem_url}/{index}/_mapping", timeout=10).json().values()
+    return mapping["mappings"]["_meta"]
+
+
+def test_index_records_where_its_bundle_is(make_backend, es_proxy, osmem_url, identity):
+    """As on OpenSearch (issue 16): ``_meta.bundle_path`` names the bundle that filled the index,
+    and a writer with the same bundle from another place records that place, so a second
+    export elsewhere breaks nothing; a read-only open changes nothing."""
+    first = replace(identity, bundle_path="/bundles/first")
+    make_backend(es_proxy.url).open(first)
+    assert _stored_meta(osmem_url)["bundle_path"] == "/bundles/first"
+    peek = make_backend(es_proxy.url)
+    peek.open(None, create=False)
+    assert peek.identity == first
+    moved = replace(identity, bundle_path="/bundles/moved")
+    reader = make_backend(es_proxy.url)
+    reader.open(moved, create=False)
+    assert reader.identity.bundle_path == "/bundles/first"
+    assert _stored_meta(osmem_url)["bundle_path"] == "/bundles/first"
+    writer = make_backend(es_proxy.url)
+    writer.open(moved)
+    assert writer.identity == moved
+    meta = _stored_meta(osmem_url)
+    assert meta["bundle_path"] == "/bundles/moved" and meta["fingerprint"] == identity.fingerprint
+    assert (meta["sparse_type"], meta["similarity"], meta["dense_dim"]) == ("rank_features", "dot_product", 8)
+    with pytest.raises(BundleMismatchError):
+        make_backend(es_proxy.url).open(replace(identity, fingerprint="a" * 32, bundle_path="/bundles/other"))
+    assert _stored_meta(osmem_url)["bundle_path"] == "/bundles/moved"
+
+
+def test_an_index_made_from_the_mapping_file_is_claimed_with_the_bundle_path(make_backend, es_proxy, osmem_url,
+                                                                             identity):
+    from d2s_search.backends.elasticsearch.queries import index_body
+
+    body = index_body(replace(identity, fingerprint=""))
+    body["mappings"]["properties"]["dense"] = {"type": "knn_vector", "dimension": 8}  # osmem's name for it
+    assert httpx.put(f"{osmem_url}/d2s-test", json=body, timeout=10).status_code == 200
+    b = make_backend(es_proxy.url)
+    b.open(replace(identity, bundle_path="/bundles/here"))
+    meta = _stored_meta(osmem_url)
+    assert (meta["fingerprint"], meta["bundle_path"]) == (identity.fingerprint, "/bundles/here")

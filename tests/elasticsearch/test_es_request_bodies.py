@@ -13,6 +13,7 @@ from d2s_os_reference import TRICKY_TERMS, synthetic_docs
 from d2s_search.backends.base import IndexIdentity
 from d2s_search.backends.elasticsearch import queries as q
 from d2s_search.backends.elasticsearch.features import check_feature_key, escape_term, unescape_term
+from d2s_search.backends.engine import bodies
 from d2s_search.errors import QueryError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,10 +60,10 @@ def test_other_bodies_match_the_spec(spec):
     docs = synthetic_docs(3, dim=8, seed=2)
     lines = q.bulk_index_lines("d2s", [(d.id, q.doc_source(d)) for d in docs]) + q.bulk_delete_lines("d2s", ["x"])
     spec.validate("POST", "/_bulk", [json.loads(line) for line in lines], ndjson=True)
-    spec.validate("POST", "/{index}/_mget", q.mget_body([d.id for d in docs]))
-    spec.validate("POST", "/_reindex", q.reindex_body("d2s-000001", "d2s-000002"))
-    spec.validate("POST", "/_aliases", q.alias_swap_body("d2s", "d2s-000002", "d2s-000001", True))
-    spec.validate("POST", "/_aliases", q.alias_swap_body("d2s", "d2s-000001", "d2s", False))
+    spec.validate("POST", "/{index}/_mget", bodies.mget_body([d.id for d in docs]))
+    spec.validate("POST", "/_reindex", bodies.reindex_body("d2s-000001", "d2s-000002"))
+    spec.validate("POST", "/_aliases", bodies.alias_swap_body("d2s", "d2s-000002", "d2s-000001", True))
+    spec.validate("POST", "/_aliases", bodies.alias_swap_body("d2s", "d2s-000001", "d2s", False))
     spec.validate("POST", "/_search", q.pit_page_body("pit-id", 200))
     spec.validate("POST", "/_search", q.pit_page_body("pit-id", 200, after=[3, 17]))
     spec.validate("DELETE", "/_pit", q.close_pit_body("pit-id"))

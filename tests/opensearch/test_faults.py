@@ -99,6 +99,15 @@ def test_partial_bulk_resends_only_refused_items(via_proxy, proxy, osmem_url, sl
     _stored_exactly(osmem_url, docs)
 
 
+def test_chunk_refused_as_too_large_is_sent_again_in_halves(via_proxy, proxy, osmem_url, sleeps):
+    docs = synthetic_docs(20, dim=8)
+    proxy.add("POST", "/_bulk", "status", code=413)
+    via_proxy.upsert(docs)  # chunks of 10: the first is refused, then sent as two of 5
+    assert [s.items for s in proxy.seen("POST", "/_bulk")] == [10, 10, 5, 5]
+    assert sleeps == []  # a smaller request is not a retry of a busy server: no back-off
+    _stored_exactly(osmem_url, docs)
+
+
 def test_permanent_item_failures_reported_rest_stored(via_proxy, proxy, osmem_url):
     docs = synthetic_docs(N, dim=8)
     bad = {docs[3].id, docs[17].id}

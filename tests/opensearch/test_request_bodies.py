@@ -21,6 +21,7 @@ from d2s_os_faultproxy import FaultProxy
 from d2s_os_reference import synthetic_docs
 
 from d2s_search.backends.base import IndexIdentity
+from d2s_search.backends.engine import bodies
 from d2s_search.backends.opensearch import queries as q
 from d2s_search.backends.opensearch.backend import OpenSearchBackend
 from d2s_search.backends.opensearch.cluster import Dialect
@@ -58,10 +59,10 @@ BUILT = {
     ),
     "pipeline min_max": ("PUT", "/_search/pipeline/{id}", q.minmax_pipeline_body((0.3, 0.7))),
     "pipeline rrf": ("PUT", "/_search/pipeline/{id}", q.rrf_pipeline_body(60)),
-    "mget": ("POST", "/{index}/_mget", q.mget_body(["a", "b"])),
-    "reindex": ("POST", "/_reindex", q.reindex_body("d2s-000001", "d2s-000002")),
-    "alias swap": ("POST", "/_aliases", q.alias_swap_body("d2s", "d2s-000002", "d2s-000001", True)),
-    "alias replace index": ("POST", "/_aliases", q.alias_swap_body("d2s", "d2s-000001", "d2s", False)),
+    "mget": ("POST", "/{index}/_mget", bodies.mget_body(["a", "b"])),
+    "reindex": ("POST", "/_reindex", bodies.reindex_body("d2s-000001", "d2s-000002")),
+    "alias swap": ("POST", "/_aliases", bodies.alias_swap_body("d2s", "d2s-000002", "d2s-000001", True)),
+    "alias replace index": ("POST", "/_aliases", bodies.alias_swap_body("d2s", "d2s-000001", "d2s", False)),
     "put _meta": ("PUT", "/{index}/_mapping", {"_meta": q.index_body(IDENT)["mappings"]["_meta"]}),
 }
 

@@ -22,24 +22,17 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from d2s_search.backends.base import Document, Hit, IndexIdentity, SparseVector
 from d2s_search.backends.elasticsearch import queries as q
-from d2s_search.backends.elasticsearch.features import decode_features, matched_terms
-from d2s_search.backends.engine.bulk import item_reason, next_generation
-from d2s_search.backends.engine.documents import document_from_source
-from d2s_search.backends.engine.identity import check_dims, check_identity
-from d2s_search.errors import (
-    BackendUnavailableError,
-    BundleMismatchError,
-    DocumentsRejectedError,
-    IndexStoreError,
-    QueryError,
-)
+from d2s_search.backends.elasticsearch.features import decode_features
+from d2s_search.backends.engine.bulk import ChunkLimits, item_reason, send_bulk
+from d2s_search.backends.engine.index import EngineIndex
+from d2s_search.errors import BackendUnavailableError, IndexStoreError, QueryError
 
 log = logging.getLogger("d2s_search.elasticsearch")
 
@@ -52,17 +45,19 @@ ENV_CLOUD_ID = "D2S_ELASTICSEARCH_CLOUD_ID"
 ENV_INDEX = "D2S_ELASTICSEARCH_INDEX"
 ENV_INSECURE = "D2S_ELASTICSEARCH_INSECURE"  # "1": skip TLS verification (local demo certificates only)
 
-# Whole requests the client resends itself; bulk items with these statuses are resent here.
+# Whole requests the client resends itself (busy bulk items are resent by engine.bulk.send_bulk).
 RETRY_STATUSES = (429, 502, 503, 504)
-RETRY_ITEM_STATUSES = frozenset({429, 500, 502, 503, 504})
 RRF_LICENSES = frozenset({"enterprise", "trial"})
 _VERSION = re.compile(r"^(\d+)\.(\d+)")
 
 
-class ElasticsearchBackend:
-    """Backend protocol over Elasticsearch (see :mod:`d2s_search.backends.base`)."""
+class ElasticsearchBackend(EngineIndex):
+    """Backend protocol over Elasticsearch (see :mod:`d2s_search.backends.base`); what it
+    shares with OpenSearch lives in :class:`~d2s_search.backends.engine.index.EngineIndex`."""
 
     name = "elasticsearch"
+    label = "Elasticsearch"
+    index_option = "--index-name"
 
     def __init__(
         self,
@@ -87,8 +82,7 @@ class ElasticsearchBackend:
     ) -> None:
         from elasticsearch import Elasticsearch
 
-        if not index_name or index_name != index_name.lower() or index_name.startswith(("_", "-", "+")):
-            raise IndexStoreError(f"invalid Elasticsearch index name {index_name!r} (lowercase, no leading _ - +)")
+        self._init_index(index_name, chunk_docs=chunk_docs, chunk_bytes=chunk_bytes, refresh=refresh)
         if not url and not cloud_id:
             raise BackendUnavailableError(f"no Elasticsearch URL: pass --url or set {ENV_URL} (or {ENV_CLOUD_ID})")
         if url:
@@ -121,16 +115,11 @@ class ElasticsearchBackend:
         except ValueError as exc:
             raise BackendUnavailableError(f"bad Elasticsearch settings: {self._scrub(str(exc))}") from None
         self.url = (url or f"cloud:{cloud_id.split(':', 1)[0]}").rstrip("/")
-        self.index_name = index_name
         self.retries = max(0, retries)
         self.backoff = backoff
-        self.chunk_docs = max(1, chunk_docs)
-        self.chunk_bytes = max(1024, chunk_bytes)
-        self.refresh = refresh
         self.max_clauses = max(1, int(max_clauses))
         self.create_mapping = mapping or q.DEFAULT_MAPPING
         self.mapping = self.create_mapping
-        self.identity: IndexIdentity | None = None
         self.last_fusion: str | None = None
         self._sleep = sleep or time.sleep
         self._version: tuple[int, int] | None = None
@@ -192,8 +181,9 @@ class ElasticsearchBackend:
         return self.server_version() >= q.SINCE[feature]
 
     def _call(self, method: str, path: str, body: Any = None, params: Mapping[str, Any] | None = None,
-              ndjson: bool = False) -> tuple[int, Any]:
-        """One request through the client (which retries busy/unreachable nodes): (status, body)."""
+              ndjson: bool = False, *, timeout: float | None = None) -> tuple[int, Any]:
+        """One request through the client (which retries busy/unreachable nodes): (status, body).
+        ``timeout`` replaces the client's request timeout for this request."""
         from elastic_transport import TransportError
         from elasticsearch import ApiError, UnsupportedProductError
 
@@ -205,8 +195,9 @@ class ElasticsearchBackend:
         if body is None:
             headers.pop("content-type", None)
         try:
-            resp = self.es.perform_request(method, path, params=dict(params) if params else None,
-                                           headers=headers, body=body)
+            client = self.es if timeout is None else self.es.options(request_timeout=timeout)
+            resp = client.perform_request(method, path, params=dict(params) if params else None,
+                                          headers=headers, body=body)
             return resp.meta.status, resp.body
         except UnsupportedProductError:
             raise BackendUnavailableError(
@@ -230,7 +221,10 @@ class ElasticsearchBackend:
             text = text.replace(secret, "***")
         return text
 
-    def _reason(self, body: Any) -> str:
+    def _one_line(self, text: str) -> str:
+        return self._scrub(text)[:300]
+
+    def _reason(self, body: Any, status: int = 0) -> str:
         err = body.get("error") if isinstance(body, dict) else body
         if isinstance(err, dict):
             root = (err.get("root_cause") or [{}])[0]
@@ -243,20 +237,11 @@ class ElasticsearchBackend:
         return self._scrub(text)[:400]
 
     def _check(self, status: int, body: Any, what: str) -> Any:
-        if 200 <= status < 300:
-            return body
-        reason = self._reason(body)
-        if status == 404 and "index_not_found" in reason:
-            raise IndexStoreError(
-                f"no index {self.index_name!r} at {self.url}: run `d2s-search index create` or ingest first"
-            )
-        if "too_many_clauses" in reason or "too_many_nested_clauses" in reason:
-            raise QueryError(f"the query has too many terms for this cluster: {reason}")
-        if status == 401:
+        if status == 401:  # the client does not raise for it (OpenSearchHTTP does)
             raise BackendUnavailableError(
                 f"Elasticsearch at {self.url} refused the credentials (401): set {ENV_API_KEY} or {ENV_USER}/{ENV_PASSWORD}"
             )
-        raise IndexStoreError(f"Elasticsearch could not {what}: {reason}")
+        return super()._check(status, body, what)
 
     def _wait(self, attempt: int, why: str) -> None:
         delay = min(30.0, self.backoff * (2**attempt)) * (0.5 + random.random() / 2)
@@ -265,34 +250,12 @@ class ElasticsearchBackend:
 
     # -- index lifecycle ------------------------------------------------------------------
 
-    def exists(self) -> bool:
-        status, _ = self._call("HEAD", f"/{self.index_name}")
-        return status == 200
+    def _put_meta(self, identity: IndexIdentity) -> None:
+        status, body = self._call("PUT", f"/{self.index_name}/_mapping", body=q.put_meta_body(identity, self.mapping))
+        self._check(status, body, "record the bundle in _meta")
 
-    def open(self, identity: IndexIdentity | None, create: bool = True, **create_options: Any) -> None:
-        """Open the index; with ``identity`` check (or, when new, create and record) the bundle.
-
-        ``identity=None`` opens an existing index as it is (stats, delete).
-        """
-        stored = self._stored_identity()
-        if stored is None:
-            if not create or identity is None:
-                raise IndexStoreError(
-                    f"no index {self.index_name!r} at {self.url}: run `d2s-search index create` or ingest first"
-                )
-            self.create(identity, **create_options)
-            stored = identity
-        elif identity is None:
-            pass
-        elif not stored.fingerprint:
-            # Created from mappings/elasticsearch/index.json by hand: claim it if the dimension agrees.
-            self._check_dims(identity, stored)
-            status, body = self._call("PUT", f"/{self.index_name}/_mapping", body=q.put_meta_body(identity, self.mapping))
-            self._check(status, body, "record the bundle in _meta")
-            stored = identity
-        else:
-            self._check_identity(identity, stored)
-        self.identity = stored
+    def _remember_mapping(self, mapping: Mapping[str, Any]) -> None:
+        self.mapping = q.meta_mapping(mapping.get("_meta"), mapping.get("properties"))
 
     def create(self, identity: IndexIdentity, *, mapping: q.VectorMapping | None = None,
                shards: int | None = 1, replicas: int | None = 0) -> str:
@@ -346,9 +309,7 @@ class ElasticsearchBackend:
         self.es.close()
 
     def stats(self) -> dict:
-        mapping = self._mapping()
-        concrete = sorted(mapping)
-        meta = mapping[concrete[0]].get("mappings", {}).get("_meta", {}) if concrete else {}
+        concrete, meta = self._stats()
         out: dict[str, Any] = {
             "backend": self.name,
             "location": f"{self.url}/{self.index_name}",
@@ -361,159 +322,60 @@ class ElasticsearchBackend:
             "sparse_type": self.mapping.sparse_type,
             "similarity": self.mapping.similarity,
             "dense_index": self.mapping.index_type,
+            **self._size_stats(),
         }
-        status, body = self._call("GET", f"/{self.index_name}/_count")
-        out["documents"] = int(body.get("count", 0)) if status == 200 else None
-        status, body = self._call("GET", f"/{self.index_name}/_stats/docs,store")
-        if status == 200:
-            prim = body.get("_all", {}).get("primaries", {})
-            out["disk_bytes"] = prim.get("store", {}).get("size_in_bytes")
-            out["deleted_documents"] = prim.get("docs", {}).get("deleted")
         out["max_clauses"] = self.max_clauses
         return out
 
-    # -- writes ---------------------------------------------------------------------------
+    # -- writes (upsert and delete: EngineIndex) -------------------------------------------
+    # A bulk item is its NDJSON lines: action and source to index, the action alone to delete.
 
-    def upsert(self, docs: Sequence[Document]) -> None:
-        """Index documents by id through ``_bulk`` chunks; raises DocumentsRejectedError for refused ones.
+    def _doc_source(self, doc: Document) -> dict[str, Any]:
+        return q.doc_source(doc, self.mapping)
 
-        Each document is stored whole or not at all; a batch is not atomic, but ids are content
-        hashes, so running the same ingest again fills any gap without duplicates.
-        """
-        failures: dict[str, str] = {}
-        sources: list[tuple[str, dict[str, Any]]] = []
-        dim = self.identity.dense_dim if self.identity else None
-        for doc in docs:
-            try:
-                if dim and np.asarray(doc.dense).size != dim:
-                    raise ValueError(f"dense vector has {np.asarray(doc.dense).size} values, the index wants {dim}")
-                sources.append((doc.id, q.doc_source(doc, self.mapping)))
-            except (ValueError, TypeError) as exc:
-                failures[doc.id] = str(exc)
-        for chunk in self._chunks(q.bulk_index_lines(self.index_name, sources)):
-            failures.update(self._bulk(chunk)[0])
-        if sources and self.refresh:
+    def _bulk_index_items(self, sources: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, ...]]:
+        lines = q.bulk_index_lines(self.index_name, sources)
+        return [tuple(lines[i : i + 2]) for i in range(0, len(lines), 2)]
+
+    def _bulk_delete_items(self, ids: list[str]) -> list[tuple[str, ...]]:
+        return [(line,) for line in q.bulk_delete_lines(self.index_name, ids)]
+
+    def _written(self) -> None:
+        if self.refresh:
             self._refresh()
-        if failures:
-            stored = len(sources) - sum(1 for i, _ in sources if i in failures)
-            first_id, first = next(iter(failures.items()))
-            raise DocumentsRejectedError(
-                f"{len(failures)} document(s) refused by Elasticsearch, {stored} stored "
-                f"(first: {first_id[:12]}: {first})",
-                failures,
-            )
 
-    def delete(self, ids: Iterable[str]) -> int:
-        ids = list(dict.fromkeys(ids))
-        deleted = 0
-        for chunk in self._chunks(q.bulk_delete_lines(self.index_name, ids), lines_per_doc=1):
-            failures, results = self._bulk(chunk, lines_per_doc=1)
-            if failures:
-                raise IndexStoreError(f"cannot delete {len(failures)} document(s): {next(iter(failures.values()))}")
-            deleted += sum(1 for r in results if r == "deleted")
-        if ids and self.refresh:
-            self._refresh()
-        return deleted
+    def _bulk(self, items: list[tuple[str, ...]]) -> tuple[dict[str, str], list[str]]:
+        """Send ``items`` in ``_bulk`` chunks; rounds, resends and the report:
+        :func:`~d2s_search.backends.engine.bulk.send_bulk`."""
+        return send_bulk(
+            items, self._send_chunks, ChunkLimits(self.chunk_docs, self.chunk_bytes), retries=self.retries,
+            wait=self._wait, reason=lambda result: self._scrub(item_reason(result, _clip)),
+        )
 
-    def _chunks(self, lines: list[str], lines_per_doc: int = 2) -> Iterator[list[str]]:
-        chunk: list[str] = []
-        size = 0
-        for i in range(0, len(lines), lines_per_doc):
-            item = lines[i : i + lines_per_doc]
-            item_size = sum(len(s.encode("utf-8")) + 1 for s in item)
-            if chunk and (len(chunk) // lines_per_doc >= self.chunk_docs or size + item_size > self.chunk_bytes):
-                yield chunk
-                chunk, size = [], 0
-            chunk.extend(item)
-            size += item_size
-        if chunk:
-            yield chunk
-
-    def _bulk(self, lines: list[str], lines_per_doc: int = 2) -> tuple[dict[str, str], list[str]]:
-        """Send one chunk; resend only the items refused as busy. Returns ({id: reason}, results)."""
-        pending = lines
-        failures: dict[str, str] = {}
-        results: list[str] = []
-        attempt = 0
-        while pending:
-            payload = ("\n".join(pending) + "\n").encode("utf-8")
+    def _send_chunks(self, items: list[tuple[str, ...]], limits: ChunkLimits) -> Iterator[tuple[Any, bool, dict]]:
+        """One round: each chunk in one request; a chunk of several documents refused as too
+        large (413) answers 413 for each of them, so the next round sends them in halves."""
+        for chunk in _chunks(items, limits):
+            payload = "".join(line + "\n" for item in chunk for line in item).encode("utf-8")
             status, body = self._call("POST", "/_bulk", body=payload, ndjson=True)
-            if status == 413 and len(pending) > lines_per_doc:
-                half = (len(pending) // lines_per_doc // 2) * lines_per_doc
-                for part in (pending[:half], pending[half:]):
-                    f, r = self._bulk(part, lines_per_doc)
-                    failures.update(f)
-                    results.extend(r)
-                break
+            if status == 413 and len(chunk) > 1:
+                limits.docs = min(limits.docs, len(chunk))  # halved next: this chunk in halves
+                for item in chunk:
+                    yield item, False, {"status": 413}
+                continue
             if not 200 <= status < 300:
                 raise IndexStoreError(f"bulk write to {self.index_name!r} failed: {self._reason(body)}")
-            items = body.get("items", []) if isinstance(body, dict) else []
-            if len(items) * lines_per_doc != len(pending):
-                raise IndexStoreError(f"bulk answer has {len(items)} items for {len(pending) // lines_per_doc} documents")
-            retry: list[str] = []
-            for n, item in enumerate(items):
-                (result,) = item.values()
-                item_status = int(result.get("status", 0))
-                doc_id = str(result.get("_id"))
-                if 200 <= item_status < 300 or (item_status == 404 and result.get("result") == "not_found"):
-                    results.append(result.get("result", ""))
-                elif item_status in RETRY_ITEM_STATUSES and attempt < self.retries:
-                    retry.extend(pending[n * lines_per_doc : (n + 1) * lines_per_doc])
-                else:
-                    failures[doc_id] = self._scrub(item_reason(result, _clip))
-            if retry:
-                self._wait(attempt, f"{len(retry) // lines_per_doc} bulk item(s) refused as busy")
-                attempt += 1
-            pending = retry
-        return failures, results
+            answers = body.get("items", []) if isinstance(body, dict) else []
+            if len(answers) != len(chunk):
+                raise IndexStoreError(f"bulk answer has {len(answers)} items for {len(chunk)} documents")
+            for item, answer in zip(chunk, answers, strict=True):
+                (result,) = answer.values()
+                yield item, 200 <= int(result.get("status", 0)) < 300, result
 
     def _refresh(self, index: str | None = None) -> None:
         status, body = self._call("POST", f"/{index or self.index_name}/_refresh")
         if not 200 <= status < 300:
             log.warning("refresh of %s failed: %s", index or self.index_name, self._reason(body))
-
-    # -- reads ----------------------------------------------------------------------------
-
-    def ids_present(self, ids: Iterable[str]) -> set[str]:
-        ids = list(dict.fromkeys(ids))
-        found: set[str] = set()
-        for start in range(0, len(ids), 1000):
-            found.update(d["_id"] for d in self._mget(ids[start : start + 1000], source=False) if d.get("found"))
-        return found
-
-    def get(self, ids: Sequence[str]) -> list[Document]:
-        out: list[Document] = []
-        for start in range(0, len(ids), 500):
-            for d in self._mget(list(ids[start : start + 500]), source=True):
-                if d.get("found"):
-                    out.append(_document(d["_id"], d.get("_source", {})))
-        return out
-
-    # PathListing (index prune, the missing-file count of index stats, moved files in ingest):
-    # only the ``path`` field of ``_source`` travels, never the vectors.
-
-    def document_paths(self, page: int = 1000) -> Iterator[tuple[str, str]]:
-        """(id, path) of every document, through a point in time that fetches only ``path``."""
-        for hits in self._pit_pages(self.index_name, page, fields=["path"]):
-            for h in hits:
-                yield h["_id"], h.get("_source", {}).get("path", "")
-
-    def paths_of(self, ids: Iterable[str]) -> dict[str, str]:
-        ids = list(dict.fromkeys(ids))
-        out: dict[str, str] = {}
-        for start in range(0, len(ids), 1000):
-            for d in self._mget(ids[start : start + 1000], source="path"):
-                if d.get("found"):
-                    out[d["_id"]] = d.get("_source", {}).get("path", "")
-        return out
-
-    def _mget(self, ids: list[str], source: bool | str) -> list[dict]:
-        """``source``: whole documents (True), none (False), or these comma-separated fields."""
-        if not ids:
-            return []
-        status, body = self._call("POST", f"/{self.index_name}/_mget", body=q.mget_body(ids),
-                                  params={"_source": source if isinstance(source, str) else "true" if source else "false"})
-        return self._check(status, body, "read documents").get("docs", [])
 
     # -- searches -------------------------------------------------------------------------
 
@@ -595,19 +457,8 @@ class ElasticsearchBackend:
         status, reply = self._call("POST", f"/{index or self.index_name}/_search", body=body)
         return self._check(status, reply, "search").get("hits", {}).get("hits", [])
 
-    def _hits(self, raw: list[dict], query: Mapping[str, float], explain: int) -> list[Hit]:
-        hits = []
-        for h in raw:
-            src = h.get("_source", {})
-            hits.append(Hit(
-                id=h["_id"],
-                # _score is a float32 printed in shortest form: recover the exact value.
-                score=float(np.float32(h.get("_score") or 0.0)),
-                path=src.get("path", ""),
-                url=src.get("url"),
-                matched=matched_terms(query, decode_features(src.get(q.SPARSE_FIELD)), explain),
-            ))
-        return hits
+    def _decode(self, stored: Mapping[str, float] | None) -> dict[str, float]:
+        return decode_features(stored)
 
     # -- reindex --------------------------------------------------------------------------
 
@@ -622,74 +473,29 @@ class ElasticsearchBackend:
         ``reencode`` and written by this client. The alias moves only when the new index holds as
         many documents as the old one; otherwise the new index is deleted and nothing changes.
         """
-        old = self._stored_identity()
-        if old is None:
-            raise IndexStoreError(f"no index {self.index_name!r} at {self.url} to reindex")
-        new_identity = identity or old
-        if reencode is None and new_identity.fingerprint != old.fingerprint:
-            raise BundleMismatchError("a new bundle needs its documents re-encoded: reindex with the bundle's encoder")
+        return self._reindex(identity, reencode, (mapping, shards, replicas), keep_old=keep_old, page=page)
+
+    def _reindex_target(self, target: tuple) -> tuple:
+        """(mapping, shards, replicas) with the stored mapping when none was given, checked
+        against the server's version."""
+        mapping, shards, replicas = target
         mapping = mapping or self.mapping
         self._require(mapping)
-        concrete = self._concrete_indices()
-        if len(concrete) != 1:
-            raise IndexStoreError(f"{self.index_name!r} points at {len(concrete)} indices; expected one")
-        (old_index,) = concrete
-        is_alias = old_index != self.index_name
-        target = next_generation(self.index_name, old_index)
-        status, body = self._create_index(target, new_identity, mapping, shards, replicas)
-        if not 200 <= status < 300:
-            raise IndexStoreError(f"cannot create index {target}: {self._reason(body)}")
-        before = self._count(old_index)
-        lost: dict[str, str] = {}
-        try:
-            if reencode is None:
-                status, body = self._call("POST", "/_reindex", body=q.reindex_body(old_index, target),
-                                          params={"refresh": "true", "wait_for_completion": "true"})
-                self._check(status, body, "reindex")
-                if body.get("failures"):
-                    raise IndexStoreError(f"reindex failed: {self._scrub(str(body['failures'][0]))[:300]}")
-            else:
-                lost = self._copy_reencoded(old_index, target, new_identity, mapping, reencode, page)
-            after = self._count(target)
-            if lost or after < before:
-                raise IndexStoreError(
-                    f"reindex stopped: {after} of {before} documents copied"
-                    + (f", {len(lost)} could not be re-encoded" if lost else "")
-                    + f"; {self.index_name!r} still points at {old_index}"
-                )
-        except BaseException:
-            self._call("DELETE", f"/{target}")
-            raise
-        status, body = self._call("POST", "/_aliases", body=q.alias_swap_body(self.index_name, target, old_index, is_alias))
-        self._check(status, body, "swap the alias")
-        if is_alias and not keep_old:
-            self._call("DELETE", f"/{old_index}")
-        self.identity, self.mapping = new_identity, mapping
-        return {"from": old_index, "to": target, "documents": after, "kept_old": bool(is_alias and keep_old)}
+        return mapping, shards, replicas
 
-    def _copy_reencoded(self, source: str, target: str, identity: IndexIdentity, mapping: q.VectorMapping,
-                        reencode: Callable[[Document], Document | None], page: int) -> dict[str, str]:
-        writer = ElasticsearchBackend.__new__(ElasticsearchBackend)
-        writer.__dict__.update(self.__dict__)
-        writer.index_name, writer.identity, writer.mapping, writer.refresh = target, identity, mapping, False
-        lost: dict[str, str] = {}
-        for batch in self._scan(source, page):
-            out = []
-            for doc in batch:
-                new = reencode(doc)
-                if new is None:
-                    lost[doc.id] = doc.path
-                else:
-                    out.append(new)
-            writer.upsert(out)
-        self._refresh(target)
-        return lost
+    def _create_generation(self, name: str, identity: IndexIdentity, target: tuple) -> tuple[int, Any]:
+        mapping, shards, replicas = target
+        return self._create_index(name, identity, mapping, shards, replicas)
 
-    def _scan(self, index: str, page: int) -> Iterator[list[Document]]:
-        for hits in self._pit_pages(index, page):
-            yield [_document(h["_id"], h.get("_source", {})) for h in hits]
+    def _writer(self, index: str, identity: IndexIdentity, target: tuple) -> ElasticsearchBackend:
+        writer = super()._writer(index, identity, target)
+        writer.mapping = target[0]
+        return writer
 
-    def _pit_pages(self, index: str, page: int, fields: Sequence[str] | None = None) -> Iterator[list[dict]]:
+    def _reindexed(self, identity: IndexIdentity, target: tuple) -> None:
+        self.identity, self.mapping = identity, target[0]
+
+    def _pages(self, index: str, page: int, fields: Sequence[str] | None = None) -> Iterator[list[dict]]:
         """Raw hits of every document of ``index`` through a point in time (``search_after`` on
         ``_shard_doc``); ``fields``: only these of ``_source``."""
         status, body = self._call("POST", f"/{index}/_pit", params={"keep_alive": "5m"})
@@ -707,41 +513,6 @@ class ElasticsearchBackend:
                 after = hits[-1]["sort"]
         finally:
             self._call("DELETE", "/_pit", body=q.close_pit_body(pit))
-
-    # -- helpers --------------------------------------------------------------------------
-
-    def _mapping(self) -> dict:
-        status, body = self._call("GET", f"/{self.index_name}/_mapping")
-        if status == 404:
-            return {}
-        body = self._check(status, body, "read the mapping")
-        return body if isinstance(body, dict) else {}
-
-    def _concrete_indices(self) -> list[str]:
-        return sorted(self._mapping())
-
-    def _stored_identity(self) -> IndexIdentity | None:
-        mapping = self._mapping()
-        if not mapping:
-            return None
-        first = next(iter(mapping.values())).get("mappings", {})
-        ident = q.meta_identity(first.get("_meta"))
-        if ident is None:
-            raise IndexStoreError(
-                f"index {self.index_name!r} at {self.url} was not made by d2s-search (no _meta.fingerprint)"
-            )
-        self.mapping = q.meta_mapping(first.get("_meta"), first.get("properties"))
-        return ident
-
-    def _check_identity(self, wanted: IndexIdentity, stored: IndexIdentity | None) -> None:
-        check_identity(self.index_name, self.url, wanted, stored, "--index-name")
-
-    def _check_dims(self, wanted: IndexIdentity, stored: IndexIdentity) -> None:
-        check_dims(self.index_name, wanted, stored)
-
-    def _count(self, index: str) -> int:
-        status, body = self._call("GET", f"/{index}/_count")
-        return int(self._check(status, body, "count documents").get("count", 0))
 
 
 def _split_userinfo(url: str) -> tuple[str, str | None, str | None]:
@@ -770,9 +541,21 @@ def knn_score_to_inner_product(score: float, similarity: str) -> float:
     return score - 1.0 if score >= 1.0 else 1.0 - 1.0 / score if score > 0 else float("-inf")
 
 
-def _document(doc_id: str, src: Mapping[str, Any]) -> Document:
-    return document_from_source(doc_id, src, decode_features)
-
-
 def _clip(text: str) -> str:
     return text[:300]
+
+
+def _chunks(items: list[tuple[str, ...]], limits: ChunkLimits) -> Iterator[list[tuple[str, ...]]]:
+    """Consecutive items, at most ``limits.docs`` of them and ``limits.bytes`` of NDJSON a chunk
+    (a single larger item goes alone)."""
+    chunk: list[tuple[str, ...]] = []
+    size = 0
+    for item in items:
+        item_size = sum(len(line.encode("utf-8")) + 1 for line in item)
+        if chunk and (len(chunk) >= limits.docs or size + item_size > limits.bytes):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(item)
+        size += item_size
+    if chunk:
+        yield chunk

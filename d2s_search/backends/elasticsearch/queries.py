@@ -27,24 +27,20 @@ import numpy as np
 
 from d2s_search.backends.base import Document, IndexIdentity, SparseVector
 from d2s_search.backends.elasticsearch.features import check_feature_key, prune, sendable_weights
-from d2s_search.backends.engine.bodies import (  # noqa: F401  (re-exported)
-    NO_FILTERS,
-    Filters,
-    alias_swap_body,
-    dumps,
-    mget_body,
-    reindex_body,
+from d2s_search.backends.engine import bodies
+from d2s_search.backends.engine.bodies import NO_FILTERS, Filters, check_page, dumps
+from d2s_search.backends.engine.documents import (
+    DENSE_FIELD,
+    SPARSE_FIELD,
+    checked_dense,
+    source_from_document,
 )
-from d2s_search.backends.engine.documents import DENSE_FIELD, SPARSE_FIELD
-from d2s_search.backends.engine.identity import meta_identity  # noqa: F401  (q.meta_identity)
 from d2s_search.errors import QueryError
 
-MAPPING_VERSION = 1
 SPARSE_TYPES = ("rank_features", "sparse_vector")
 SIMILARITIES = ("dot_product", "max_inner_product")
 DENSE_INDEX_TYPES = ("hnsw", "int8_hnsw")
 DEFAULT_MAX_CLAUSES = 1024  # the floor of Elasticsearch 8's heap-derived clause limit
-MAX_RESULT_WINDOW = 10_000  # index.max_result_window default
 MAX_NUM_CANDIDATES = 10_000  # knn num_candidates limit
 # Fields a search hit needs to become a Hit (matched terms come from the stored features).
 HIT_SOURCE = ["path", "url", SPARSE_FIELD]
@@ -121,15 +117,10 @@ def index_body(
     body: dict[str, Any] = {
         "mappings": {
             "dynamic": "strict",
-            "_meta": {
-                "d2s_mapping_version": MAPPING_VERSION,
-                "fingerprint": identity.fingerprint if identity else "",
-                "dense_dim": dim,
-                "model": identity.model if identity else "",
-                "sparse_type": mapping.sparse_type,
-                "similarity": mapping.similarity,
-                "sparse_keys": "vocabulary terms with '%' written as '%25' and '.' as '%2E'",
-            },
+            # The bundle (with where it is: a second export elsewhere breaks nothing) and the
+            # vector mapping, read back by meta_identity and meta_mapping.
+            "_meta": {**bodies.bundle_meta(identity, dim), "sparse_type": mapping.sparse_type,
+                      "similarity": mapping.similarity},
             "properties": {
                 SPARSE_FIELD: {"type": mapping.sparse_type},
                 DENSE_FIELD: {
@@ -143,13 +134,7 @@ def index_body(
                         "ef_construction": mapping.ef_construction,
                     },
                 },
-                "terms": {"type": "keyword"},
-                "path": {"type": "keyword"},
-                "url": {"type": "keyword"},
-                "width": {"type": "integer"},
-                "height": {"type": "integer"},
-                "size_bytes": {"type": "long"},
-                "ingested_at": {"type": "date", "format": "epoch_millis"},
+                **bodies.document_properties(),
             },
         },
     }
@@ -184,9 +169,7 @@ def doc_source(doc: Document, mapping: VectorMapping = DEFAULT_MAPPING, top_term
     ``dot_product`` a dense vector that is not unit length (DenseVectorFieldMapper checks
     ``|squared magnitude - 1| <= 1e-4``).
     """
-    dense = np.asarray(doc.dense, dtype=np.float32).reshape(-1)
-    if not np.all(np.isfinite(dense)):
-        raise ValueError("dense vector has NaN or infinite values")
+    dense = checked_dense(doc)
     if mapping.similarity == "dot_product":
         sq = float(np.dot(dense, dense))
         if abs(sq - 1.0) > 1e-4:
@@ -197,20 +180,7 @@ def doc_source(doc: Document, mapping: VectorMapping = DEFAULT_MAPPING, top_term
     sparse = sendable_weights(doc.sparse)
     for key in sparse:
         check_feature_key(key, mapping.sparse_type)
-    src: dict[str, Any] = {
-        "path": doc.path,
-        "size_bytes": int(doc.size_bytes),
-        "width": int(doc.width),
-        "height": int(doc.height),
-        SPARSE_FIELD: sparse,
-        DENSE_FIELD: [float(x) for x in dense],
-        "terms": doc.top_terms(top_terms),
-    }
-    if doc.url:
-        src["url"] = doc.url
-    if doc.ingested_at:
-        src["ingested_at"] = int(round(doc.ingested_at * 1000))
-    return src
+    return source_from_document(doc, sparse, dense, top_terms)
 
 
 def bulk_index_lines(index: str, docs: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:
@@ -253,35 +223,13 @@ def sparse_query(
     if not weights:
         raise QueryError("the query has no terms with a positive weight")
     if sparse_type == "sparse_vector":
-        scoring: dict[str, Any] = {"sparse_vector": {"field": SPARSE_FIELD, "query_vector": weights}}
-        if not filter_clauses:
-            return scoring
-        return {"bool": {"must": [scoring], "filter": filter_clauses}}
-    body: dict[str, Any] = {
-        "should": [
-            {"rank_feature": {"field": f"{SPARSE_FIELD}.{key}", "linear": {}, "boost": w}}
-            for key, w in weights.items()
-        ]
-    }
-    if filter_clauses:
-        # With a filter, should-clauses become optional: demand one so only matches count.
-        body["filter"] = filter_clauses
-        body["minimum_should_match"] = 1
-    return {"bool": body}
+        return bodies.filtered({"sparse_vector": {"field": SPARSE_FIELD, "query_vector": weights}}, filter_clauses)
+    return bodies.should_query(bodies.rank_feature_clauses(weights), filter_clauses)
 
 
 def source_filter(fields: Sequence[str]) -> dict[str, Any]:
     """``_source`` as a filter object (the plain-list form is missing from the serverless spec)."""
     return {"includes": list(fields)}
-
-
-def check_page(k: int, offset: int) -> None:
-    if k <= 0:
-        raise QueryError("k must be positive")
-    if offset < 0:
-        raise QueryError("the page offset cannot be negative")
-    if offset + k > MAX_RESULT_WINDOW:
-        raise QueryError(f"cannot page past {MAX_RESULT_WINDOW} hits (offset {offset} + k {k}); narrow the query")
 
 
 def search_body(query: dict[str, Any] | None, k: int, offset: int = 0,
@@ -309,15 +257,8 @@ def two_phase_body(first: SparseVector, full: SparseVector, k: int, window: int,
     """
     body = sparse_search_body(first, k, offset=offset, sparse_type=sparse_type, max_clauses=max_clauses,
                               filters=filters)
-    body["rescore"] = {
-        "window_size": max(int(window), offset + k),
-        "query": {
-            "rescore_query": sparse_query(full, sparse_type=sparse_type, max_clauses=max_clauses),
-            "query_weight": 0.0,
-            "rescore_query_weight": 1.0,
-            "score_mode": "total",
-        },
-    }
+    body["rescore"] = bodies.rescore(sparse_query(full, sparse_type=sparse_type, max_clauses=max_clauses),
+                                     max(int(window), offset + k))
     return body
 
 

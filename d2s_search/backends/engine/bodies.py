@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from d2s_search.backends.base import IndexIdentity
+from d2s_search.backends.engine.documents import SPARSE_FIELD
+from d2s_search.errors import QueryError
+
+MAPPING_VERSION = 1
+MAX_RESULT_WINDOW = 10_000  # index.max_result_window default (both engines)
+SPARSE_KEYS = "vocabulary terms with '%' written as '%25' and '.' as '%2E'"
 
 
 @dataclass(frozen=True)
@@ -21,6 +29,83 @@ class Filters:
 
 
 NO_FILTERS = Filters()
+
+
+def bundle_meta(identity: IndexIdentity | None, dense_dim: int) -> dict[str, Any]:
+    """The mapping's ``_meta`` entries that record the bundle (read back by
+    :func:`~d2s_search.backends.engine.identity.meta_identity`); each engine adds its own."""
+    meta: dict[str, Any] = {
+        "d2s_mapping_version": MAPPING_VERSION,
+        "fingerprint": identity.fingerprint if identity else "",
+        "dense_dim": dense_dim,
+        "model": identity.model if identity else "",
+        "sparse_keys": SPARSE_KEYS,
+    }
+    if identity and identity.bundle_path:
+        meta["bundle_path"] = identity.bundle_path
+    return meta
+
+
+def document_properties() -> dict[str, Any]:
+    """The mapping of every field but the two vectors (both engines store them alike)."""
+    return {
+        "terms": {"type": "keyword"},
+        "path": {"type": "keyword"},
+        "url": {"type": "keyword"},
+        "width": {"type": "integer"},
+        "height": {"type": "integer"},
+        "size_bytes": {"type": "long"},
+        "ingested_at": {"type": "date", "format": "epoch_millis"},
+    }
+
+
+def check_page(k: int, offset: int) -> None:
+    """Refuse a page the engine would refuse: ``from + size`` beyond ``index.max_result_window``."""
+    if k <= 0:
+        raise QueryError("k must be positive")
+    if offset < 0:
+        raise QueryError("the page offset cannot be negative")
+    if offset + k > MAX_RESULT_WINDOW:
+        raise QueryError(f"cannot page past {MAX_RESULT_WINDOW} hits (offset {offset} + k {k}); narrow the query")
+
+
+def rank_feature_clauses(weights: Mapping[str, float]) -> list[dict[str, Any]]:
+    """One ``rank_feature`` clause per term: score = boost * stored value, i.e. the dot product."""
+    return [
+        {"rank_feature": {"field": f"{SPARSE_FIELD}.{key}", "linear": {}, "boost": w}}
+        for key, w in weights.items()
+    ]
+
+
+def should_query(should: list[dict[str, Any]], filter_clauses: list[dict[str, Any]]) -> dict[str, Any]:
+    """``bool.should`` of scoring clauses, restricted by ``filter_clauses``."""
+    body: dict[str, Any] = {"should": should}
+    if filter_clauses:
+        # With a filter, should-clauses become optional: demand one so only matches count.
+        body["filter"] = filter_clauses
+        body["minimum_should_match"] = 1
+    return {"bool": body}
+
+
+def filtered(scoring: dict[str, Any], filter_clauses: list[dict[str, Any]]) -> dict[str, Any]:
+    """One scoring query, restricted by ``filter_clauses`` (itself when there are none)."""
+    if not filter_clauses:
+        return scoring
+    return {"bool": {"must": [scoring], "filter": filter_clauses}}
+
+
+def rescore(query: dict[str, Any], window: int) -> dict[str, Any]:
+    """Rescore the top ``window`` hits with ``query``; ``query_weight: 0`` makes a rescored
+    hit's score exactly ``query``'s score."""
+    return {
+        "window_size": window,
+        "query": {
+            "rescore_query": query,
+            "query_weight": 0.0,
+            "rescore_query_weight": 1.0,
+            "score_mode": "total",
+        },
+    }
 
 
 def mget_body(ids: Sequence[str]) -> dict[str, Any]:

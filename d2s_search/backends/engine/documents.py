@@ -1,4 +1,4 @@
-"""Stored ``_source`` -> :class:`Document`, the same for both engines (their mappings agree)."""
+"""Stored ``_source`` <-> :class:`Document`, the same for both engines (their mappings agree)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,33 @@ from d2s_search.backends.base import Document
 
 SPARSE_FIELD = "sparse"
 DENSE_FIELD = "dense"
+
+
+def checked_dense(doc: Document) -> np.ndarray:
+    """The document's dense vector as float32; ValueError for NaN or infinite values."""
+    dense = np.asarray(doc.dense, dtype=np.float32).reshape(-1)
+    if not np.all(np.isfinite(dense)):
+        raise ValueError("dense vector has NaN or infinite values")
+    return dense
+
+
+def source_from_document(doc: Document, sparse: Mapping[str, float], dense: np.ndarray,
+                         top_terms: int = 20) -> dict[str, Any]:
+    """The ``_source`` stored for ``doc``: ``sparse`` and ``dense`` as the engine sends them."""
+    src: dict[str, Any] = {
+        "path": doc.path,
+        "size_bytes": int(doc.size_bytes),
+        "width": int(doc.width),
+        "height": int(doc.height),
+        SPARSE_FIELD: dict(sparse),
+        DENSE_FIELD: [float(x) for x in dense],
+        "terms": doc.top_terms(top_terms),
+    }
+    if doc.url:
+        src["url"] = doc.url
+    if doc.ingested_at:
+        src["ingested_at"] = int(round(doc.ingested_at * 1000))
+    return src
 
 
 def document_from_source(doc_id: str, src: Mapping[str, Any],

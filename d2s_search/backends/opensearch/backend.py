@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,9 +22,8 @@ from opensearchpy import helpers
 
 from d2s_search import redact
 from d2s_search.backends.base import Document, Hit, IndexIdentity, SparseVector
-from d2s_search.backends.engine.bulk import item_reason, next_generation
-from d2s_search.backends.engine.documents import document_from_source
-from d2s_search.backends.engine.identity import check_dims, check_identity
+from d2s_search.backends.engine.bulk import ChunkLimits, item_reason, send_bulk
+from d2s_search.backends.engine.index import EngineIndex
 from d2s_search.backends.opensearch import queries as q
 from d2s_search.backends.opensearch.client import (
     ENV_AWS_REGION,
@@ -34,7 +33,7 @@ from d2s_search.backends.opensearch.client import (
     split_hosts,
 )
 from d2s_search.backends.opensearch.cluster import ClusterInfo, Dialect, cluster_info
-from d2s_search.backends.opensearch.features import decode_features, matched_terms
+from d2s_search.backends.opensearch.features import decode_features
 from d2s_search.backends.opensearch.seismic import (
     VOCABULARY_DOC,
     Vocabulary,
@@ -44,7 +43,6 @@ from d2s_search.backends.opensearch.seismic import (
 from d2s_search.errors import (
     BackendUnavailableError,
     BundleMismatchError,
-    DocumentsRejectedError,
     IndexStoreError,
     QueryError,
 )
@@ -60,14 +58,15 @@ ENV_INDEX = "D2S_OPENSEARCH_INDEX"
 ENV_INSECURE = "D2S_OPENSEARCH_INSECURE"  # "1": skip TLS verification (local demo certificates only)
 ENV_SNIFF = "D2S_OPENSEARCH_SNIFF"  # "1": discover the cluster's other nodes (not behind Docker/LB)
 
-# Per-item bulk statuses worth sending again (queue full, node busy).
-RETRY_ITEM_STATUSES = frozenset({429, 500, 502, 503, 504})
 
-
-class OpenSearchBackend:
-    """Backend protocol over OpenSearch's REST API (see :mod:`d2s_search.backends.base`)."""
+class OpenSearchBackend(EngineIndex):
+    """Backend protocol over OpenSearch's REST API (see :mod:`d2s_search.backends.base`); what
+    it shares with Elasticsearch lives in :class:`~d2s_search.backends.engine.index.EngineIndex`."""
 
     name = "opensearch"
+    label = "OpenSearch"
+    index_option = "--index"
+    reindex_timeout = 3600.0
 
     def __init__(
         self,
@@ -90,19 +89,13 @@ class OpenSearchBackend:
         aws_service: str | None = None,
         sniff: bool = False,
     ) -> None:
-        if not index_name or index_name != index_name.lower() or index_name.startswith(("_", "-", "+")):
-            raise IndexStoreError(f"invalid OpenSearch index name {index_name!r} (lowercase, no leading _ - +)")
+        self._init_index(index_name, chunk_docs=chunk_docs, chunk_bytes=chunk_bytes, refresh=refresh)
         extra: dict[str, Any] = {"sleep": sleep} if sleep else {}
         self.http = OpenSearchHTTP(
             url, user=user, password=password, api_key=api_key, ca_file=ca_file, verify=verify,
             timeout=timeout, retries=retries, backoff=backoff, aws_region=aws_region,
             aws_service=aws_service, sniff=sniff, **extra,
         )
-        self.index_name = index_name
-        self.chunk_docs = max(1, chunk_docs)
-        self.chunk_bytes = max(1024, chunk_bytes)
-        self.refresh = refresh
-        self.identity: IndexIdentity | None = None
         self._max_clauses: int | None = None
         self._pipelines: set[str] = set()
         self._cluster: ClusterInfo | None = None
@@ -127,38 +120,22 @@ class OpenSearchBackend:
     def url(self) -> str:
         return self.http.url
 
+    # -- transport ------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, body: Any = None, params: Mapping[str, Any] | None = None,
+              *, timeout: float | None = None) -> tuple[int, Any]:
+        reply = self.http.request(method, path, json_body=body, params=params, timeout=timeout)
+        return reply.status, reply.body
+
+    def _reason(self, body: Any, status: int = 0) -> str:
+        return Reply(status, body).error_reason()
+
+    def _one_line(self, text: str) -> str:
+        return redact.one_line(text)
+
     # -- index lifecycle ------------------------------------------------------------------
 
-    def exists(self) -> bool:
-        reply = self.http.request("HEAD", f"/{self.index_name}")
-        return reply.status == 200
-
-    def open(self, identity: IndexIdentity | None, create: bool = True, **create_options: Any) -> None:
-        """Open the index; with ``identity`` check (or, when new, create and record) the bundle.
-
-        ``identity=None`` opens an existing index as it is (stats, delete).
-        """
-        stored = self._stored_identity()
-        if stored is None:
-            if not create or identity is None:
-                raise IndexStoreError(
-                    f"no index {self.index_name!r} at {self.url}: run `d2s-search index create` or ingest first"
-                )
-            self.create(identity, **create_options)
-            stored = identity
-        elif identity is None:
-            pass
-        elif not stored.fingerprint:
-            # Created from mappings/index.json by hand: claim it if the dimension agrees.
-            self._check_dims(identity, stored)
-            self._put_meta(identity)
-            stored = identity
-        else:
-            self._check_identity(identity, stored)
-            if create and identity.bundle_path and identity.bundle_path != stored.bundle_path:
-                self._put_meta(identity)  # the same bundle at a new place: record where it is now
-                stored = identity
-        self.identity = stored
+    def _opened(self) -> None:
         self._load_vocabulary()
 
     def create(self, identity: IndexIdentity, *, engine: str = "faiss", shards: int = 1, replicas: int = 0,
@@ -225,9 +202,7 @@ class OpenSearchBackend:
 
     def stats(self) -> dict:
         self.settle()
-        mapping = self._mapping()
-        concrete = sorted(mapping)
-        meta = mapping[concrete[0]].get("mappings", {}).get("_meta", {}) if concrete else {}
+        concrete, meta = self._stats()
         out: dict[str, Any] = {
             "backend": self.name,
             "location": f"{self.url}/{self.index_name}",
@@ -236,99 +211,48 @@ class OpenSearchBackend:
             "bundle_model": meta.get("model", ""),
             "dense_dim": meta.get("dense_dim"),
             "mapping_version": meta.get("d2s_mapping_version"),
+            **self._size_stats(),
         }
-        count = self.http.request("GET", f"/{self.index_name}/_count")
-        out["documents"] = int(count.body.get("count", 0)) if count.ok else None
-        st = self.http.request("GET", f"/{self.index_name}/_stats/docs,store")
-        if st.ok:
-            prim = st.body.get("_all", {}).get("primaries", {})
-            out["disk_bytes"] = prim.get("store", {}).get("size_in_bytes")
-            out["deleted_documents"] = prim.get("docs", {}).get("deleted")
         out["max_clause_count"] = self.max_clauses()
         return out
 
-    # -- writes ---------------------------------------------------------------------------
+    # -- writes (upsert and delete: EngineIndex) -------------------------------------------
 
-    def upsert(self, docs: Sequence[Document]) -> None:
-        """Index documents by id through ``_bulk`` chunks; raises DocumentsRejectedError for refused ones.
+    def _doc_source(self, doc: Document) -> dict[str, Any]:
+        source = q.doc_source(doc)
+        if self.vocabulary is not None:
+            source[q.SPARSE_FIELD] = self.vocabulary.to_ids(doc.sparse)
+        return source
 
-        Each document is stored whole or not at all; a batch is not atomic, but ids are content
-        hashes, so running the same ingest again fills any gap without duplicates.
-        """
-        failures: dict[str, str] = {}
-        sources: list[tuple[str, dict[str, Any]]] = []
-        dim = self.identity.dense_dim if self.identity else None
-        for doc in docs:
-            try:
-                if dim and np.asarray(doc.dense).size != dim:
-                    raise ValueError(f"dense vector has {np.asarray(doc.dense).size} values, the index wants {dim}")
-                source = q.doc_source(doc)
-                if self.vocabulary is not None:
-                    source[q.SPARSE_FIELD] = self.vocabulary.to_ids(doc.sparse)
-                sources.append((doc.id, source))
-            except (ValueError, TypeError) as exc:
-                failures[doc.id] = str(exc)
-        if sources:
-            self._dirty = True
-            failures.update(self._bulk(q.bulk_index_actions(self.index_name, sources)))
-        if failures:
-            stored = len(sources) - sum(1 for i, _ in sources if i in failures)
-            first_id, first = next(iter(failures.items()))
-            raise DocumentsRejectedError(
-                f"{len(failures)} document(s) refused by OpenSearch, {stored} stored "
-                f"(first: {first_id[:12]}: {first})",
-                failures,
-            )
+    def _bulk_index_items(self, sources: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        return q.bulk_index_actions(self.index_name, sources)
 
-    def delete(self, ids: Iterable[str]) -> int:
-        ids = list(dict.fromkeys(ids))
-        if not ids:
-            return 0
+    def _bulk_delete_items(self, ids: list[str]) -> list[dict[str, Any]]:
+        return q.bulk_delete_actions(self.index_name, ids)
+
+    def _writing(self) -> None:
         self._dirty = True
-        failures, results = self._bulk(q.bulk_delete_actions(self.index_name, ids), collect=True)
-        if failures:
-            raise IndexStoreError(f"cannot delete {len(failures)} document(s): {next(iter(failures.values()))}")
-        return sum(1 for r in results if r == "deleted")
 
-    def _bulk(self, actions: list[dict[str, Any]], collect: bool = False):
-        """Send ``actions`` with ``opensearchpy.helpers.streaming_bulk``; per-item results.
+    def _bulk(self, actions: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
+        """Send ``actions`` with ``opensearchpy.helpers.streaming_bulk`` (which chunks them and
+        turns a chunk refused as too large into 413 items); rounds, resends and the report:
+        :func:`~d2s_search.backends.engine.bulk.send_bulk`."""
 
-        Items refused as busy (429/5xx) are sent again after a back-off, the rest are reported:
-        returns ``{id: reason}`` (and the results of the items that succeeded with ``collect``).
-        A chunk refused as too large (413) is sent again in halves.
-        """
-        failures: dict[str, str] = {}
-        results: list[str] = []
-        pending, chunk_docs, chunk_bytes, attempt = actions, self.chunk_docs, self.chunk_bytes, 0
-        while pending:
-            retry: list[dict[str, Any]] = []
-            too_large: list[dict[str, Any]] = []
+        def send(pending: list[dict[str, Any]], limits: ChunkLimits):
             by_id = {a["_id"]: a for a in pending}
             for ok, item in helpers.streaming_bulk(
-                self.http.client, pending, chunk_size=chunk_docs, max_chunk_bytes=chunk_bytes,
+                self.http.client, pending, chunk_size=limits.docs, max_chunk_bytes=limits.bytes,
                 raise_on_error=False, raise_on_exception=False, max_retries=0, yield_ok=True,
                 headers={"content-type": "application/x-ndjson"},
             ):
                 ((_, result),) = item.items()
-                status = int(result.get("status", 0) or 0)
-                doc_id = str(result.get("_id"))
-                if ok or (status == 404 and result.get("result") == "not_found"):
-                    results.append(result.get("result", ""))
-                elif status == 413 and chunk_docs > 1:
-                    too_large.append(by_id[doc_id])
-                elif status in RETRY_ITEM_STATUSES and attempt < self.http.retries:
-                    retry.append(by_id[doc_id])
-                else:
-                    failures[doc_id] = item_reason(result, redact.one_line)
-            if too_large:
-                # A smaller chunk may fit; this is not a retry of a busy server.
-                chunk_docs, chunk_bytes = max(1, chunk_docs // 2), max(1024, chunk_bytes // 2)
-                retry += too_large
-            elif retry:
-                self.http.policy.wait(attempt, None, f"{len(retry)} bulk item(s) refused as busy")
-                attempt += 1
-            pending = retry
-        return (failures, results) if collect else failures
+                yield by_id.get(str(result.get("_id"))), ok, result
+
+        return send_bulk(
+            actions, send, ChunkLimits(self.chunk_docs, self.chunk_bytes), retries=self.http.retries,
+            wait=lambda attempt, why: self.http.policy.wait(attempt, None, why),
+            reason=lambda result: item_reason(result, redact.one_line),
+        )
 
     def settle(self) -> None:
         """Refresh once before the first read after writes (``refresh=True``), not per batch.
@@ -341,58 +265,10 @@ class OpenSearchBackend:
             self._refresh()
         self._dirty = False
 
-    def _refresh(self) -> None:
-        reply = self.http.request("POST", f"/{self.index_name}/_refresh")
+    def _refresh(self, index: str | None = None) -> None:
+        reply = self.http.request("POST", f"/{index or self.index_name}/_refresh")
         if not reply.ok:
-            log.warning("refresh of %s failed: %s", self.index_name, reply.error_reason())
-
-    # -- reads ----------------------------------------------------------------------------
-
-    def ids_present(self, ids: Iterable[str]) -> set[str]:
-        ids = list(dict.fromkeys(ids))
-        found: set[str] = set()
-        for start in range(0, len(ids), 1000):
-            reply = self._mget(ids[start : start + 1000], source=False)
-            found.update(d["_id"] for d in reply if d.get("found"))
-        return found
-
-    def get(self, ids: Sequence[str]) -> list[Document]:
-        out: list[Document] = []
-        for start in range(0, len(ids), 500):
-            for d in self._mget(list(ids[start : start + 500]), source=True):
-                if d.get("found"):
-                    out.append(_document(d["_id"], d.get("_source", {}), self._decode))
-        return out
-
-    # PathListing (index prune, the missing-file count of index stats, moved files in ingest):
-    # only the ``path`` field of ``_source`` travels, never the vectors.
-
-    def document_paths(self, page: int = 1000) -> Iterator[tuple[str, str]]:
-        """(id, path) of every document, through a scroll that fetches only ``path``."""
-        self.settle()
-        for hits in self._scroll(self.index_name, page, fields=["path"]):
-            for h in hits:
-                yield h["_id"], h.get("_source", {}).get("path", "")
-
-    def paths_of(self, ids: Iterable[str]) -> dict[str, str]:
-        ids = list(dict.fromkeys(ids))
-        out: dict[str, str] = {}
-        for start in range(0, len(ids), 1000):
-            for d in self._mget(ids[start : start + 1000], source="path"):
-                if d.get("found"):
-                    out[d["_id"]] = d.get("_source", {}).get("path", "")
-        return out
-
-    def _mget(self, ids: list[str], source: bool | str) -> list[dict]:
-        """``source``: whole documents (True), none (False), or these comma-separated fields."""
-        if not ids:
-            return []
-        reply = self.http.request(
-            "POST", f"/{self.index_name}/_mget", json_body=q.mget_body(ids),
-            params={"_source": source if isinstance(source, str) else "true" if source else "false"},
-        )
-        self._raise_for(reply, "read documents")
-        return reply.body.get("docs", [])
+            log.warning("refresh of %s failed: %s", index or self.index_name, reply.error_reason())
 
     # -- searches -------------------------------------------------------------------------
 
@@ -561,22 +437,6 @@ class OpenSearchBackend:
         self._raise_for(reply, "search")
         return reply.body.get("hits", {}).get("hits", [])
 
-    def _hits(self, raw: list[dict], query: Mapping[str, float], explain: int) -> list[Hit]:
-        hits = []
-        for h in raw:
-            src = h.get("_source", {})
-            hits.append(
-                Hit(
-                    id=h["_id"],
-                    # _score is a float32 printed in shortest form: recover the exact value.
-                    score=float(np.float32(h.get("_score") or 0.0)),
-                    path=src.get("path", ""),
-                    url=src.get("url"),
-                    matched=matched_terms(query, self._decode(src.get(q.SPARSE_FIELD)), explain),
-                )
-            )
-        return hits
-
     # -- reindex --------------------------------------------------------------------------
 
     def reindex(
@@ -598,80 +458,18 @@ class OpenSearchBackend:
         holds as many documents as the old one; otherwise the new index is deleted and nothing
         changes. Stop ingest while reindexing: writes in between go to the old index.
         """
-        old = self._stored_identity()
-        if old is None:
-            raise IndexStoreError(f"no index {self.index_name!r} at {self.url} to reindex")
+        target = {"engine": engine, "shards": shards, "replicas": replicas}
+        return self._reindex(identity, reencode, target, keep_old=keep_old, page=page)
+
+    def _reindex_target(self, target: dict[str, Any]) -> dict[str, Any]:
         if self._is_seismic():
             raise IndexStoreError("reindexing a SEISMIC index is not supported yet: create a new index and ingest")
-        new_identity = identity or old
-        if reencode is None and new_identity.fingerprint != old.fingerprint:
-            raise BundleMismatchError(
-                "a new bundle needs its documents re-encoded: reindex with the bundle's encoder"
-            )
-        concrete = self._concrete_indices()
-        if len(concrete) != 1:
-            raise IndexStoreError(f"{self.index_name!r} points at {len(concrete)} indices; expected one")
-        (old_index,) = concrete
-        is_alias = old_index != self.index_name
-        target = next_generation(self.index_name, old_index)
-        body = q.index_body(new_identity, engine=engine, shards=shards, replicas=replicas)
-        reply = self.http.request("PUT", f"/{target}", json_body=body)
-        if not reply.ok:
-            raise IndexStoreError(f"cannot create index {target}: {reply.error_reason()}")
-        before = self._count(old_index)
-        lost: dict[str, str] = {}
-        try:
-            if reencode is None:
-                reply = self.http.request(
-                    "POST", "/_reindex", json_body=q.reindex_body(old_index, target),
-                    params={"refresh": "true", "wait_for_completion": "true"}, timeout=3600.0,
-                )
-                self._raise_for(reply, "reindex")
-                if reply.body.get("failures"):
-                    raise IndexStoreError(f"reindex failed: {redact.one_line(str(reply.body['failures'][0]))}")
-            else:
-                lost = self._copy_reencoded(old_index, target, new_identity, reencode, page)
-            after = self._count(target)
-            if lost or after < before:
-                raise IndexStoreError(
-                    f"reindex stopped: {after} of {before} documents copied"
-                    + (f", {len(lost)} could not be re-encoded" if lost else "")
-                    + f"; {self.index_name!r} still points at {old_index}"
-                )
-        except BaseException:
-            self.http.request("DELETE", f"/{target}")
-            raise
-        swap = q.alias_swap_body(self.index_name, target, old_index, is_alias)
-        reply = self.http.request("POST", "/_aliases", json_body=swap)
-        self._raise_for(reply, "swap the alias")
-        if is_alias and not keep_old:
-            self.http.request("DELETE", f"/{old_index}")
-        self.identity = new_identity
-        return {"from": old_index, "to": target, "documents": after, "kept_old": bool(is_alias and keep_old)}
+        return target
 
-    def _copy_reencoded(self, source: str, target: str, identity: IndexIdentity,
-                        reencode: Callable[[Document], Document | None], page: int) -> dict[str, str]:
-        writer = OpenSearchBackend.__new__(OpenSearchBackend)
-        writer.__dict__.update(self.__dict__)
-        writer.index_name, writer.identity, writer.refresh = target, identity, False
-        lost: dict[str, str] = {}
-        for batch in self._scan(source, page):
-            out = []
-            for doc in batch:
-                new = reencode(doc)
-                if new is None:
-                    lost[doc.id] = doc.path
-                else:
-                    out.append(new)
-            writer.upsert(out)
-        self.http.request("POST", f"/{target}/_refresh")
-        return lost
+    def _create_generation(self, name: str, identity: IndexIdentity, target: dict[str, Any]) -> tuple[int, Any]:
+        return self._call("PUT", f"/{name}", body=q.index_body(identity, **target))
 
-    def _scan(self, index: str, page: int) -> Iterator[list[Document]]:
-        for hits in self._scroll(index, page):
-            yield [_document(h["_id"], h.get("_source", {})) for h in hits]
-
-    def _scroll(self, index: str, page: int, fields: Sequence[str] | None = None) -> Iterator[list[dict]]:
+    def _pages(self, index: str, page: int, fields: Sequence[str] | None = None) -> Iterator[list[dict]]:
         """Raw hits of every document of ``index``, a page at a time, through a scroll."""
         reply = self.http.request("POST", f"/{index}/_search", params={"scroll": "5m"},
                                   json_body=q.scan_body(page, fields))
@@ -725,56 +523,13 @@ class OpenSearchBackend:
             raise BundleMismatchError(f"the vocabulary in {name} belongs to another bundle")
         self.vocabulary = vocabulary
 
-    def _mapping(self) -> dict:
-        reply = self.http.request("GET", f"/{self.index_name}/_mapping")
-        if reply.status == 404:
-            return {}
-        self._raise_for(reply, "read the mapping")
-        return reply.body if isinstance(reply.body, dict) else {}
-
-    def _concrete_indices(self) -> list[str]:
-        return sorted(self._mapping())
-
-    def _stored_identity(self) -> IndexIdentity | None:
-        mapping = self._mapping()
-        if not mapping:
-            return None
-        metas = [m.get("mappings", {}).get("_meta") for m in mapping.values()]
-        ident = q.meta_identity(metas[0])
-        if ident is None:
-            raise IndexStoreError(
-                f"index {self.index_name!r} at {self.url} was not made by d2s-search (no _meta.fingerprint)"
-            )
-        return ident
-
-    def _check_identity(self, wanted: IndexIdentity, stored: IndexIdentity | None) -> None:
-        check_identity(self.index_name, self.url, wanted, stored, "--index")
-
-    def _check_dims(self, wanted: IndexIdentity, stored: IndexIdentity) -> None:
-        check_dims(self.index_name, wanted, stored)
-
     def _put_meta(self, identity: IndexIdentity) -> None:
         meta = q.index_body(identity)["mappings"]["_meta"]
         reply = self.http.request("PUT", f"/{self.index_name}/_mapping", json_body={"_meta": meta})
         self._raise_for(reply, "record the bundle in _meta")
 
-    def _count(self, index: str) -> int:
-        self.settle()
-        reply = self.http.request("GET", f"/{index}/_count")
-        self._raise_for(reply, "count documents")
-        return int(reply.body.get("count", 0))
-
     def _raise_for(self, reply: Reply, what: str) -> None:
-        if reply.ok:
-            return
-        reason = reply.error_reason()
-        if reply.status == 404 and "index_not_found" in reason:
-            raise IndexStoreError(
-                f"no index {self.index_name!r} at {self.url}: run `d2s-search index create` or ingest first"
-            )
-        if "too_many_clauses" in reason or "too_many_nested_clauses" in reason:
-            raise QueryError(f"the query has too many terms for this cluster: {reason}")
-        raise IndexStoreError(f"OpenSearch could not {what}: {reason}")
+        self._check(reply.status, reply.body, what)
 
 
 def connection_options(url: str | Sequence[str] | None = None, env: Mapping[str, str] | None = None,
@@ -811,7 +566,3 @@ def knn_score_to_inner_product(score: float) -> float:
     """Invert OpenSearch's inner-product k-NN score (``1 + ip`` if ip >= 0, else ``1 / (1 - ip)``)."""
     return score - 1.0 if score >= 1.0 else 1.0 - 1.0 / score if score > 0 else float("-inf")
 
-
-def _document(doc_id: str, src: Mapping[str, Any],
-              decode: Callable[[Mapping[str, float] | None], dict[str, float]] = decode_features) -> Document:
-    return document_from_source(doc_id, src, decode)

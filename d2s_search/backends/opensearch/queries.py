@@ -15,15 +15,14 @@ from typing import Any
 import numpy as np
 
 from d2s_search.backends.base import Document, IndexIdentity, SparseVector
-from d2s_search.backends.engine.bodies import (  # noqa: F401  (re-exported)
-    NO_FILTERS,
-    Filters,
-    alias_swap_body,
-    mget_body,
-    reindex_body,
+from d2s_search.backends.engine import bodies
+from d2s_search.backends.engine.bodies import MAX_RESULT_WINDOW, NO_FILTERS, Filters, check_page
+from d2s_search.backends.engine.documents import (
+    DENSE_FIELD,
+    SPARSE_FIELD,
+    checked_dense,
+    source_from_document,
 )
-from d2s_search.backends.engine.documents import DENSE_FIELD, SPARSE_FIELD
-from d2s_search.backends.engine.identity import meta_identity  # noqa: F401  (q.meta_identity)
 from d2s_search.backends.opensearch.cluster import Dialect
 from d2s_search.backends.opensearch.features import (
     NEURAL_SPARSE_MAX_WEIGHT,
@@ -32,9 +31,7 @@ from d2s_search.backends.opensearch.features import (
 )
 from d2s_search.errors import QueryError
 
-MAPPING_VERSION = 1
 DEFAULT_MAX_CLAUSES = 1024  # indices.query.bool.max_clause_count default
-MAX_RESULT_WINDOW = 10_000  # index.max_result_window default
 # index.max_rescore_window default (OpenSearch server/.../index/IndexSettings.java,
 # MAX_RESCORE_WINDOW_SETTING, 2.x and 3.x): a larger rescore window_size fails the search.
 MAX_RESCORE_WINDOW = 10_000
@@ -91,14 +88,7 @@ def index_body(
         "settings": {"index": settings},
         "mappings": {
             "dynamic": "strict",
-            "_meta": {
-                "d2s_mapping_version": MAPPING_VERSION,
-                "fingerprint": identity.fingerprint if identity else "",
-                "dense_dim": dim,
-                "model": identity.model if identity else "",
-                "sparse_keys": "vocabulary terms with '%' written as '%25' and '.' as '%2E'",
-                **({"bundle_path": identity.bundle_path} if identity and identity.bundle_path else {}),
-            },
+            "_meta": bodies.bundle_meta(identity, dim),
             "properties": {
                 SPARSE_FIELD: sparse_mapping,
                 DENSE_FIELD: {
@@ -111,13 +101,7 @@ def index_body(
                         "parameters": {"m": m, "ef_construction": ef_construction},
                     },
                 },
-                "terms": {"type": "keyword"},
-                "path": {"type": "keyword"},
-                "url": {"type": "keyword"},
-                "width": {"type": "integer"},
-                "height": {"type": "integer"},
-                "size_bytes": {"type": "long"},
-                "ingested_at": {"type": "date", "format": "epoch_millis"},
+                **bodies.document_properties(),
             },
         },
     }
@@ -133,23 +117,7 @@ def index_body(
 
 def doc_source(doc: Document, top_terms: int = 20) -> dict[str, Any]:
     """The ``_source`` stored for a document (escaped, float32, positive sparse weights)."""
-    dense = np.asarray(doc.dense, dtype=np.float32).reshape(-1)
-    if not np.all(np.isfinite(dense)):
-        raise ValueError("dense vector has NaN or infinite values")
-    src: dict[str, Any] = {
-        "path": doc.path,
-        "size_bytes": int(doc.size_bytes),
-        "width": int(doc.width),
-        "height": int(doc.height),
-        SPARSE_FIELD: sendable_weights(doc.sparse),
-        DENSE_FIELD: [float(x) for x in dense],
-        "terms": doc.top_terms(top_terms),
-    }
-    if doc.url:
-        src["url"] = doc.url
-    if doc.ingested_at:
-        src["ingested_at"] = int(round(doc.ingested_at * 1000))
-    return src
+    return source_from_document(doc, sendable_weights(doc.sparse), checked_dense(doc), top_terms)
 
 
 def bulk_index_actions(index: str, docs: Iterable[tuple[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
@@ -183,14 +151,6 @@ def clause_budget(max_clauses: int, other_clauses: int = 0) -> int:
     return max(1, int(max_clauses) - other_clauses - CLAUSE_MARGIN)
 
 
-def rank_feature_clauses(weights: Mapping[str, float]) -> list[dict[str, Any]]:
-    """One ``rank_feature`` clause per term: score = boost * stored value, i.e. the dot product."""
-    return [
-        {"rank_feature": {"field": f"{SPARSE_FIELD}.{key}", "linear": {}, "boost": w}}
-        for key, w in weights.items()
-    ]
-
-
 def sparse_query(
     query: SparseVector,
     *,
@@ -210,34 +170,14 @@ def sparse_query(
                 f"neural_sparse accepts token weights up to {NEURAL_SPARSE_MAX_WEIGHT:g}, "
                 f"got {max(too_big):g}; use the rank_feature plan"
             )
-        scoring: dict[str, Any] = {"neural_sparse": {SPARSE_FIELD: {"query_tokens": weights}}}
-        if not filter_clauses:
-            return scoring
-        return {"bool": {"must": [scoring], "filter": filter_clauses}}
-    body: dict[str, Any] = {"should": rank_feature_clauses(weights)}
-    if filter_clauses:
-        # With a filter, should-clauses become optional: demand one so only matches count.
-        body["filter"] = filter_clauses
-        body["minimum_should_match"] = 1
-    return {"bool": body}
-
-
-def _page(k: int, offset: int) -> tuple[int, int]:
-    if k <= 0:
-        raise QueryError("k must be positive")
-    if offset < 0:
-        raise QueryError("the page offset cannot be negative")
-    if offset + k > MAX_RESULT_WINDOW:
-        raise QueryError(
-            f"cannot page past {MAX_RESULT_WINDOW} hits (offset {offset} + k {k}); narrow the query"
-        )
-    return k, offset
+        return bodies.filtered({"neural_sparse": {SPARSE_FIELD: {"query_tokens": weights}}}, filter_clauses)
+    return bodies.should_query(bodies.rank_feature_clauses(weights), filter_clauses)
 
 
 def search_body(
     query: dict[str, Any], k: int, offset: int = 0, source: Sequence[str] = HIT_SOURCE
 ) -> dict[str, Any]:
-    k, offset = _page(k, offset)
+    check_page(k, offset)
     return {
         "query": query,
         "size": k,
@@ -278,16 +218,8 @@ def two_phase_body(
     within ``index.max_result_window``, which has the same default).
     """
     body = sparse_search_body(first, k, offset=offset, max_clauses=max_clauses, filters=filters)
-    rescore_q = sparse_query(full, max_clauses=max_clauses)
-    body["rescore"] = {
-        "window_size": min(max(int(window), offset + k), MAX_RESCORE_WINDOW),
-        "query": {
-            "rescore_query": rescore_q,
-            "query_weight": 0.0,
-            "rescore_query_weight": 1.0,
-            "score_mode": "total",
-        },
-    }
+    body["rescore"] = bodies.rescore(sparse_query(full, max_clauses=max_clauses),
+                                     min(max(int(window), offset + k), MAX_RESCORE_WINDOW))
     return body
 
 
@@ -310,7 +242,7 @@ def knn_search_body(
     filters: Filters = NO_FILTERS,
     source: Sequence[str] = HIT_SOURCE,
 ) -> dict[str, Any]:
-    _page(k, offset)
+    check_page(k, offset)
     return search_body(knn_query(vector, offset + k, filters), k, offset, source)
 
 
@@ -336,7 +268,7 @@ def hybrid_search_body(
     is ``pagination_depth``; before, ``from: 0, size: depth`` and :func:`hybrid_page` cuts the
     page out (see :mod:`d2s_search.backends.opensearch.cluster`).
     """
-    _page(k, offset)
+    check_page(k, offset)
     depth = min(max(int(window or 0), offset + k), MAX_RESULT_WINDOW)
     queries = [
         # the k-NN sub-query is one more leaf clause
@@ -373,7 +305,7 @@ def seismic_query(ids: Mapping[str, float], k: int, *, top_n: int = 10, heap_fac
 
 def seismic_search_body(ids: Mapping[str, float], k: int, *, offset: int = 0, top_n: int = 10,
                         heap_factor: float = 1.0, filters: Filters = NO_FILTERS) -> dict[str, Any]:
-    _page(k, offset)
+    check_page(k, offset)
     return search_body(seismic_query(ids, offset + k, top_n=top_n, heap_factor=heap_factor, filters=filters),
                        k, offset)
 

@@ -54,7 +54,7 @@ def template_params(
     max_clauses: int = q.DEFAULT_MAX_CLAUSES,
 ) -> dict[str, Any]:
     """Mustache params for ``query`` (escaped, float32, pruned like the client-side plan)."""
-    q._page(k, offset)
+    q.check_page(k, offset)
     weights = q.query_weights(query, q.clause_budget(max_clauses, 1 if path_prefix else 0))
     if not weights:
         raise QueryError("the query has no terms with a positive weight")
