@@ -314,3 +314,20 @@ def test_an_index_made_from_the_mapping_file_is_claimed_with_the_bundle_path(mak
     b.open(replace(identity, bundle_path="/bundles/here"))
     meta = _stored_meta(osmem_url)
     assert (meta["fingerprint"], meta["bundle_path"]) == (identity.fingerprint, "/bundles/here")
+
+
+def test_server_side_reindex_waits_an_hour_not_the_request_timeout(backend, corpus):
+    """``_reindex`` answers when the copy is done: under the client's 30 s timeout a large index
+    would time out and the retry would start a second copy (as OpenSearch's backend avoids)."""
+    timeouts, call = [], backend._call
+
+    def recording(method, path, *args, **kwargs):
+        if path == "/_reindex":
+            timeouts.append(kwargs.get("timeout"))
+        return call(method, path, *args, **kwargs)
+
+    backend._call = recording
+    before = {h.id for h in backend.sparse_search({"w000": 1.0, "dog": 1.0}, 50)}
+    out = backend.reindex()
+    assert out["documents"] == len(corpus) and timeouts == [3600.0]
+    assert {h.id for h in backend.sparse_search({"w000": 1.0, "dog": 1.0}, 50)} == before

@@ -58,6 +58,9 @@ class ElasticsearchBackend(EngineIndex):
     name = "elasticsearch"
     label = "Elasticsearch"
     index_option = "--index-name"
+    # _reindex waits for completion: the client's 30 s default would time out on a large index
+    # and its retry would start a second copy (as for OpenSearch)
+    reindex_timeout = 3600.0
 
     def __init__(
         self,
