@@ -161,6 +161,10 @@ def _quick_session(ort, path: str, opts, cached: Path):
         os.replace(tmp, cached)  # whole folder at once; fails when another process made it first
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
+    legacy = cached.with_name(cached.name + ".onnx")  # the one-file cache of earlier versions
+    with contextlib.suppress(OSError):
+        if legacy.is_file() and not legacy.is_symlink():
+            legacy.unlink()
     return session
 
 
