@@ -9,21 +9,23 @@ tokens and zeros removed and optional pruning.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from PIL import Image
 from tokenizers import Tokenizer
 
 from .bundle import Bundle
 from .errors import BundleError
 
-_RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
+if TYPE_CHECKING:  # PIL is imported where images are handled: a text query never needs it
+    from PIL import Image
 
 
 # --- preprocessing -------------------------------------------------------------------
@@ -32,8 +34,11 @@ _RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.B
 def preprocess_image(image: Image.Image, settings: dict) -> np.ndarray:
     """RGB PIL image -> float32 (3, S, S), matching the transformers image processors of
     BLIP (``resize: exact``) and CLIP (``resize: shortest_edge`` + center crop)."""
+    from PIL import Image
+
     size = int(settings["size"])
-    resample = _RESAMPLE[settings.get("resample", "bicubic")]
+    resample = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}[
+        settings.get("resample", "bicubic")]
     if image.mode != "RGB":
         image = image.convert("RGB")
     if settings["resize"] == "exact":
@@ -84,30 +89,25 @@ def make_session(path: str, device: str = "auto", threads: int | None = None, wa
                  quick_start: Path | None = None):
     """An ONNX Runtime session on CUDA when it really loads, else CPU (said once, in one line).
 
-    ``quick_start`` (a cache file path) is for a process that runs one query: weights are not
+    ``quick_start`` (a cache folder) is for a process that runs one query: weights are not
     pre-packed (session creation 0.3-0.5 s faster, each run ~10 ms slower) and the graph
     optimised on the first such run is saved there and loaded as is afterwards.
     """
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3  # ORT's own provider-failure logs are replaced by our one line
-    if threads:
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
     want_cuda = device in ("auto", "cuda")
     available = ort.get_available_providers()
     providers = ["CPUExecutionProvider"]
     if want_cuda and "CUDAExecutionProvider" in available:
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     if quick_start is not None and providers == ["CPUExecutionProvider"]:
-        session = _quick_session(ort, path, opts, quick_start)
+        session = _quick_session(ort, path, _session_options(ort, threads), quick_start)
         if session is not None:
             return session
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # ORT's own provider warning; ours follows
-            session = ort.InferenceSession(path, opts, providers=providers)
+            session = ort.InferenceSession(path, _session_options(ort, threads), providers=providers)
     except Exception as exc:  # a corrupt or foreign .onnx file
         raise BundleError(f"cannot load {path}: {str(exc).splitlines()[0][:200]}") from None
     if "CUDAExecutionProvider" in providers and "CUDAExecutionProvider" not in session.get_providers():
@@ -117,41 +117,74 @@ def make_session(path: str, device: str = "auto", threads: int | None = None, wa
     return session
 
 
+def _session_options(ort, threads: int | None):
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3  # ORT's own provider-failure logs are replaced by our one line
+    if threads:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    return opts
+
+
+# The cached graph keeps its weights beside it as external data, which ONNX Runtime maps from
+# the file instead of parsing them out of one large protobuf: session creation 0.06-0.1 s
+# against 0.25-0.35 s for the 92 MB offline-mini text graph (docs/benchmarks.md, issue 17).
+QUICK_GRAPH, QUICK_WEIGHTS = "graph.onnx", "weights.data"
+
+
 def _quick_session(ort, path: str, opts, cached: Path):
-    """A CPU session from the cached optimised graph (made on first use); None to fall back."""
+    """A CPU session from the optimised graph cached in the folder ``cached`` (made on first
+    use); None to fall back to the bundle's graph."""
     import os
+    import shutil
 
     opts.add_session_config_entry("session.disable_prepacking", "1")
-    if cached.is_file():
+    if (cached / QUICK_GRAPH).is_file():
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
-            return ort.InferenceSession(str(cached), opts, providers=["CPUExecutionProvider"])
+            return ort.InferenceSession(str(cached / QUICK_GRAPH), opts, providers=["CPUExecutionProvider"])
         except Exception:  # damaged cache: made again from the bundle's graph
-            cached.unlink(missing_ok=True)
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            _remove_quick_cache(cached)
     # EXTENDED, not ALL: what is saved must not depend on this machine's CPU layout.
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", QUICK_WEIGHTS)
+    opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     tmp = cached.with_name(f".tmp-{os.getpid()}-{cached.name}")
     try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        opts.optimized_model_filepath = str(tmp)
+        tmp.mkdir(parents=True, exist_ok=True)
+        opts.optimized_model_filepath = str(tmp / QUICK_GRAPH)
         session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-        os.replace(tmp, cached)
-        return session
     except Exception:
-        tmp.unlink(missing_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
         return None
+    try:
+        os.replace(tmp, cached)  # whole folder at once; fails when another process made it first
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    legacy = cached.with_name(cached.name + ".onnx")  # the one-file cache of earlier versions
+    with contextlib.suppress(OSError):
+        if legacy.is_file() and not legacy.is_symlink():
+            legacy.unlink()
+    return session
+
+
+def _remove_quick_cache(cached: Path) -> None:
+    """Only the files this module writes there, then the folder if that leaves it empty."""
+    for name in (QUICK_GRAPH, QUICK_WEIGHTS):
+        (cached / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # not empty: something else was put there
+        cached.rmdir()
 
 
 def optimized_graph_cache(bundle: Bundle, name: str) -> Path:
-    """Where the optimised ``name`` graph of this bundle is cached, keyed by the graph's
-    hash in the manifest and the ONNX Runtime version."""
+    """The folder where the optimised ``name`` graph of this bundle is cached, keyed by the
+    graph's hash in the manifest and the ONNX Runtime version."""
     import onnxruntime as ort
 
     from .settings import cache_dir
 
     digest = str(bundle.manifest.get("files", {}).get(name, {}).get("sha256", bundle.fingerprint))[:24]
-    return cache_dir() / "onnx" / f"{digest}-ort{ort.__version__}-{name}"
+    return cache_dir() / "onnx" / f"{digest}-ort{ort.__version__}-{Path(name).stem}"
 
 
 @dataclass

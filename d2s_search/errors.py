@@ -50,6 +50,10 @@ class NoInputError(D2SError):
     """Nothing to do: no images under the given paths."""
 
 
+class CommandLoadError(D2SError):
+    """A command's module cannot be imported (a broken or partial installation)."""
+
+
 class QueryError(D2SError):
     """The query cannot be run as asked (empty text, unknown mode, ...)."""
 

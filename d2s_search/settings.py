@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import tomllib
@@ -61,17 +62,37 @@ def load_config() -> dict:
     return flat
 
 
-def default_map_for(group, flat: dict) -> dict:
-    """click ``default_map`` giving every (sub)command the config values it has options for."""
-    import click
+def default_map_for(group, flat: dict) -> Mapping:
+    """click ``default_map`` giving every (sub)command the config values it has options for.
 
-    def walk(command) -> dict:
-        if isinstance(command, click.Group):
-            return {name: walk(sub) for name, sub in command.commands.items()}
-        names = {p.name for p in command.params}
-        return {k: v for k, v in flat.items() if k in names}
+    A group's entries are worked out when click asks for them, so a command's module is only
+    imported when that command runs (see ``cli.lazy``)."""
+    return _GroupDefaults(group, flat)
 
-    return walk(group)
+
+class _GroupDefaults(Mapping):
+    """Subcommand name -> its default map (a group's own options take none from the config)."""
+
+    def __init__(self, group, flat: dict) -> None:
+        self._group, self._flat, self._done = group, flat, {}
+
+    def __getitem__(self, name: str):
+        if name not in self._done:
+            import click
+
+            command = self._group.commands[name]  # KeyError: not a subcommand
+            self._done[name] = (_GroupDefaults(command, self._flat) if isinstance(command, click.Group)
+                                else {k: v for k, v in self._flat.items() if k in {p.name for p in command.params}})
+        return self._done[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._group.commands
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._group.commands)
+
+    def __len__(self) -> int:
+        return len(self._group.commands)
 
 
 def _state_file() -> Path:

@@ -1,6 +1,8 @@
 """The ``d2s-search`` command line: the click group, its entry point and the command modules.
 
 Each module here holds one command family and imports only ``cli.options`` / ``cli.output``, never this group.
+The group imports a command's module only when that command runs (``cli.lazy``): a one-query
+process does not pay for the others.
 """
 
 from __future__ import annotations
@@ -13,17 +15,34 @@ import traceback
 import click
 
 from d2s_search import redact, settings
-
-# The command modules stay attributes of this package under their own names (a command named like
-# its module, e.g. `serve`, must not hide the module).
-from d2s_search.cli import align, cluster, doctor, export, index, search, serve, train
-from d2s_search.cli import kibana as kibana_cli
+from d2s_search.cli.lazy import LazyGroup
 from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, D2SError
+
+# Command name -> "module:attribute" under d2s_search.cli, imported when the command is used.
+# Nothing binds a command to this package's namespace, so a command named like its module
+# (e.g. `serve`) never hides the module.
+COMMANDS = {
+    "export-onnx": "export:export_onnx",
+    "ingest": "search:ingest",
+    "query": "search:query",
+    "index": "index:index",
+    "serve": "serve:serve",
+    "serve-images": "serve:serve_images",
+    "dashboards": "cluster:dashboards",
+    "register-model": "cluster:register_model",
+    "embed": "train:embed",
+    "train": "train:train",
+    "evaluate": "train:evaluate_cmd",
+    "align": "align:align",
+    "kibana": "kibana:kibana",
+    "doctor": "doctor:doctor",
+}
 
 _DEBUG = {"on": os.environ.get("D2S_DEBUG") == "1"}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=LazyGroup, package=__name__, lazy_commands=COMMANDS,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(package_name="d2s-search")
 def cli(debug: bool) -> None:
@@ -40,11 +59,6 @@ def cli(debug: bool) -> None:
     if debug:
         _DEBUG["on"] = True
 
-
-for _command in (export.export_onnx, search.ingest, search.query, index.index, serve.serve, serve.serve_images,
-                 cluster.dashboards, cluster.register_model, train.embed, train.train, train.evaluate_cmd,
-                 align.align, kibana_cli.kibana, doctor.doctor):
-    cli.add_command(_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,7 +18,7 @@ from d2s_search.cli.options import (
     recorded_identity,
 )
 from d2s_search.cli.output import emit_json as _emit_json
-from d2s_search.cli.output import fit_path
+from d2s_search.cli.output import fit_path, table_lines, terminal_width
 from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, D2SError
 
 
@@ -253,33 +253,28 @@ def _show_result(result, as_json: bool, paths_only: bool = False, answered_by: s
     else:
         _print_hits(result)
         if answered_by:
-            console().print(f"[dim]answered by the running serve at {answered_by}[/dim]")
+            click.secho(f"answered by the running serve at {answered_by}", dim=True)
     if note:
         click.echo(f"note: {note}", err=True)  # stderr: --paths output stays pipeable
     return EXIT_OK
 
 
 def _print_hits(result) -> None:
-    from rich.table import Table
-
     if result.notice:  # before the hits: they are guesses
         click.echo(f"note: {result.notice}", err=True)
     if not result.hits:
         click.echo(f"no results ({result.mode}, {result.took_ms:.1f} ms)")
         return
-    out = console()
     # The path gets what the rank, score and at least 24 columns of matched terms leave;
-    # folders are shortened from the left, the file name never.
-    budget = max(20, out.width - 5 - 9 - 24 - 6)
-    shown = [fit_path(hit.path, budget) for hit in result.hits]
-    table = Table(box=None, pad_edge=False, show_edge=False)
-    table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("score", justify="right", no_wrap=True)
-    table.add_column("path", no_wrap=True, min_width=max(len(p) for p in shown))
-    table.add_column("matched terms", overflow="fold")
-    for rank, (hit, path) in enumerate(zip(result.hits, shown), start=1):
-        matched = ", ".join(f"{t} {c:.2f}" for t, c in hit.matched)
-        table.add_row(str(rank), f"{hit.score:.4f}", path, matched)
-    out.print(table)
+    # folders are shortened from the left, the file name never. Laid out without rich's Table
+    # (its import and layout were ~10% of a one-query process, docs/benchmarks.md).
+    budget = max(20, terminal_width() - 5 - 9 - 24 - 6)
+    rows = [(str(rank), f"{hit.score:.4f}", fit_path(hit.path, budget)) for rank, hit in enumerate(result.hits, 1)]
+    matched = [[f"{t} {c:.2f}" for t, c in hit.matched] for hit in result.hits]
+    header, *lines = table_lines(("#", "score", "path", "matched terms"), rows, matched, right={0, 1},
+                                 width=terminal_width())
+    click.secho(header, bold=True)
+    for line in lines:
+        click.echo(line)
     fused = f" ({result.fusion})" if getattr(result, "fusion", None) else ""
-    out.print(f"[dim]{len(result.hits)} result(s), {result.mode}{fused}, {result.took_ms:.1f} ms[/dim]")
+    click.secho(f"{len(result.hits)} result(s), {result.mode}{fused}, {result.took_ms:.1f} ms", dim=True)
