@@ -110,59 +110,100 @@ def test_shards_of_real_size_equal_brute_force(tmp_path):
             assert_ranking(backend.dense_search(q.dense, k, explain=0), brute_force_dense(docs, q.dense), k)
 
 
-def test_dense_is_exact_below_the_threshold_and_clustered_above(tmp_path, monkeypatch):
-    """Above APPROXIMATE_DENSE_FROM the dense plan scores the nearest clusters only: its
-    scores are exact inner products, its recall high on clustered vectors; it survives a
-    reopen (centroids cached) and appends (new rows joined to the old clusters)."""
+def clustered_docs(rng, centres, n, start):
     from d2s_search.backends.base import Document
+
+    out = []
+    for i in range(start, start + n):
+        vec = centres[i % len(centres)] + rng.normal(size=centres.shape[1]).astype(np.float32) * 0.5
+        out.append(Document(id=f"{i:064x}", path=f"/p/{i}", size_bytes=1, width=1, height=1,
+                            sparse={VOCAB[i % len(VOCAB)]: 1.0}, dense=vec))
+    return out
+
+
+def dense_recall(backend: LocalBackend, collection, queries_, k: int = 10) -> float:
+    """Mean recall@k against brute force; every score returned must be the exact one."""
+    recalls = []
+    for query in queries_:
+        exact = brute_force_dense(collection, query)
+        hits = backend.dense_search(query, k, explain=0)
+        scores = dict(exact)
+        for h in hits:
+            assert h.score == pytest.approx(scores[h.id], rel=1e-4, abs=1e-4)
+        assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+        recalls.append(len({h.id for h in hits} & {d for d, _ in exact[:k]}) / k)
+    return float(np.mean(recalls))
+
+
+def test_dense_is_exact_below_the_threshold_and_a_graph_above(tmp_path, monkeypatch):
+    """Above APPROXIMATE_DENSE_FROM every shard gets an HNSW graph that holds its vectors (the
+    plain copy is then not written, and ``dense`` is a view into the graph's bytes): scores
+    are exact inner products, recall against brute force high; it survives a reopen and
+    appends (full shards keep their graph file, hard-linked; the last shard's is rebuilt)."""
     from d2s_search.backends.local import backend as backend_mod
 
     monkeypatch.setattr(cache, "SHARD_ROWS", 64)
     monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 300)
     rng = np.random.default_rng(11)
     centres = rng.normal(size=(12, 16)).astype(np.float32) * 3
-
-    def docs(n, start):
-        out = []
-        for i in range(start, start + n):
-            vec = centres[i % 12] + rng.normal(size=16).astype(np.float32) * 0.5
-            out.append(Document(id=f"{i:064x}", path=f"/p/{i}", size_bytes=1, width=1, height=1,
-                                sparse={VOCAB[i % len(VOCAB)]: 1.0}, dense=vec))
-        return out
-
     backend = LocalBackend(tmp_path / "idx")
     backend.open(IDENTITY)
-    collection = docs(250, 0)
+    collection = clustered_docs(rng, centres, 250, 0)
     backend.upsert(collection)
     q = centres[3] + rng.normal(size=16).astype(np.float32) * 0.5
-    assert backend._search_state().centroids is None  # below: exact
+    assert not any("hnsw" in s.arrays for s in backend._search_state().shards)  # below: exact
     assert_ranking(backend.dense_search(q, 10, explain=0), brute_force_dense(collection, q), 10)
-    collection += docs(400, 250)
+    collection += clustered_docs(rng, centres, 400, 250)
     backend.upsert(collection[250:])
     state = backend._search_state()
-    assert state.centroids is not None and all("ivf_order" in s.arrays for s in state.shards)
+    assert all("hnsw" in s.arrays and np.shares_memory(s.arrays["dense"], s.arrays["hnsw"]) for s in state.shards)
+    assert not list(state.state_dir.glob("shard-*-dense.npy"))  # one copy of the vectors
     reopened = LocalBackend(tmp_path / "idx")
     reopened.open(IDENTITY, create=False)
+    probes = [centres[c] + rng.normal(size=16).astype(np.float32) * 0.5 for c in range(12)]
     for b in (backend, reopened):
-        recalls = []
-        for c in range(12):
-            query = centres[c] + rng.normal(size=16).astype(np.float32) * 0.5
-            want = brute_force_dense(collection, query)[:10]
-            hits = b.dense_search(query, 10, explain=0)
-            exact = dict(brute_force_dense(collection, query))
-            for h in hits:  # whatever it returns carries the exact score
-                assert h.score == pytest.approx(exact[h.id], rel=1e-4, abs=1e-4)
-            recalls.append(len({h.id for h in hits} & {d for d, _ in want}) / 10)
-        assert np.mean(recalls) >= 0.9
-    more = docs(100, 650)
-    reopened.upsert(more)  # appended rows join the existing clusters
+        assert dense_recall(b, collection, probes) >= 0.9
+        for k in (1, 100, 1000):  # k beyond the graph's search width, and beyond the index
+            hits = b.dense_search(probes[0], k, explain=0)
+            assert len(hits) == min(k, len(collection)) and len({h.id for h in hits}) == len(hits)
+    old_dir = reopened._search_state().state_dir
+    more = clustered_docs(rng, centres, 100, 650)
+    reopened.upsert(more)
     state = reopened._search_state()
-    assert np.array_equal(state.centroids, backend._search_state().centroids)
-    assert sum(s.arrays["ivf_order"].size for s in state.shards) == 750
+    assert (state.state_dir / "shard-00000-hnsw.npy").stat().st_ino == (old_dir / "shard-00000-hnsw.npy").stat().st_ino
     collection += more
-    query = centres[0] + rng.normal(size=16).astype(np.float32) * 0.5
-    want = {d for d, _ in brute_force_dense(collection, query)[:10]}
-    assert len({h.id for h in reopened.dense_search(query, 10, explain=0)} & want) >= 8
+    assert sum(s.rows for s in state.shards) == 750
+    assert dense_recall(reopened, collection, probes) >= 0.9
+    # Back under the threshold (a delete): exact again, the vectors written out plainly.
+    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 10**6)
+    reopened.delete([collection[-1].id])
+    collection.pop()
+    state = reopened._search_state()
+    assert not any("hnsw" in s.arrays for s in state.shards) and list(state.state_dir.glob("shard-*-dense.npy"))
+    assert_ranking(reopened.dense_search(q, 10, explain=0), brute_force_dense(collection, q), 10)
+
+
+def test_dense_graph_recall_on_real_clip_embeddings(tmp_path, monkeypatch):
+    """Real CLIP ViT-B/32 image vectors (flickr8k-100), caption vectors as queries: the graph
+    (threshold lowered, shards of 32 so that several graphs are merged) finds the exact top 10."""
+    from d2s_search.backends.base import Document, IndexIdentity
+    from d2s_search.backends.local import backend as backend_mod
+    from tests.helpers import SHARED_DATA
+
+    clip = SHARED_DATA / "flickr8k-100-clip-b32"
+    if not clip.is_dir():
+        pytest.skip(f"{clip} not found (shared test data)")
+    images = np.load(clip / "image_embeddings.npy")[::5]
+    captions = np.load(clip / "text_embeddings.npy")[::7]
+    monkeypatch.setattr(cache, "SHARD_ROWS", 32)
+    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 0)
+    backend = LocalBackend(tmp_path / "clip")
+    backend.open(IndexIdentity("clip", images.shape[1], "clip"))
+    docs = [Document(id=f"{i:064x}", path=f"/{i}", size_bytes=0, width=0, height=0, sparse={"x": 1.0},
+                     dense=images[i]) for i in range(len(images))]
+    backend.upsert(docs)
+    assert all("hnsw" in s.arrays for s in backend._search_state().shards)
+    assert dense_recall(backend, docs, captions) >= 0.95
 
 
 def test_frequent_terms_scored_from_dense_columns_equal_brute_force(tmp_path, monkeypatch):

@@ -25,18 +25,17 @@ import numpy as np
 from ...errors import BundleMismatchError, IndexStoreError, QueryError
 from ..base import Document, Hit, IndexIdentity, SparseVector
 from . import cache as cache_mod
-from . import kernels, store
+from . import graph, kernels, store
 from .cache import CacheUnusable, Shard, Structures
 from .store import FORMAT, Transaction
 
 __all__ = ["LocalBackend", "FORMAT", "APPROXIMATE_DENSE_FROM"]
 
-# Dense search is exact (every vector scored, in place) below this many documents and an
-# inverted file above it: about 4*sqrt(n) (at most 2,048) k-means clusters, of which the nearest
-# 1/DENSE_PROBE_DIVISOR (at least 8) are scored. Recall on real embeddings: docs/benchmarks.md.
+# Dense search is exact (every vector scored, in place) below this many documents and
+# approximate above it: one HNSW graph per shard (:mod:`.graph`, faiss, holding the shard's
+# vectors: no second copy), searched with max(graph.EF_SEARCH, k) candidates and the shards'
+# top-k merged. Recall on real embeddings and speed: docs/benchmarks.md.
 APPROXIMATE_DENSE_FROM = 100_000
-DENSE_PROBE_DIVISOR = 4
-DENSE_CLUSTERS: int | None = None  # fixed cluster count (recall benchmarks); None: the rule above
 
 
 def _db_errors(method):
@@ -447,8 +446,7 @@ class LocalBackend:
             (older,) = db.execute("SELECT COUNT(*) FROM docs WHERE seq <= ?", (current.max_seq,)).fetchone()
             if older == current.size:  # only appended since: extend the last shard and add new ones
                 return self._build(index_id, generation, mutations, base=current)[0]
-        hint = current.centroids if current is not None and current.index_id == index_id else None
-        return self._build(index_id, generation, mutations, base=None, problem=problem, centroids=hint)[0]
+        return self._build(index_id, generation, mutations, base=None, problem=problem)[0]
 
     def _rebuild(self) -> tuple[Structures, list[int]]:
         meta = self._meta()
@@ -462,7 +460,7 @@ class LocalBackend:
         return self.identity.dense_dim if self.identity else 0
 
     def _build(self, index_id: str, generation: int, mutations: int, base: Structures | None,
-               problem: str | None = None, centroids: np.ndarray | None = None) -> tuple[Structures, list[int]]:
+               problem: str | None = None) -> tuple[Structures, list[int]]:
         """Search structures from SQLite (from scratch, or ``base`` extended with the rows
         appended since), saved to the cache; ``problem`` is why the cache on disk was not
         used (said in the one warning line)."""
@@ -501,7 +499,7 @@ class LocalBackend:
                        f"(run `d2s-search index check --index {self.path}`)")
         built = Structures(index_id=index_id, generation=generation, mutations=mutations, max_seq=max_seq,
                            dim=dim, shards=shards, shard_rows=shard_rows)
-        self._cluster_dense(built, base.centroids if base is not None else centroids)
+        self._dense_graphs(built)
         kept = ""
         if index_id:
             try:
@@ -516,32 +514,19 @@ class LocalBackend:
             self._warn(f"search cache of {self.path} rebuilt{kept}")
         return built, lost
 
-    def _cluster_dense(self, built: Structures, centroids: np.ndarray | None) -> None:
-        """Above APPROXIMATE_DENSE_FROM documents: centroids (trained once, then kept across
-        appends and rebuilds: deleting documents barely moves them) and, per shard, its
-        vectors stored in cluster order (each cluster one contiguous run, scored in place)
-        with ``ivf_order`` (position -> row) and ``ivf_offsets`` (cluster -> positions)."""
-        if built.size < APPROXIMATE_DENSE_FROM or built.dim == 0:
-            for shard in built.shards:
-                if "ivf_order" in shard.arrays:
-                    _unclustered(shard)
-            return
-        if centroids is not None and centroids.shape[1] != built.dim:
-            centroids = None
-        if centroids is None:
-            sample = np.vstack([s.dense_rows() for s in built.shards[:4]])
-            clusters = DENSE_CLUSTERS or int(min(2048, max(8, 4 * np.sqrt(built.size)), max(1, len(sample) // 39)))
-            centroids = kernels.train_centroids(sample, clusters)
-            for shard in built.shards:  # new centroids: every shard is clustered again
-                if "ivf_order" in shard.arrays:
-                    _unclustered(shard)
-        built.centroids = centroids
+    def _dense_graphs(self, built: Structures) -> None:
+        """From APPROXIMATE_DENSE_FROM documents on, every shard gets an HNSW graph over its
+        vectors (full shards keep theirs across appends; a shard whose graph faiss cannot
+        build stays exact); below it, graphs are dropped."""
+        approximate = built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and graph.available()
         for shard in built.shards:
-            if "ivf_order" not in shard.arrays:
-                order, offsets = kernels.assign_clusters(shard.arrays["dense"], centroids)
-                shard.arrays["dense"] = np.ascontiguousarray(np.asarray(shard.arrays["dense"])[order])
-                shard.arrays["ivf_order"], shard.arrays["ivf_offsets"] = order, offsets
-                shard.dirty |= {"dense", "ivf_order", "ivf_offsets"}
+            if approximate and "hnsw" not in shard.arrays and shard.rows:
+                blob = graph.build(shard.dense_rows())
+                if blob is not None:
+                    shard.attach_graph(blob, built.dim)
+                    shard.dirty.add("hnsw")
+            elif not approximate and "hnsw" in shard.arrays:
+                shard.detach_graph()
 
     # -- search ---------------------------------------------------------------------------
 
@@ -648,28 +633,34 @@ class LocalBackend:
                 return []
             if query.shape[0] != state.dim:
                 raise QueryError(f"query vector has {query.shape[0]} dims, the index {state.dim}")
-            probes = None
-            if state.centroids is not None:
-                n_probe = min(len(state.centroids), max(8 if DENSE_CLUSTERS is None else 1,
-                                                         len(state.centroids) // DENSE_PROBE_DIVISOR))
-                probes = np.argpartition(-(state.centroids @ query), n_probe - 1)[:n_probe]
-            candidates = []
-            for shard in state.shards:
-                self._validated(shard)
-                if probes is None:  # exact: every vector, read in place
-                    scores = shard.arrays["dense"] @ query
-                    rows = kernels.top_rows_any_sign(scores, k)
-                    candidates.append((rows + shard.start, scores[rows]))
-                    continue
-                positions, scores = kernels.score_clusters(shard.arrays["dense"], shard.arrays["ivf_offsets"],
-                                                           probes, query)
-                best = kernels.top_rows_any_sign(scores, k)
-                rows = shard.arrays["ivf_order"][positions[best]].astype(np.int64)
-                candidates.append((rows + shard.start, scores[best]))
-            rows, scores = kernels.merge_top(candidates, k)
+            rows, scores = self._dense_top(state, query, k)
             return self._hits(state, rows, scores, explain_with or {}, explain)
 
         return self._searching(run)
+
+    def _dense_top(self, state: Structures, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Global rows and inner products of the dense top-k: exact per shard (every vector,
+        in place) or through the shard's graph, merged."""
+        candidates = []
+        for shard in state.shards:
+            self._validated(shard)
+            if "hnsw" in shard.arrays:
+                rows, scores = graph.search(self._graph_of(shard), query, k, graph.EF_SEARCH)
+            else:
+                scores = shard.arrays["dense"] @ query
+                rows = kernels.top_rows_any_sign(scores, k)
+                scores = scores[rows]
+            candidates.append((rows + shard.start, scores))
+        return kernels.merge_top(candidates, k)
+
+    def _graph_of(self, shard: Shard):
+        try:
+            return shard.dense_graph()
+        except CacheUnusable as exc:  # damaged: rebuild, and stop this search cleanly
+            self._structures_cache = None
+            self._seen_version = None
+            self._warn(f"search cache of {self.path} unusable ({exc}): rebuilding it from the database")
+            raise _Retry from None
 
     def explain_hits(self, hits: list[Hit], query: SparseVector, explain: int = 5) -> None:
         """Fill ``matched`` of hits (e.g. after fusion) from the cached rows, in place."""
@@ -742,14 +733,6 @@ class LocalBackend:
 
 class _Retry(Exception):
     """A shard was found damaged during a search: rebuild and search again."""
-
-
-def _unclustered(shard: Shard) -> None:
-    """Back to row order (the clusters are about to change or go)."""
-    shard.arrays["dense"] = shard.dense_rows()
-    shard.arrays.pop("ivf_order")
-    shard.arrays.pop("ivf_offsets")
-    shard.dirty.add("dense")
 
 
 def _first_dim(db: sqlite3.Connection) -> int:
