@@ -243,3 +243,74 @@ def test_frequent_terms_scored_from_dense_columns_equal_brute_force(tmp_path, mo
     shard.arrays["dense_columns"] = shard.arrays["dense_columns"][:, :-1]
     with pytest.raises(cache.CacheUnusable, match="dense columns"):
         shard.validate()
+
+
+class ClientFused:
+    """The same backend without its own hybrid_search: run_query then fuses in search.py."""
+
+    def __init__(self, backend: LocalBackend) -> None:
+        self.backend = backend
+
+    def sparse_search(self, *args, **kwargs):
+        return self.backend.sparse_search(*args, **kwargs)
+
+    def dense_search(self, *args, **kwargs):
+        return self.backend.dense_search(*args, **kwargs)
+
+    def explain_hits(self, *args, **kwargs):
+        return self.backend.explain_hits(*args, **kwargs)
+
+
+def test_hybrid_fused_on_arrays_equals_the_client_fusion(tmp_path, monkeypatch):
+    """The local backend fuses hybrid runs itself (arrays, hits built for the k fused rows
+    only): ids, fused scores, per-run parts, explanations, paths and urls are exactly those
+    of search.py's fusion of the same runs, ties (duplicated documents) broken by id alike."""
+    monkeypatch.setattr(cache, "SHARD_ROWS", 16)
+    docs = synthetic_docs(70, seed=21)
+    for i, twin in enumerate(synthetic_docs(12, seed=21)[:12]):  # exact ties: same vectors, other ids
+        twin.id = f"{0xffff - i:064x}" if i % 2 else f"{i:064x}"
+        docs.append(twin)
+    backend = LocalBackend(tmp_path / "idx")
+    backend.open(IDENTITY)
+    backend.upsert(docs)
+    client = ClientFused(backend)
+    for q in queries(4) + [QueryVectors(full={"nope": 1.0}, own={}, dense=docs[3].dense)]:
+        for options in (SearchOptions(mode="hybrid", k=1, window=5), SearchOptions(mode="hybrid", k=5, alpha=0.3),
+                        SearchOptions(mode="hybrid", k=10, fusion="rrf", window=40),
+                        SearchOptions(mode="hybrid", k=60, window=200, explain=3)):
+            native = run_query(backend, q, options)
+            reference = run_query(client, q, options)
+            assert native.fusion == reference.fusion == f"client-{options.fusion}"
+            assert [(h.id, h.score, h.parts, h.matched, h.path, h.url) for h in native.hits] == \
+                   [(h.id, h.score, h.parts, h.matched, h.path, h.url) for h in reference.hits]
+            assert native.hits
+
+
+def test_explanations_read_from_postings_equal_those_read_from_rows():
+    """Many hits are explained from the query's posting lists (binary searches, dense
+    columns read directly): the same terms and float32 contributions, in the same order (ties
+    by term id), as from each row's own postings."""
+    rng = np.random.default_rng(5)
+    rows_, cols_ = 300, 40
+    dense = np.where(rng.random((rows_, cols_)) < 0.3, rng.choice([0.5, 1.0, 1.5], size=(rows_, cols_)), 0.0)
+    dense[:, 7] = 1.0  # a term in every row (gets a dense column)
+    dense = dense.astype(np.float32)
+    csr_indptr = np.concatenate([[0], np.cumsum((dense > 0).sum(axis=1))]).astype(np.int64)
+    csr_indices = np.concatenate([np.flatnonzero(r) for r in dense]).astype(np.int32)
+    csr_data = dense[dense > 0]
+    csc_indptr = np.concatenate([[0], np.cumsum((dense > 0).sum(axis=0))]).astype(np.int32)
+    csc_indices = np.concatenate([np.flatnonzero(c) for c in dense.T]).astype(np.int32)
+    csc_data = dense.T[dense.T > 0]
+    terms, columns = cache.dense_columns(csc_indptr, csc_indices, csc_data, rows_)
+    assert 7 in terms.tolist()
+    query_cols = np.array([1, 3, 7, 8, 20, 39, 45], dtype=np.int64)  # 45: a term newer than the shard
+    weights = np.array([1.0, 2.0, 0.5, 1.0, 1.0, 3.0, 1.0], dtype=np.float32)
+    for picked in (rng.permutation(rows_)[:200], np.arange(rows_), np.array([5, 5 + 1, 299, 0])):
+        for n in (1, 3, 10):
+            want = kernels.explain_rows(csr_indptr, csr_indices, csr_data, picked, query_cols, weights, n)
+            for extra in ((None, None), (terms, columns)):
+                slots, values = kernels.explain_by_postings(csc_indptr, csc_indices, csc_data, picked, query_cols,
+                                                            weights, n, *extra)
+                got = [[(int(query_cols[s]), v) for s, v in zip(row_s, row_v) if v > 0]
+                       for row_s, row_v in zip(slots.tolist(), values.tolist())]
+                assert got == want

@@ -36,6 +36,9 @@ __all__ = ["LocalBackend", "FORMAT", "APPROXIMATE_DENSE_FROM"]
 # vectors: no second copy), searched with max(graph.EF_SEARCH, k) candidates and the shards'
 # top-k merged. Recall on real embeddings and speed: docs/benchmarks.md.
 APPROXIMATE_DENSE_FROM = 100_000
+# Explanations of this many hits of a shard or more are read from the query's posting lists
+# (one binary search per term) rather than from each hit's own postings.
+EXPLAIN_BY_POSTINGS_FROM = 64
 
 
 def _db_errors(method):
@@ -65,6 +68,7 @@ class LocalBackend:
         self._write_checked = False
         self._warned: set[str] = set()
         self.identity: IndexIdentity | None = None
+        self.last_fusion: str | None = None  # who fused the last hybrid search (run_query reports it)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -638,6 +642,62 @@ class LocalBackend:
 
         return self._searching(run)
 
+    @_db_errors
+    def hybrid_search(self, sparse: SparseVector, vector: np.ndarray, options) -> list[Hit]:
+        """Sparse + dense fused here on arrays (the definitions of :func:`search.fuse_minmax` and
+        :func:`search.fuse_rrf`, same float64 sums, ties by document id), hits and explanations
+        built for the k fused rows only. ``Hit.parts`` holds each run's score."""
+        query = np.asarray(vector, dtype=np.float32).reshape(-1)
+        n, k = int(options.candidates), int(options.k)
+
+        def run(state: Structures) -> list[Hit]:
+            if state.size and query.shape[0] != state.dim:
+                raise QueryError(f"query vector has {query.shape[0]} dims, the index {state.dim}")
+            runs = [("sparse", *self._sparse_top(state, sparse, n))]
+            runs.append(("dense", *(self._dense_top(state, query, n) if state.size else (np.zeros(0, np.int64),) * 2)))
+            if options.fusion == "rrf":
+                weights = {name: 1.0 / (int(options.rrf_k) + np.arange(1, rows.size + 1)) for name, rows, _ in runs}
+            else:
+                weights = {name: _minmax(scores, (1 - float(options.alpha)) if name == "sparse" else float(options.alpha))
+                           for name, _, scores in runs}
+            rows = np.unique(np.concatenate([r for _, r, _ in runs]))
+            totals = np.zeros(rows.size, dtype=np.float64)
+            parts = []
+            for name, run_rows, scores in runs:
+                at = np.searchsorted(rows, run_rows)
+                totals[at] += weights[name]
+                parts.append((name, at, scores))
+            return self._fused_hits(state, rows, totals, parts, sparse, k, int(options.explain))
+
+        hits = self._searching(run)
+        self.last_fusion = f"client-{options.fusion}"
+        return hits
+
+    def _fused_hits(self, state: Structures, rows: np.ndarray, totals: np.ndarray, parts: list,
+                    query: SparseVector, k: int, explain: int) -> list[Hit]:
+        """The k best fused rows, ties by document id (as the client's fusion), as hits."""
+        if rows.size == 0:
+            return []
+        if rows.size > k:
+            kth = np.partition(-totals, k - 1)[k - 1]
+            keep = np.flatnonzero(-totals <= kth)  # the top k and whatever ties the k-th
+        else:
+            keep = np.arange(rows.size)
+        ids = self._hits(state, rows[keep], totals[keep], {}, 0)
+        ranked = sorted(range(keep.size), key=lambda i: (-ids[i].score, ids[i].id))[:k]
+        keep = keep[ranked]
+        hits = [ids[i] for i in ranked]
+        for name, at, scores in parts:
+            where = np.full(rows.size, -1, dtype=np.int64)
+            where[at] = np.arange(at.size)
+            for hit, j in zip(hits, where[keep].tolist()):
+                if j >= 0:
+                    hit.parts[name] = float(scores[j])
+        if explain and query:
+            for hit, terms in zip(hits, self._explain(state, rows[keep], query, explain)):
+                hit.matched = terms
+        return hits
+
     def _dense_top(self, state: Structures, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Global rows and inner products of the dense top-k: exact per shard (every vector,
         in place) or through the shard's graph, merged."""
@@ -696,43 +756,72 @@ class LocalBackend:
         """Hits from the cached arrays (no SQLite): ids, paths, URLs, explained words."""
         if len(rows) == 0:
             return []
-        matched = self._explain(state, rows, query, explain) if (explain and query) else [[] for _ in rows]
-        ids: list[str] = [""] * len(rows)
-        paths: list[str] = [""] * len(rows)
-        urls: list[str | None] = [None] * len(rows)
+        matched = self._explain(state, rows, query, explain) if (explain and query) else [[] for _ in rows.tolist()]
         shard_of = rows // state.shard_rows
-        for j in sorted(set(shard_of.tolist())):
-            shard = state.shards[j]
-            picked = np.flatnonzero(shard_of == j)
+        if shard_of[0] == shard_of[-1] and np.all(shard_of == shard_of[0]):
+            parts = [(np.arange(rows.size), state.shards[int(shard_of[0])])]
+        else:
+            parts = [(np.flatnonzero(shard_of == j), state.shards[j]) for j in sorted(set(shard_of.tolist()))]
+        ids: list[str] = []
+        paths: list[str] = []
+        urls: list[str | None] = []
+        at: list[int] = []
+        for picked, shard in parts:
             local = rows[picked] - shard.start
-            has_url = shard.arrays["has_url"][local].tolist()
-            for i, doc_id, path, url, present in zip(picked.tolist(), shard.strings("ids", local),
-                                                     shard.strings("paths", local), shard.strings("urls", local), has_url):
-                ids[i], paths[i], urls[i] = doc_id, path, url if present else None
-        return [Hit(id=doc_id, score=score, path=path, url=url, matched=terms)
-                for doc_id, score, path, url, terms in zip(ids, np.asarray(scores, dtype=np.float64).tolist(), paths, urls, matched)]
+            ids += shard.strings("ids", local)
+            paths += shard.strings("paths", local)
+            has_url = shard.arrays["has_url"][local]
+            shard_urls: list[str | None] = [None] * local.size
+            if has_url.any():
+                with_url = np.flatnonzero(has_url)
+                for i, url in zip(with_url.tolist(), shard.strings("urls", local[with_url])):
+                    shard_urls[i] = url
+            urls += shard_urls
+            at += picked.tolist()
+        if len(parts) > 1:  # back to the order of ``rows``
+            back = np.argsort(np.asarray(at))
+            ids, paths, urls = ([values[i] for i in back.tolist()] for values in (ids, paths, urls))
+        return list(map(Hit, ids, np.asarray(scores, dtype=np.float64).tolist(), paths, urls, matched))
 
     def _explain(self, state: Structures, rows: np.ndarray, query: SparseVector, n: int) -> list[list[tuple[str, float]]]:
-        """The n terms contributing most to each row's sparse score, largest first."""
+        """The n terms contributing most to each row's sparse score, largest first (ties by
+        term id). Few rows: read from their own postings; many: from the query's lists."""
         cols, weights = self._query_columns(query)
         out: list[list[tuple[str, float]]] = [[] for _ in rows.tolist()]
         if cols.size == 0 or n <= 0:
             return out
         shard_of = rows // state.shard_rows
         terms = self._terms
+        names = np.asarray([terms[c] if c < len(terms) else "" for c in cols.tolist()], dtype=object)
         for j in sorted(set(shard_of.tolist())):
             shard = state.shards[j]
             a = shard.arrays
             picked = np.flatnonzero(shard_of == j)
-            explained = kernels.explain_rows(a["csr_indptr"], a["csr_indices"], a["csr_data"],
-                                             rows[picked] - shard.start, cols, weights, n)
-            for i, pairs in zip(picked.tolist(), explained):
-                out[i] = [(terms[c], v) for c, v in pairs if c < len(terms)]
+            local = rows[picked] - shard.start
+            if picked.size < EXPLAIN_BY_POSTINGS_FROM:
+                explained = kernels.explain_rows(a["csr_indptr"], a["csr_indices"], a["csr_data"], local, cols, weights, n)
+                for i, pairs in zip(picked.tolist(), explained):
+                    out[i] = [(terms[c], v) for c, v in pairs if c < len(terms)]
+                continue
+            slots, values = kernels.explain_by_postings(a["csc_indptr"], a["csc_indices"], a["csc_data"], local,
+                                                        cols, weights, n, a.get("dense_terms"), a.get("dense_columns"))
+            counts = (values > 0).sum(axis=1).tolist()
+            for i, row_names, row_values, count in zip(picked.tolist(), names[slots].tolist(), values.tolist(), counts):
+                out[i] = list(zip(row_names[:count], row_values[:count]))
         return out
 
 
 class _Retry(Exception):
     """A shard was found damaged during a search: rebuild and search again."""
+
+
+def _minmax(scores: np.ndarray, weight: float) -> np.ndarray:
+    """weight * min-max normalised scores (all 1 when they are equal), as fuse_minmax."""
+    values = np.asarray(scores, dtype=np.float64)
+    if values.size == 0:
+        return values
+    low, span = values.min(), values.max() - values.min()
+    return weight * ((values - low) / span if span > 0 else np.ones_like(values))
 
 
 def _first_dim(db: sqlite3.Connection) -> int:

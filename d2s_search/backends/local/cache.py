@@ -160,13 +160,23 @@ class Shard:
         return self.strings(name, np.asarray([row]))[0]
 
     def strings(self, name: str, rows: np.ndarray) -> list[str]:
-        """The strings of these rows (offsets gathered at once, bytes sliced from a memoryview)."""
+        """The strings of these rows: their bytes gathered in one go and, when all ASCII (ids,
+        most paths), decoded once and cut; else decoded one by one from a memoryview."""
         offsets = self.arrays[f"{name}_offsets"]
+        starts, ends = offsets[rows], offsets[rows + 1]
+        lengths = ends - starts
+        if rows.size > 8:
+            ends_out = np.cumsum(lengths)
+            positions = np.arange(int(ends_out[-1])) + np.repeat(starts - (ends_out - lengths), lengths)
+            raw = self.arrays[f"{name}_blob"][positions]
+            if not raw.size or int(raw.max()) < 128:
+                text = raw.tobytes().decode("ascii")
+                bounds = [0, *ends_out.tolist()]
+                return [text[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
         view = self._views.get(name)
         if view is None:
             view = self._views[name] = memoryview(np.ascontiguousarray(self.arrays[f"{name}_blob"])).cast("B")
-        return [view[lo:hi].tobytes().decode("utf-8", "surrogatepass")
-                for lo, hi in zip(offsets[rows].tolist(), offsets[rows + 1].tolist())]
+        return [view[lo:hi].tobytes().decode("utf-8", "surrogatepass") for lo, hi in zip(starts.tolist(), ends.tolist())]
 
     def url(self, row: int) -> str | None:
         return self.string("urls", row) if self.arrays["has_url"][row] else None
