@@ -106,7 +106,8 @@ from d2s_search.backends.local import LocalBackend
 imported = time.perf_counter()
 b = LocalBackend(sys.argv[1]); b.open(None, create=False); state = b._search_state()
 opened = time.perf_counter()
-queries = json.loads(sys.argv[2])
+payload = json.loads(open(sys.argv[2]).read())
+queries = payload["sparse"]
 def rss():
     status = open('/proc/self/status').read()
     return int(status.split('VmRSS:')[1].split()[0]) // 1024
@@ -114,7 +115,7 @@ for q in queries:
     b.sparse_search(q, 10, explain=5)
 sparse_rss = rss()
 import numpy as np
-for v in json.loads(sys.argv[3]):
+for v in payload["dense"]:
     b.dense_search(np.asarray(v, dtype=np.float32), 100, explain=0)
 status = open('/proc/self/status').read()
 peak = int(status.split('VmHWM:')[1].split()[0]) // 1024  # ru_maxrss would count the forking parent
@@ -126,10 +127,13 @@ print(json.dumps({"import_s": imported - t0, "open_s": opened - imported, "rss_m
 def open_in_new_process(path: Path, queries: list) -> dict:
     """Open time and memory of a fresh process (the page cache is warm: the files were just read)."""
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    sparse = json.dumps([q.full for q in queries[:100]])
-    dense = json.dumps([np.round(q.dense, 6).tolist() for q in queries[:100]])
-    runs = [json.loads(subprocess.run([sys.executable, "-c", OPEN_SCRIPT, str(path), sparse, dense], env=env, check=True,
-                                      capture_output=True, text=True).stdout) for _ in range(3)]
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as payload:
+        json.dump({"sparse": [q.full for q in queries[:100]], "dense": [q.dense.tolist() for q in queries[:100]]}, payload)
+        payload.flush()
+        runs = [json.loads(subprocess.run([sys.executable, "-c", OPEN_SCRIPT, str(path), payload.name], env=env,
+                                          check=True, capture_output=True, text=True).stdout) for _ in range(3)]
     best = min(runs, key=lambda r: r["open_s"])
     return {"open_seconds_best_of_3": round(best["open_s"], 3), "import_seconds": round(best["import_s"], 3),
             "rss_mb_after_100_queries": best["rss_mb_after_queries"],

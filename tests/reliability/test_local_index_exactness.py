@@ -144,6 +144,7 @@ def test_dense_is_exact_below_the_threshold_and_a_graph_above(tmp_path, monkeypa
 
     monkeypatch.setattr(cache, "SHARD_ROWS", 64)
     monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 300)
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)  # tiny shards: the graph for every k < rows
     rng = np.random.default_rng(11)
     centres = rng.normal(size=(12, 16)).astype(np.float32) * 3
     backend = LocalBackend(tmp_path / "idx")
@@ -166,6 +167,10 @@ def test_dense_is_exact_below_the_threshold_and_a_graph_above(tmp_path, monkeypa
         for k in (1, 100, 1000):  # k beyond the graph's search width, and beyond the index
             hits = b.dense_search(probes[0], k, explain=0)
             assert len(hits) == min(k, len(collection)) and len({h.id for h in hits}) == len(hits)
+    # A k that is a large share of a shard's rows is a scan of its vectors: exact.
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1 / 48)
+    assert_ranking(reopened.dense_search(probes[1], 50, explain=0), brute_force_dense(collection, probes[1]), 50)
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
     old_dir = reopened._search_state().state_dir
     more = clustered_docs(rng, centres, 100, 650)
     reopened.upsert(more)
@@ -197,6 +202,7 @@ def test_dense_graph_recall_on_real_clip_embeddings(tmp_path, monkeypatch):
     captions = np.load(clip / "text_embeddings.npy")[::7]
     monkeypatch.setattr(cache, "SHARD_ROWS", 32)
     monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 0)
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
     backend = LocalBackend(tmp_path / "clip")
     backend.open(IndexIdentity("clip", images.shape[1], "clip"))
     docs = [Document(id=f"{i:064x}", path=f"/{i}", size_bytes=0, width=0, height=0, sparse={"x": 1.0},

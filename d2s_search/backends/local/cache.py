@@ -133,11 +133,12 @@ class Shard:
         if self._graph is None and "hnsw" in self.arrays:
             blob = self.arrays["hnsw"]
             try:
-                graph.check(blob, graph.layout(blob, self.rows, self.arrays["dense"].shape[1]), self.rows)
+                where = graph.layout(blob, self.rows, self.arrays["dense"].shape[1])
+                graph.check(blob, where, self.rows)
             except DamagedArrays as exc:
                 raise CacheUnusable(f"shard at row {self.start} is damaged: {exc}") from None
             try:
-                self._graph = graph.open_index(blob)
+                self._graph = graph.open_index(blob, where)
             except RuntimeError as exc:  # faiss's own reader refused it
                 raise CacheUnusable(f"shard at row {self.start} is damaged: {str(exc).splitlines()[-1]}") from None
         return self._graph

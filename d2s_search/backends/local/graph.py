@@ -6,7 +6,8 @@ faiss serialises an ``IndexHNSWFlat`` as ``IHNf``, an index header, the graph
 ``entry_point``, ``max_level``, ``efConstruction``, ``efSearch``, ``upper_beam``) and its
 storage (``IxFI``, an index header, the vectors); see faiss ``impl/index_write.cpp``
 (``write_HNSW``, ``write_index_header``). The cache keeps those bytes as one ``uint8`` array
-(``hnsw``); faiss's ``ZeroCopyIOReader`` reads the neighbours and the vectors as views of the
+(``hnsw``), after a little-endian uint64 giving where they start (padding that puts the
+vectors on a 64-byte boundary: numpy and BLAS read them in place at full speed); faiss's ``ZeroCopyIOReader`` reads the neighbours and the vectors as views of the
 mapping, and the shard's ``dense`` array is a numpy view of the same vectors: one copy on disk
 and in memory, whichever side reads them.
 
@@ -35,8 +36,9 @@ _METRIC_INNER_PRODUCT = 0
 
 @dataclass
 class Layout:
-    """Where the parts of a serialised graph sit in its bytes."""
+    """Where the parts of a serialised graph sit in its bytes (offsets from the array's start)."""
 
+    base: int  # where faiss's bytes start
     cum: tuple[int, int]  # (byte offset, count) of cum_nneighbor_per_level (int32)
     levels: tuple[int, int]  # int32
     offsets: tuple[int, int]  # uint64
@@ -67,11 +69,17 @@ def build(vectors: np.ndarray) -> np.ndarray | None:
     index.hnsw.efConstruction = EF_CONSTRUCTION
     index.hnsw.efSearch = EF_SEARCH
     index.add(np.ascontiguousarray(vectors, dtype=np.float32))
-    blob = faiss.serialize_index(index)
+    serialised = faiss.serialize_index(index)
+    del index
     try:
-        check(blob, layout(blob, rows, dim), rows)
+        where = layout(np.concatenate([np.frombuffer(np.uint64(8).tobytes(), np.uint8), serialised]), rows, dim)
     except DamagedArrays:  # a faiss that writes another layout
         return None
+    base = 8 + (-where.vectors) % 64
+    blob = np.zeros(base + serialised.size, dtype=np.uint8)
+    blob[:8] = np.frombuffer(np.uint64(base).tobytes(), np.uint8)
+    blob[base:] = serialised
+    check(blob, layout(blob, rows, dim), rows)
     return blob
 
 
@@ -97,9 +105,12 @@ def _header_at(blob: np.ndarray, at: int, fourcc: bytes, rows: int, dim: int) ->
 
 def layout(blob: np.ndarray, rows: int, dim: int) -> Layout:
     """Walk the serialised index, checking every length against ``rows`` and ``dim``."""
-    if blob.dtype != np.uint8 or blob.ndim != 1:
+    if blob.dtype != np.uint8 or blob.ndim != 1 or blob.size < 8:
         raise DamagedArrays("graph file is not a byte array")
-    at = _header_at(blob, 0, b"IHNf", rows, dim)
+    (base,) = struct.unpack("<Q", blob[:8].tobytes())
+    if not 8 <= base < 8 + 64:
+        raise DamagedArrays("graph file has a wrong start")
+    at = _header_at(blob, base, b"IHNf", rows, dim)
     _, at = _vector_at(blob, at, 8, 64)  # assign_probas
     cum, at = _vector_at(blob, at, 4, 65)
     levels, at = _vector_at(blob, at, 4, rows)
@@ -115,7 +126,7 @@ def layout(blob: np.ndarray, rows: int, dim: int) -> Layout:
     at += 8
     if floats != rows * dim or at + 4 * rows * dim != blob.size:
         raise DamagedArrays("graph file's vectors do not match the shard")
-    return Layout(cum=cum, levels=levels, offsets=offsets, neighbors=neighbors, entry_point=entry_point,
+    return Layout(base=base, cum=cum, levels=levels, offsets=offsets, neighbors=neighbors, entry_point=entry_point,
                   max_level=max_level, vectors=at)
 
 
@@ -163,11 +174,11 @@ def check(blob: np.ndarray, where: Layout, rows: int) -> None:
             raise DamagedArrays("a graph layer links a node that is not on it")
 
 
-def open_index(blob: np.ndarray):
+def open_index(blob: np.ndarray, where: Layout):
     """A faiss index reading the (checked) bytes in place: neighbours and vectors are views."""
     import faiss
 
-    reader = faiss.ZeroCopyIOReader(faiss.swig_ptr(blob), blob.size)
+    reader = faiss.ZeroCopyIOReader(faiss.swig_ptr(blob[where.base :]), blob.size - where.base)
     return faiss.read_index(reader)
 
 
