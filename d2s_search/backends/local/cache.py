@@ -48,7 +48,7 @@ from .store import CACHE_POINTER as POINTER
 from .store import LEGACY_CACHE, fsync_dir, is_temp_name, write_atomic
 
 SHARD_ROWS = 65536
-CACHE_FORMAT = "d2s-local-cache/4"  # 4: approximate dense search over per-shard HNSW graphs
+CACHE_FORMAT = "d2s-local-cache/5"  # 3: dense clusters; 4 (main): 16-bit posting ids; 5: per-shard HNSW graphs
 STALE_SECONDS = 120  # an unreferenced state this old is no longer being written by anyone
 
 STRING_FIELDS = ("ids", "paths", "urls")
