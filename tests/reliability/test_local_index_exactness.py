@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from d2s_search.backends.base import Hit
-from d2s_search.backends.local import LocalBackend, cache, kernels
+from d2s_search.backends.local import LocalBackend, cache, graph, kernels
 from d2s_search.search import QueryVectors, SearchOptions, fuse_minmax, fuse_rrf, run_query
 from tests.helpers import brute_force_dense, brute_force_sparse
 from tests.reliability.local_index_fixtures import IDENTITY, VOCAB, synthetic_docs
@@ -170,6 +170,15 @@ def test_dense_is_exact_below_the_threshold_and_a_graph_above(tmp_path, monkeypa
     # A k that is a large share of a shard's rows is a scan of its vectors: exact.
     monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1 / 48)
     assert_ranking(reopened.dense_search(probes[1], 50, explain=0), brute_force_dense(collection, probes[1]), 50)
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
+    # A faiss that cannot read graphs in place (before 1.11) scans them too: exact, no crash.
+    monkeypatch.setattr(graph, "available", lambda: False)
+    fresh = LocalBackend(tmp_path / "idx")
+    fresh.open(IDENTITY, create=False)
+    assert_ranking(fresh.dense_search(probes[2], 10, explain=0), brute_force_dense(collection, probes[2]), 10)
+    monkeypatch.undo()
+    monkeypatch.setattr(cache, "SHARD_ROWS", 64)
+    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 300)
     monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
     old_dir = reopened._search_state().state_dir
     more = clustered_docs(rng, centres, 100, 650)

@@ -708,7 +708,7 @@ class LocalBackend:
         candidates = []
         for shard in state.shards:
             self._validated(shard)
-            if "hnsw" in shard.arrays and k < GRAPH_K_SHARE * shard.rows:
+            if "hnsw" in shard.arrays and k < GRAPH_K_SHARE * shard.rows and graph.available():
                 rows, scores = graph.search(self._graph_of(shard), query, k, graph.EF_SEARCH)
             else:
                 scores = shard.arrays["dense"] @ query

@@ -130,7 +130,7 @@ class Shard:
     def dense_graph(self):
         """The faiss index over this shard's graph (None: none), checked before first use
         (neighbour ids, lists and levels: what keeps faiss inside the arrays)."""
-        if self._graph is None and "hnsw" in self.arrays:
+        if self._graph is None and "hnsw" in self.arrays and graph.available():
             blob = self.arrays["hnsw"]
             try:
                 where = graph.layout(blob, self.rows, self.arrays["dense"].shape[1])

@@ -20,6 +20,7 @@ file can cost recall but cannot make faiss read outside the shard's arrays.
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 
@@ -48,8 +49,10 @@ class Layout:
     vectors: int  # byte offset of the float32 vectors (rows x dim)
 
 
+@functools.cache
 def available() -> bool:
-    """faiss with zero-copy reading (1.11 and later)."""
+    """faiss with zero-copy reading (1.11 and later); without it graphs written by another
+    install are not read (their shards are scanned) and none are built."""
     try:
         import faiss
     except ImportError:  # pragma: no cover
@@ -60,10 +63,10 @@ def available() -> bool:
 def build(vectors: np.ndarray) -> np.ndarray | None:
     """The serialised graph over these vectors (inner product, rows = labels), or None when
     this faiss cannot be read back zero-copy (the dense side then stays exact)."""
-    import faiss
-
     if not available():
         return None
+    import faiss
+
     rows, dim = vectors.shape
     index = faiss.IndexHNSWFlat(dim, M, faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efConstruction = EF_CONSTRUCTION
