@@ -85,6 +85,34 @@ def measure(name: str, vectors: np.ndarray, queries: np.ndarray, ks=(10,), width
     return out
 
 
+def existing_index_runs(path: Path, n_queries: int, widths=(64, 128, 256, 512)) -> list[dict]:
+    """An index as it stands (e.g. bench_local_backend.py's, graphs built at its size), random
+    unit queries like that benchmark's: the graphs' recall@10 and p50 per search width
+    against an exact numpy scan of the same vectors."""
+    backend = local_pkg.LocalBackend(path)
+    backend.open(None, create=False)
+    state = backend._search_state()
+    matrix = np.vstack([s.dense_rows() for s in state.shards])
+    rng = np.random.default_rng(99)
+    queries = [dense_vectors(1, matrix.shape[1], seed=int(rng.integers(1 << 30)))[0] for _ in range(n_queries)]
+    exact = [set(np.argsort(-(matrix @ q), kind="stable")[:10].tolist()) for q in queries]
+    out = []
+    for width in widths:
+        graph.EF_SEARCH = width
+        recalls, times = [], []
+        for q, wanted in zip(queries, exact):
+            t0 = time.perf_counter()
+            rows, _ = backend._dense_top(state, q, 10)
+            times.append(time.perf_counter() - t0)
+            recalls.append(len(set(rows.tolist()) & wanted) / 10)
+        out.append({"vectors": f"{path.name} (random unit vectors)", "documents": len(matrix), "queries": n_queries,
+                    "k": 10, "graphs": sum("hnsw" in s.arrays for s in state.shards), "ef_search": width,
+                    "recall@10": round(float(np.mean(recalls)), 3), "graph_p50_ms": round(float(np.median(times)) * 1000, 3)})
+        print(json.dumps(out[-1]), file=sys.stderr)
+    graph.EF_SEARCH = DEFAULT_WIDTH
+    return out
+
+
 def photo_runs(index: Path, bundle_path: Path, n_queries: int) -> list[dict]:
     """The flickr8k-800 photos as the ingest stored them; their captions through the same
     bundle's text encoder as queries."""
@@ -113,6 +141,8 @@ def main() -> None:
     parser.add_argument("--photos-index", help="a local index of the flickr8k-800 photos (dense vectors from SQLite)")
     parser.add_argument("--bundle", help="the bundle that filled --photos-index (encodes the caption queries)")
     parser.add_argument("--captions", help="an .npy of caption vectors: the last --queries rows query the others")
+    parser.add_argument("--local-index", help="an existing local index (e.g. benchmarks/.cache/local-123000): "
+                        "its graphs against an exact scan, per search width")
     args = parser.parse_args()
     out = {"command": "python benchmarks/bench_dense_recall.py " + " ".join(sys.argv[1:]),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_average": os.getloadavg(), "runs": []}
@@ -128,6 +158,8 @@ def main() -> None:
         vectors = np.load(args.captions).astype(np.float32)
         docs, queries = vectors[: -args.queries], vectors[-args.queries :]
         out["runs"].extend(measure(f"captions -> captions ({Path(args.captions).name})", docs, queries))
+    if args.local_index:
+        out["runs"].extend(existing_index_runs(Path(args.local_index), args.queries))
     if args.synthetic:
         vectors = dense_vectors(args.synthetic, 256, seed=1)
         queries = dense_vectors(args.queries, 256, seed=2)
