@@ -24,7 +24,8 @@ never change when documents are only added, so a new state hard-links them from 
 
 Bytes on disk are untrusted: ``current`` and the header are checksummed, every file's size
 and the small arrays' CRC-32 are checked on open; the postings' structure and id ranges
-are checked the first time a shard is scored (:meth:`Shard.validate`); ``index check``
+are checked the first time a shard is scored (:meth:`Shard.validate`), a graph's layout on
+open and its links before faiss first reads it (:meth:`Shard.dense_graph`); ``index check``
 verifies every byte against the CRCs recorded at write.
 """
 
