@@ -301,7 +301,28 @@ def test_hybrid_fused_on_arrays_equals_the_client_fusion(tmp_path, monkeypatch):
             assert native.hits
 
 
-def test_explanations_read_from_postings_equal_those_read_from_rows():
+def test_many_hits_explained_from_postings_across_shards(tmp_path, monkeypatch):
+    """Through the backend: hits explained from the query's posting lists (forced for any
+    count) carry exactly the explanations read from their rows, across shards."""
+    from d2s_search.backends.local import backend as backend_mod
+
+    monkeypatch.setattr(cache, "SHARD_ROWS", 16)
+    docs = synthetic_docs(90, seed=31)
+    backend = LocalBackend(tmp_path / "idx")
+    backend.open(IDENTITY)
+    backend.upsert(docs)
+    for q in queries(6):
+        for n in (1, 5, 100):
+            monkeypatch.setattr(backend_mod, "EXPLAIN_BY_POSTINGS_FROM", 10**9)
+            rows_ = backend.sparse_search(q.full, 100, explain=n)
+            monkeypatch.setattr(backend_mod, "EXPLAIN_BY_POSTINGS_FROM", 1)
+            postings = backend.sparse_search(q.full, 100, explain=n)
+            assert [(h.id, h.matched) for h in postings] == [(h.id, h.matched) for h in rows_]
+            assert any(h.matched for h in postings)
+
+
+@pytest.mark.parametrize("id_type", [np.int32, np.uint16])
+def test_explanations_read_from_postings_equal_those_read_from_rows(id_type):
     """Many hits are explained from the query's posting lists (binary searches, dense
     columns read directly): the same terms and float32 contributions, in the same order (ties
     by term id), as from each row's own postings."""
@@ -314,7 +335,7 @@ def test_explanations_read_from_postings_equal_those_read_from_rows():
     csr_indices = np.concatenate([np.flatnonzero(r) for r in dense]).astype(np.int32)
     csr_data = dense[dense > 0]
     csc_indptr = np.concatenate([[0], np.cumsum((dense > 0).sum(axis=0))]).astype(np.int32)
-    csc_indices = np.concatenate([np.flatnonzero(c) for c in dense.T]).astype(np.int32)
+    csc_indices = np.concatenate([np.flatnonzero(c) for c in dense.T]).astype(id_type)  # main keeps 16-bit ids
     csc_data = dense.T[dense.T > 0]
     terms, columns = cache.dense_columns(csc_indptr, csc_indices, csc_data, rows_)
     assert 7 in terms.tolist()
