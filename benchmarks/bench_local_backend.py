@@ -106,26 +106,38 @@ from d2s_search.backends.local import LocalBackend
 imported = time.perf_counter()
 b = LocalBackend(sys.argv[1]); b.open(None, create=False); state = b._search_state()
 opened = time.perf_counter()
-queries = json.loads(sys.argv[2])
+payload = json.loads(open(sys.argv[2]).read())
+queries = payload["sparse"]
+def rss():
+    status = open('/proc/self/status').read()
+    return int(status.split('VmRSS:')[1].split()[0]) // 1024
 for q in queries:
     b.sparse_search(q, 10, explain=5)
+sparse_rss = rss()
+import numpy as np
+for v in payload["dense"]:
+    b.dense_search(np.asarray(v, dtype=np.float32), 100, explain=0)
 status = open('/proc/self/status').read()
-rss = int(status.split('VmRSS:')[1].split()[0]) // 1024
 peak = int(status.split('VmHWM:')[1].split()[0]) // 1024  # ru_maxrss would count the forking parent
-print(json.dumps({"import_s": imported - t0, "open_s": opened - imported, "rss_mb_after_queries": rss,
-                  "peak_rss_mb": peak}))
+print(json.dumps({"import_s": imported - t0, "open_s": opened - imported, "rss_mb_after_queries": sparse_rss,
+                  "rss_mb_after_dense_queries": rss(), "peak_rss_mb": peak}))
 """
 
 
 def open_in_new_process(path: Path, queries: list) -> dict:
     """Open time and memory of a fresh process (the page cache is warm: the files were just read)."""
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    sparse = json.dumps([q.full for q in queries[:100]])
-    runs = [json.loads(subprocess.run([sys.executable, "-c", OPEN_SCRIPT, str(path), sparse], env=env, check=True,
-                                      capture_output=True, text=True).stdout) for _ in range(3)]
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as payload:
+        json.dump({"sparse": [q.full for q in queries[:100]], "dense": [q.dense.tolist() for q in queries[:100]]}, payload)
+        payload.flush()
+        runs = [json.loads(subprocess.run([sys.executable, "-c", OPEN_SCRIPT, str(path), payload.name], env=env,
+                                          check=True, capture_output=True, text=True).stdout) for _ in range(3)]
     best = min(runs, key=lambda r: r["open_s"])
     return {"open_seconds_best_of_3": round(best["open_s"], 3), "import_seconds": round(best["import_s"], 3),
-            "rss_mb_after_100_queries": best["rss_mb_after_queries"], "peak_rss_mb": best["peak_rss_mb"]}
+            "rss_mb_after_100_queries": best["rss_mb_after_queries"],
+            "rss_mb_after_100_more_dense_queries_k100": best["rss_mb_after_dense_queries"], "peak_rss_mb": best["peak_rss_mb"]}
 
 
 def main() -> None:
@@ -212,6 +224,10 @@ def main() -> None:
             & {h.id for h in backend.sparse_search(q.full, 10, explain=0)}) / 10
         for q in queries[:100]
     ])
+    dense_recall = np.mean([  # the approximate dense plan (a graph above APPROXIMATE_DENSE_FROM) against exact
+        len({h.id for h in backend.dense_search(q.dense, 10, explain=0)} & {ids[r] for r in brute_dense(q, 10)}) / 10
+        for q in queries[:100]
+    ])
     posting_lengths = np.zeros(n_cols, dtype=np.int64)
     for shard in state.shards:
         per_term = np.diff(shard.arrays["csc_indptr"])
@@ -235,6 +251,8 @@ def main() -> None:
         **build,
         "exact_top10_agreement": f"{agree}/{len(queries[:100])}",
         "two_phase_recall_at_10_vs_exact": round(float(recall), 3),
+        "dense_recall_at_10_vs_exact": round(float(dense_recall), 3),
+        "dense_graphs": sum("hnsw" in s.arrays for s in state.shards),
         "latency": results,
     }
     ratios = summary.setdefault("speedup_vs_brute_force_p50", {})

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from d2s_search.backends.local import LocalBackend
-from tests.helpers import brute_force_sparse, run_cli, run_cli_json
+from tests.helpers import brute_force_dense, brute_force_sparse, run_cli, run_cli_json
 from tests.reliability.local_index_fixtures import (
     IDENTITY,
     filled_index,
@@ -219,3 +219,130 @@ def test_identity_and_generation_tie_the_cache_to_its_database(index):
     assert backend.delete([synthetic_docs(1, seed=9)[0].id]) == 1
     assert backend.generation() == (index_id, generation + 2)
     backend.close()
+
+
+# -- the dense graph (HNSW, above APPROXIMATE_DENSE_FROM): untrusted bytes handed to faiss ----
+
+DENSE_SCRIPT = """
+import json, sys
+import numpy as np
+from d2s_search.backends.local import LocalBackend
+from d2s_search.backends.local import backend as backend_mod
+backend_mod.APPROXIMATE_DENSE_FROM = 0
+backend_mod.GRAPH_K_SHARE = 1.0  # the graph, not a scan, for k=10 on 300 rows
+backend = LocalBackend(sys.argv[1])
+backend.open(None, create=False)
+hits = backend.dense_search(np.asarray(json.loads(sys.argv[2]), dtype=np.float32), 10, explain=0)
+print(json.dumps([h.id for h in hits]))
+"""
+
+
+def dense_in_subprocess(path, vector) -> tuple[int, list, str]:
+    """A dense search through the graph in a fresh process (a segfault fails the test only)."""
+    import subprocess
+    import sys
+
+    from tests.reliability.local_index_fixtures import REPO
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("D2S_")}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-c", DENSE_SCRIPT, str(path), json.dumps(vector.tolist())],
+                          capture_output=True, text=True, env=env, timeout=120)
+    return proc.returncode, json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else [], proc.stderr
+
+
+@pytest.fixture
+def graph_index(tmp_path, monkeypatch):
+    from d2s_search.backends.local import backend as backend_mod
+
+    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 0)
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
+    docs = synthetic_docs(300, seed=3)
+    backend = filled_index(tmp_path / "idx", docs)
+    backend.dense_search(docs[0].dense, 5)  # writes the cache, with the graph
+    backend.close()
+    assert (state_dir(tmp_path / "idx") / "shard-00000-hnsw.npy").is_file()
+    return tmp_path / "idx", docs
+
+
+def graph_parts(path):
+    from d2s_search.backends.local import graph
+
+    blob = np.load(state_dir(path) / "shard-00000-hnsw.npy").copy()
+    return blob, graph.layout(blob, 300, 16)
+
+
+def damage_graph_neighbour_out_of_range(path):
+    blob, where = graph_parts(path)
+    start, count = where.neighbors
+    blob[start + 4 * (count // 2) : start + 4 * (count // 2) + 4] = np.frombuffer(np.int32(10**6).tobytes(), np.uint8)
+    rewrite_array(path, "shard-00000-hnsw.npy", blob)
+
+
+def damage_graph_length_field(path):
+    blob, where = graph_parts(path)
+    blob[where.levels[0] - 8 : where.levels[0]] = np.frombuffer(np.uint64(2**40).tobytes(), np.uint8)
+    rewrite_array(path, "shard-00000-hnsw.npy", blob)
+
+
+def damage_graph_entry_point(path):
+    blob, where = graph_parts(path)
+    at = where.neighbors[0] + 4 * where.neighbors[1]  # entry_point follows the neighbour lists
+    blob[at : at + 4] = np.frombuffer(np.int32(-7).tobytes(), np.uint8)
+    rewrite_array(path, "shard-00000-hnsw.npy", blob)
+
+
+def damage_graph_upper_layer_link(path):
+    """A node on the bottom layer only, linked from layer 1: faiss would read past its lists."""
+    blob, where = graph_parts(path)
+    levels = blob[where.levels[0] : where.levels[0] + 4 * where.levels[1]].view("<i4")
+    offsets = blob[where.offsets[0] : where.offsets[0] + 8 * where.offsets[1]].view("<u8")
+    cum = blob[where.cum[0] : where.cum[0] + 4 * where.cum[1]].view("<i4")
+    upper = int(np.flatnonzero(levels >= 2)[0])
+    slot = where.neighbors[0] + 4 * (int(offsets[upper]) + int(cum[1]))
+    blob[slot : slot + 4] = np.frombuffer(np.int32(int(np.flatnonzero(levels == 1)[-1])).tobytes(), np.uint8)
+    rewrite_array(path, "shard-00000-hnsw.npy", blob)
+
+
+def damage_graph_truncated(path):
+    f = state_dir(path) / "shard-00000-hnsw.npy"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+GRAPH_DAMAGES = [damage_graph_neighbour_out_of_range, damage_graph_length_field, damage_graph_entry_point,
+                 damage_graph_upper_layer_link, damage_graph_truncated]
+
+
+@pytest.mark.parametrize("damage", GRAPH_DAMAGES, ids=lambda f: f.__name__.removeprefix("damage_graph_"))
+def test_damaged_dense_graph_is_rebuilt_with_one_warning(graph_index, damage):
+    """Forged checksums included: the layout walk and the graph check stop every one of these
+    before faiss reads it; the search answers (the exact top 10 on 300 vectors) and the
+    rebuilt graph is used by the next process without a word."""
+    path, docs = graph_index
+    query = docs[7].dense
+    want = [d for d, _ in brute_force_dense(docs, query)[:10]]
+    code, hits, err = dense_in_subprocess(path, query)
+    assert code == 0 and hits == want and not warning_lines(err), err
+    damage(path)
+    code, hits, err = dense_in_subprocess(path, query)
+    assert code == 0 and "Traceback" not in err, err
+    assert hits == want and len(warning_lines(err)) == 1 and "damaged" in err, err
+    code, hits, err = dense_in_subprocess(path, query)
+    assert code == 0 and hits == want and not warning_lines(err), err
+
+
+def test_index_check_verifies_the_dense_graph_bytes(graph_index, capsys):
+    """A flipped vector byte inside the graph keeps its structure sound: only the full
+    checksum of `index check` sees it, and --repair rebuilds it."""
+    path, _ = graph_index
+    blob, where = graph_parts(path)
+    f = state_dir(path) / "shard-00000-hnsw.npy"
+    data = bytearray(f.read_bytes())
+    data[-(blob.size - where.vectors) // 2] ^= 0x40
+    f.write_bytes(bytes(data))
+    code, out, err = run_cli(["index", "check", "--index", path], capsys)
+    assert code == 1 and "shard-00000-hnsw.npy does not match its checksum" in out and "Traceback" not in err
+    code, report = run_cli_json(["index", "check", "--index", path, "--repair"], capsys)
+    assert code == 0 and report["repaired"], report
+    code, report = run_cli_json(["index", "check", "--index", path], capsys)
+    assert code == 0 and report["healthy"], report

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from d2s_search.backends.base import Hit
-from d2s_search.backends.local import LocalBackend, cache, kernels
+from d2s_search.backends.local import LocalBackend, cache, graph, kernels
 from d2s_search.search import QueryVectors, SearchOptions, fuse_minmax, fuse_rrf, run_query
 from tests.helpers import brute_force_dense, brute_force_sparse
 from tests.reliability.local_index_fixtures import IDENTITY, VOCAB, synthetic_docs
@@ -115,59 +115,115 @@ def test_shards_of_real_size_equal_brute_force(tmp_path):
             assert_ranking(backend.dense_search(q.dense, k, explain=0), brute_force_dense(docs, q.dense), k)
 
 
-def test_dense_is_exact_below_the_threshold_and_clustered_above(tmp_path, monkeypatch):
-    """Above APPROXIMATE_DENSE_FROM the dense plan scores the nearest clusters only: its
-    scores are exact inner products, its recall high on clustered vectors; it survives a
-    reopen (centroids cached) and appends (new rows joined to the old clusters)."""
+def clustered_docs(rng, centres, n, start):
     from d2s_search.backends.base import Document
+
+    out = []
+    for i in range(start, start + n):
+        vec = centres[i % len(centres)] + rng.normal(size=centres.shape[1]).astype(np.float32) * 0.5
+        out.append(Document(id=f"{i:064x}", path=f"/p/{i}", size_bytes=1, width=1, height=1,
+                            sparse={VOCAB[i % len(VOCAB)]: 1.0}, dense=vec))
+    return out
+
+
+def dense_recall(backend: LocalBackend, collection, queries_, k: int = 10) -> float:
+    """Mean recall@k against brute force; every score returned must be the exact one."""
+    recalls = []
+    for query in queries_:
+        exact = brute_force_dense(collection, query)
+        hits = backend.dense_search(query, k, explain=0)
+        scores = dict(exact)
+        for h in hits:
+            assert h.score == pytest.approx(scores[h.id], rel=1e-4, abs=1e-4)
+        assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+        recalls.append(len({h.id for h in hits} & {d for d, _ in exact[:k]}) / k)
+    return float(np.mean(recalls))
+
+
+def test_dense_is_exact_below_the_threshold_and_a_graph_above(tmp_path, monkeypatch):
+    """Above APPROXIMATE_DENSE_FROM every shard gets an HNSW graph that holds its vectors (the
+    plain copy is then not written, and ``dense`` is a view into the graph's bytes): scores
+    are exact inner products, recall against brute force high; it survives a reopen and
+    appends (full shards keep their graph file, hard-linked; the last shard's is rebuilt)."""
     from d2s_search.backends.local import backend as backend_mod
 
     monkeypatch.setattr(cache, "SHARD_ROWS", 64)
     monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 300)
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)  # tiny shards: the graph for every k < rows
     rng = np.random.default_rng(11)
     centres = rng.normal(size=(12, 16)).astype(np.float32) * 3
-
-    def docs(n, start):
-        out = []
-        for i in range(start, start + n):
-            vec = centres[i % 12] + rng.normal(size=16).astype(np.float32) * 0.5
-            out.append(Document(id=f"{i:064x}", path=f"/p/{i}", size_bytes=1, width=1, height=1,
-                                sparse={VOCAB[i % len(VOCAB)]: 1.0}, dense=vec))
-        return out
-
     backend = LocalBackend(tmp_path / "idx")
     backend.open(IDENTITY)
-    collection = docs(250, 0)
+    collection = clustered_docs(rng, centres, 250, 0)
     backend.upsert(collection)
     q = centres[3] + rng.normal(size=16).astype(np.float32) * 0.5
-    assert backend._search_state().centroids is None  # below: exact
+    assert not any("hnsw" in s.arrays for s in backend._search_state().shards)  # below: exact
     assert_ranking(backend.dense_search(q, 10, explain=0), brute_force_dense(collection, q), 10)
-    collection += docs(400, 250)
+    collection += clustered_docs(rng, centres, 400, 250)
     backend.upsert(collection[250:])
     state = backend._search_state()
-    assert state.centroids is not None and all("ivf_order" in s.arrays for s in state.shards)
+    assert all("hnsw" in s.arrays and np.shares_memory(s.arrays["dense"], s.arrays["hnsw"]) for s in state.shards)
+    assert not list(state.state_dir.glob("shard-*-dense.npy"))  # one copy of the vectors
     reopened = LocalBackend(tmp_path / "idx")
     reopened.open(IDENTITY, create=False)
+    probes = [centres[c] + rng.normal(size=16).astype(np.float32) * 0.5 for c in range(12)]
     for b in (backend, reopened):
-        recalls = []
-        for c in range(12):
-            query = centres[c] + rng.normal(size=16).astype(np.float32) * 0.5
-            want = brute_force_dense(collection, query)[:10]
-            hits = b.dense_search(query, 10, explain=0)
-            exact = dict(brute_force_dense(collection, query))
-            for h in hits:  # whatever it returns carries the exact score
-                assert h.score == pytest.approx(exact[h.id], rel=1e-4, abs=1e-4)
-            recalls.append(len({h.id for h in hits} & {d for d, _ in want}) / 10)
-        assert np.mean(recalls) >= 0.9
-    more = docs(100, 650)
-    reopened.upsert(more)  # appended rows join the existing clusters
+        assert dense_recall(b, collection, probes) >= 0.9
+        for k in (1, 100, 1000):  # k beyond the graph's search width, and beyond the index
+            hits = b.dense_search(probes[0], k, explain=0)
+            assert len(hits) == min(k, len(collection)) and len({h.id for h in hits}) == len(hits)
+    # A k that is a large share of a shard's rows is a scan of its vectors: exact.
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1 / 48)
+    assert_ranking(reopened.dense_search(probes[1], 50, explain=0), brute_force_dense(collection, probes[1]), 50)
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
+    # A faiss that cannot read graphs in place (before 1.11) scans them too: exact, no crash.
+    monkeypatch.setattr(graph, "available", lambda: False)
+    fresh = LocalBackend(tmp_path / "idx")
+    fresh.open(IDENTITY, create=False)
+    assert_ranking(fresh.dense_search(probes[2], 10, explain=0), brute_force_dense(collection, probes[2]), 10)
+    monkeypatch.undo()
+    monkeypatch.setattr(cache, "SHARD_ROWS", 64)
+    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 300)
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
+    old_dir = reopened._search_state().state_dir
+    more = clustered_docs(rng, centres, 100, 650)
+    reopened.upsert(more)
     state = reopened._search_state()
-    assert np.array_equal(state.centroids, backend._search_state().centroids)
-    assert sum(s.arrays["ivf_order"].size for s in state.shards) == 750
+    assert (state.state_dir / "shard-00000-hnsw.npy").stat().st_ino == (old_dir / "shard-00000-hnsw.npy").stat().st_ino
     collection += more
-    query = centres[0] + rng.normal(size=16).astype(np.float32) * 0.5
-    want = {d for d, _ in brute_force_dense(collection, query)[:10]}
-    assert len({h.id for h in reopened.dense_search(query, 10, explain=0)} & want) >= 8
+    assert sum(s.rows for s in state.shards) == 750
+    assert dense_recall(reopened, collection, probes) >= 0.9
+    # Back under the threshold (a delete): exact again, the vectors written out plainly.
+    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 10**6)
+    reopened.delete([collection[-1].id])
+    collection.pop()
+    state = reopened._search_state()
+    assert not any("hnsw" in s.arrays for s in state.shards) and list(state.state_dir.glob("shard-*-dense.npy"))
+    assert_ranking(reopened.dense_search(q, 10, explain=0), brute_force_dense(collection, q), 10)
+
+
+def test_dense_graph_recall_on_real_clip_embeddings(tmp_path, monkeypatch):
+    """Real CLIP ViT-B/32 image vectors (flickr8k-100), caption vectors as queries: the graph
+    (threshold lowered, shards of 32 so that several graphs are merged) finds the exact top 10."""
+    from d2s_search.backends.base import Document, IndexIdentity
+    from d2s_search.backends.local import backend as backend_mod
+    from tests.helpers import SHARED_DATA
+
+    clip = SHARED_DATA / "flickr8k-100-clip-b32"
+    if not clip.is_dir():
+        pytest.skip(f"{clip} not found (shared test data)")
+    images = np.load(clip / "image_embeddings.npy")[::5]
+    captions = np.load(clip / "text_embeddings.npy")[::7]
+    monkeypatch.setattr(cache, "SHARD_ROWS", 32)
+    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 0)
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
+    backend = LocalBackend(tmp_path / "clip")
+    backend.open(IndexIdentity("clip", images.shape[1], "clip"))
+    docs = [Document(id=f"{i:064x}", path=f"/{i}", size_bytes=0, width=0, height=0, sparse={"x": 1.0},
+                     dense=images[i]) for i in range(len(images))]
+    backend.upsert(docs)
+    assert all("hnsw" in s.arrays for s in backend._search_state().shards)
+    assert dense_recall(backend, docs, captions) >= 0.95
 
 
 def test_frequent_terms_scored_from_dense_columns_equal_brute_force(tmp_path, monkeypatch):
@@ -207,3 +263,95 @@ def test_frequent_terms_scored_from_dense_columns_equal_brute_force(tmp_path, mo
     shard.arrays["dense_columns"] = shard.arrays["dense_columns"][:, :-1]
     with pytest.raises(cache.CacheUnusable, match="dense columns"):
         shard.validate()
+
+
+class ClientFused:
+    """The same backend without its own hybrid_search: run_query then fuses in search.py."""
+
+    def __init__(self, backend: LocalBackend) -> None:
+        self.backend = backend
+
+    def sparse_search(self, *args, **kwargs):
+        return self.backend.sparse_search(*args, **kwargs)
+
+    def dense_search(self, *args, **kwargs):
+        return self.backend.dense_search(*args, **kwargs)
+
+    def explain_hits(self, *args, **kwargs):
+        return self.backend.explain_hits(*args, **kwargs)
+
+
+def test_hybrid_fused_on_arrays_equals_the_client_fusion(tmp_path, monkeypatch):
+    """The local backend fuses hybrid runs itself (arrays, hits built for the k fused rows
+    only): ids, fused scores, per-run parts, explanations, paths and urls are exactly those
+    of search.py's fusion of the same runs, ties (duplicated documents) broken by id alike."""
+    monkeypatch.setattr(cache, "SHARD_ROWS", 16)
+    docs = synthetic_docs(70, seed=21)
+    for i, twin in enumerate(synthetic_docs(12, seed=21)[:12]):  # exact ties: same vectors, other ids
+        twin.id = f"{0xffff - i:064x}" if i % 2 else f"{i:064x}"
+        docs.append(twin)
+    backend = LocalBackend(tmp_path / "idx")
+    backend.open(IDENTITY)
+    backend.upsert(docs)
+    client = ClientFused(backend)
+    for q in queries(4) + [QueryVectors(full={"nope": 1.0}, own={}, dense=docs[3].dense)]:
+        for options in (SearchOptions(mode="hybrid", k=1, window=5), SearchOptions(mode="hybrid", k=5, alpha=0.3),
+                        SearchOptions(mode="hybrid", k=10, fusion="rrf", window=40),
+                        SearchOptions(mode="hybrid", k=60, window=200, explain=3)):
+            native = run_query(backend, q, options)
+            reference = run_query(client, q, options)
+            assert native.fusion == reference.fusion == f"client-{options.fusion}"
+            assert [(h.id, h.score, h.parts, h.matched, h.path, h.url) for h in native.hits] == \
+                   [(h.id, h.score, h.parts, h.matched, h.path, h.url) for h in reference.hits]
+            assert native.hits
+
+
+def test_many_hits_explained_from_postings_across_shards(tmp_path, monkeypatch):
+    """Through the backend: hits explained from the query's posting lists (forced for any
+    count) carry exactly the explanations read from their rows, across shards."""
+    from d2s_search.backends.local import backend as backend_mod
+
+    monkeypatch.setattr(cache, "SHARD_ROWS", 16)
+    docs = synthetic_docs(90, seed=31)
+    backend = LocalBackend(tmp_path / "idx")
+    backend.open(IDENTITY)
+    backend.upsert(docs)
+    for q in queries(6):
+        for n in (1, 5, 100):
+            monkeypatch.setattr(backend_mod, "EXPLAIN_BY_POSTINGS_FROM", 10**9)
+            rows_ = backend.sparse_search(q.full, 100, explain=n)
+            monkeypatch.setattr(backend_mod, "EXPLAIN_BY_POSTINGS_FROM", 1)
+            postings = backend.sparse_search(q.full, 100, explain=n)
+            assert [(h.id, h.matched) for h in postings] == [(h.id, h.matched) for h in rows_]
+            assert any(h.matched for h in postings)
+
+
+@pytest.mark.parametrize("id_type", [np.int32, np.uint16])
+def test_explanations_read_from_postings_equal_those_read_from_rows(id_type):
+    """Many hits are explained from the query's posting lists (binary searches, dense
+    columns read directly): the same terms and float32 contributions, in the same order (ties
+    by term id), as from each row's own postings."""
+    rng = np.random.default_rng(5)
+    rows_, cols_ = 300, 40
+    dense = np.where(rng.random((rows_, cols_)) < 0.3, rng.choice([0.5, 1.0, 1.5], size=(rows_, cols_)), 0.0)
+    dense[:, 7] = 1.0  # a term in every row (gets a dense column)
+    dense = dense.astype(np.float32)
+    csr_indptr = np.concatenate([[0], np.cumsum((dense > 0).sum(axis=1))]).astype(np.int64)
+    csr_indices = np.concatenate([np.flatnonzero(r) for r in dense]).astype(np.int32)
+    csr_data = dense[dense > 0]
+    csc_indptr = np.concatenate([[0], np.cumsum((dense > 0).sum(axis=0))]).astype(np.int32)
+    csc_indices = np.concatenate([np.flatnonzero(c) for c in dense.T]).astype(id_type)  # main keeps 16-bit ids
+    csc_data = dense.T[dense.T > 0]
+    terms, columns = cache.dense_columns(csc_indptr, csc_indices, csc_data, rows_)
+    assert 7 in terms.tolist()
+    query_cols = np.array([1, 3, 7, 8, 20, 39, 45], dtype=np.int64)  # 45: a term newer than the shard
+    weights = np.array([1.0, 2.0, 0.5, 1.0, 1.0, 3.0, 1.0], dtype=np.float32)
+    for picked in (rng.permutation(rows_)[:200], np.arange(rows_), np.array([5, 5 + 1, 299, 0])):
+        for n in (1, 3, 10):
+            want = kernels.explain_rows(csr_indptr, csr_indices, csr_data, picked, query_cols, weights, n)
+            for extra in ((None, None), (terms, columns)):
+                slots, values = kernels.explain_by_postings(csc_indptr, csc_indices, csc_data, picked, query_cols,
+                                                            weights, n, *extra)
+                got = [[(int(query_cols[s]), v) for s, v in zip(row_s, row_v) if v > 0]
+                       for row_s, row_v in zip(slots.tolist(), values.tolist())]
+                assert got == want

@@ -25,18 +25,24 @@ import numpy as np
 from ...errors import BundleMismatchError, IndexStoreError, QueryError
 from ..base import Document, Hit, IndexIdentity, SparseVector
 from . import cache as cache_mod
-from . import kernels, store
+from . import graph, kernels, store
 from .cache import CacheUnusable, Shard, Structures
 from .store import FORMAT, Transaction
 
 __all__ = ["LocalBackend", "FORMAT", "APPROXIMATE_DENSE_FROM"]
 
-# Dense search is exact (every vector scored, in place) below this many documents and an
-# inverted file above it: about 4*sqrt(n) (at most 2,048) k-means clusters, of which the nearest
-# 1/DENSE_PROBE_DIVISOR (at least 8) are scored. Recall on real embeddings: docs/benchmarks.md.
+# Dense search is exact (every vector scored, in place) below this many documents and
+# approximate above it: one HNSW graph per shard (:mod:`.graph`, faiss, holding the shard's
+# vectors: no second copy), searched with max(graph.EF_SEARCH, k) candidates and the shards'
+# top-k merged. Recall on real embeddings and speed: docs/benchmarks.md.
 APPROXIMATE_DENSE_FROM = 100_000
-DENSE_PROBE_DIVISOR = 4
-DENSE_CLUSTERS: int | None = None  # fixed cluster count (recall benchmarks); None: the rule above
+# A graph answers a top-k of up to this share of its shard's rows; a larger k (hybrid at k=1000
+# asks 10,000 candidates) is a scan of the shard's vectors: faster there, and exact
+# (65,536 rows, one thread: graph 0.5 ms at k=100, 5 ms at 1,000, 16 ms at 2,000; scan 3-8 ms).
+GRAPH_K_SHARE = 1 / 48
+# Explanations of this many hits of a shard or more are read from the query's posting lists
+# (one binary search per term) rather than from each hit's own postings.
+EXPLAIN_BY_POSTINGS_FROM = 64
 
 
 def _db_errors(method):
@@ -66,6 +72,7 @@ class LocalBackend:
         self._write_checked = False
         self._warned: set[str] = set()
         self.identity: IndexIdentity | None = None
+        self.last_fusion: str | None = None  # who fused the last hybrid search (run_query reports it)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -449,8 +456,7 @@ class LocalBackend:
             (older,) = db.execute("SELECT COUNT(*) FROM docs WHERE seq <= ?", (current.max_seq,)).fetchone()
             if older == current.size:  # only appended since: extend the last shard and add new ones
                 return self._build(index_id, generation, mutations, base=current)[0]
-        hint = current.centroids if current is not None and current.index_id == index_id else None
-        return self._build(index_id, generation, mutations, base=None, problem=problem, centroids=hint)[0]
+        return self._build(index_id, generation, mutations, base=None, problem=problem)[0]
 
     def _rebuild(self) -> tuple[Structures, list[int]]:
         meta = self._meta()
@@ -464,7 +470,7 @@ class LocalBackend:
         return self.identity.dense_dim if self.identity else 0
 
     def _build(self, index_id: str, generation: int, mutations: int, base: Structures | None,
-               problem: str | None = None, centroids: np.ndarray | None = None) -> tuple[Structures, list[int]]:
+               problem: str | None = None) -> tuple[Structures, list[int]]:
         """Search structures from SQLite (from scratch, or ``base`` extended with the rows
         appended since), saved to the cache; ``problem`` is why the cache on disk was not
         used (said in the one warning line)."""
@@ -503,7 +509,7 @@ class LocalBackend:
                        f"(run `d2s-search index check --index {self.path}`)")
         built = Structures(index_id=index_id, generation=generation, mutations=mutations, max_seq=max_seq,
                            dim=dim, shards=shards, shard_rows=shard_rows)
-        self._cluster_dense(built, base.centroids if base is not None else centroids)
+        self._dense_graphs(built)
         kept = ""
         if index_id:
             try:
@@ -518,32 +524,19 @@ class LocalBackend:
             self._warn(f"search cache of {self.path} rebuilt{kept}")
         return built, lost
 
-    def _cluster_dense(self, built: Structures, centroids: np.ndarray | None) -> None:
-        """Above APPROXIMATE_DENSE_FROM documents: centroids (trained once, then kept across
-        appends and rebuilds: deleting documents barely moves them) and, per shard, its
-        vectors stored in cluster order (each cluster one contiguous run, scored in place)
-        with ``ivf_order`` (position -> row) and ``ivf_offsets`` (cluster -> positions)."""
-        if built.size < APPROXIMATE_DENSE_FROM or built.dim == 0:
-            for shard in built.shards:
-                if "ivf_order" in shard.arrays:
-                    _unclustered(shard)
-            return
-        if centroids is not None and centroids.shape[1] != built.dim:
-            centroids = None
-        if centroids is None:
-            sample = np.vstack([s.dense_rows() for s in built.shards[:4]])
-            clusters = DENSE_CLUSTERS or int(min(2048, max(8, 4 * np.sqrt(built.size)), max(1, len(sample) // 39)))
-            centroids = kernels.train_centroids(sample, clusters)
-            for shard in built.shards:  # new centroids: every shard is clustered again
-                if "ivf_order" in shard.arrays:
-                    _unclustered(shard)
-        built.centroids = centroids
+    def _dense_graphs(self, built: Structures) -> None:
+        """From APPROXIMATE_DENSE_FROM documents on, every shard gets an HNSW graph over its
+        vectors (full shards keep theirs across appends; a shard whose graph faiss cannot
+        build stays exact); below it, graphs are dropped."""
+        approximate = built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and graph.available()
         for shard in built.shards:
-            if "ivf_order" not in shard.arrays:
-                order, offsets = kernels.assign_clusters(shard.arrays["dense"], centroids)
-                shard.arrays["dense"] = np.ascontiguousarray(np.asarray(shard.arrays["dense"])[order])
-                shard.arrays["ivf_order"], shard.arrays["ivf_offsets"] = order, offsets
-                shard.dirty |= {"dense", "ivf_order", "ivf_offsets"}
+            if approximate and "hnsw" not in shard.arrays and shard.rows:
+                blob = graph.build(shard.dense_rows())
+                if blob is not None:
+                    shard.attach_graph(blob, built.dim)
+                    shard.dirty.add("hnsw")
+            elif not approximate and "hnsw" in shard.arrays:
+                shard.detach_graph()
 
     # -- search ---------------------------------------------------------------------------
 
@@ -655,28 +648,87 @@ class LocalBackend:
                 return []
             if query.shape[0] != state.dim:
                 raise QueryError(f"query vector has {query.shape[0]} dims, the index {state.dim}")
-            probes = None
-            if state.centroids is not None:
-                n_probe = min(len(state.centroids), max(8 if DENSE_CLUSTERS is None else 1,
-                                                         len(state.centroids) // DENSE_PROBE_DIVISOR))
-                probes = np.argpartition(-(state.centroids @ query), n_probe - 1)[:n_probe]
-            candidates = []
-            for shard in state.shards:
-                self._validated(shard)
-                if probes is None:  # exact: every vector, read in place
-                    scores = shard.arrays["dense"] @ query
-                    rows = kernels.top_rows_any_sign(scores, k)
-                    candidates.append((rows + shard.start, scores[rows]))
-                    continue
-                positions, scores = kernels.score_clusters(shard.arrays["dense"], shard.arrays["ivf_offsets"],
-                                                           probes, query)
-                best = kernels.top_rows_any_sign(scores, k)
-                rows = shard.arrays["ivf_order"][positions[best]].astype(np.int64)
-                candidates.append((rows + shard.start, scores[best]))
-            rows, scores = kernels.merge_top(candidates, k)
+            rows, scores = self._dense_top(state, query, k)
             return self._hits(state, rows, scores, explain_with or {}, explain)
 
         return self._searching(run)
+
+    @_db_errors
+    def hybrid_search(self, sparse: SparseVector, vector: np.ndarray, options) -> list[Hit]:
+        """Sparse + dense fused here on arrays (the definitions of :func:`search.fuse_minmax` and
+        :func:`search.fuse_rrf`, same float64 sums, ties by document id), hits and explanations
+        built for the k fused rows only. ``Hit.parts`` holds each run's score."""
+        query = np.asarray(vector, dtype=np.float32).reshape(-1)
+        n, k = int(options.candidates), int(options.k)
+
+        def run(state: Structures) -> list[Hit]:
+            if state.size and query.shape[0] != state.dim:
+                raise QueryError(f"query vector has {query.shape[0]} dims, the index {state.dim}")
+            runs = [("sparse", *self._sparse_top(state, sparse, n))]
+            runs.append(("dense", *(self._dense_top(state, query, n) if state.size else (np.zeros(0, np.int64),) * 2)))
+            if options.fusion == "rrf":
+                weights = {name: 1.0 / (int(options.rrf_k) + np.arange(1, rows.size + 1)) for name, rows, _ in runs}
+            else:
+                weights = {name: _minmax(scores, (1 - float(options.alpha)) if name == "sparse" else float(options.alpha))
+                           for name, _, scores in runs}
+            rows = np.unique(np.concatenate([r for _, r, _ in runs]))
+            totals = np.zeros(rows.size, dtype=np.float64)
+            parts = []
+            for name, run_rows, scores in runs:
+                at = np.searchsorted(rows, run_rows)
+                totals[at] += weights[name]
+                parts.append((name, at, scores))
+            return self._fused_hits(state, rows, totals, parts, sparse, k, int(options.explain))
+
+        hits = self._searching(run)
+        self.last_fusion = f"client-{options.fusion}"
+        return hits
+
+    def _fused_hits(self, state: Structures, rows: np.ndarray, totals: np.ndarray, parts: list,
+                    query: SparseVector, k: int, explain: int) -> list[Hit]:
+        """The k best fused rows, ties by document id (as the client's fusion), as hits."""
+        if rows.size == 0:
+            return []
+        if rows.size > k:
+            kth = np.partition(-totals, k - 1)[k - 1]
+            keep = np.flatnonzero(-totals <= kth)  # the top k and whatever ties the k-th
+        else:
+            keep = np.arange(rows.size)
+        ids = self._hits(state, rows[keep], totals[keep], {}, 0)
+        ranked = sorted(range(keep.size), key=lambda i: (-ids[i].score, ids[i].id))[:k]
+        keep = keep[ranked]
+        hits = [ids[i] for i in ranked]
+        for name, at, scores in parts:
+            where = np.full(rows.size, -1, dtype=np.int64)
+            where[at] = np.arange(at.size)
+            for hit, j in zip(hits, where[keep].tolist()):
+                if j >= 0:
+                    hit.parts[name] = float(scores[j])
+        if explain and query:
+            for hit, terms in zip(hits, self._explain(state, rows[keep], query, explain)):
+                hit.matched = terms
+        return hits
+
+    def _dense_top(self, state: Structures, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Global rows and inner products of the dense top-k: exact per shard (every vector,
+        in place) or through the shard's graph, merged."""
+        candidates = []
+        for shard in state.shards:
+            self._validated(shard)
+            if "hnsw" in shard.arrays and k < GRAPH_K_SHARE * shard.rows and graph.available():
+                rows, scores = graph.search(self._graph_of(shard), query, k, graph.EF_SEARCH)
+            else:
+                scores = shard.arrays["dense"] @ query
+                rows = kernels.top_rows_any_sign(scores, k)
+                scores = scores[rows]
+            candidates.append((rows + shard.start, scores))
+        return kernels.merge_top(candidates, k)
+
+    def _graph_of(self, shard: Shard):
+        try:
+            return shard.dense_graph()
+        except CacheUnusable as exc:  # damaged: rebuild, and stop this search cleanly
+            self._damaged(exc)
 
     def explain_hits(self, hits: list[Hit], query: SparseVector, explain: int = 5) -> None:
         """Fill ``matched`` of hits (e.g. after fusion) from the cached rows, in place."""
@@ -712,38 +764,58 @@ class LocalBackend:
         """Hits from the cached arrays (no SQLite): ids, paths, URLs, explained words."""
         if len(rows) == 0:
             return []
-        matched = self._explain(state, rows, query, explain) if (explain and query) else [[] for _ in rows]
-        ids: list[str] = [""] * len(rows)
-        paths: list[str] = [""] * len(rows)
-        urls: list[str | None] = [None] * len(rows)
+        matched = self._explain(state, rows, query, explain) if (explain and query) else [[] for _ in rows.tolist()]
         shard_of = rows // state.shard_rows
-        for j in sorted(set(shard_of.tolist())):
-            shard = state.shards[j]
-            picked = np.flatnonzero(shard_of == j)
+        if shard_of[0] == shard_of[-1] and np.all(shard_of == shard_of[0]):
+            parts = [(np.arange(rows.size), state.shards[int(shard_of[0])])]
+        else:
+            parts = [(np.flatnonzero(shard_of == j), state.shards[j]) for j in sorted(set(shard_of.tolist()))]
+        ids: list[str] = []
+        paths: list[str] = []
+        urls: list[str | None] = []
+        at: list[int] = []
+        for picked, shard in parts:
             local = rows[picked] - shard.start
-            has_url = shard.arrays["has_url"][local].tolist()
-            for i, doc_id, path, url, present in zip(picked.tolist(), shard.strings("ids", local),
-                                                     shard.strings("paths", local), shard.strings("urls", local), has_url):
-                ids[i], paths[i], urls[i] = doc_id, path, url if present else None
-        return [Hit(id=doc_id, score=score, path=path, url=url, matched=terms)
-                for doc_id, score, path, url, terms in zip(ids, np.asarray(scores, dtype=np.float64).tolist(), paths, urls, matched)]
+            ids += shard.strings("ids", local)
+            paths += shard.strings("paths", local)
+            has_url = shard.arrays["has_url"][local]
+            shard_urls: list[str | None] = [None] * local.size
+            if has_url.any():
+                with_url = np.flatnonzero(has_url)
+                for i, url in zip(with_url.tolist(), shard.strings("urls", local[with_url])):
+                    shard_urls[i] = url
+            urls += shard_urls
+            at += picked.tolist()
+        if len(parts) > 1:  # back to the order of ``rows``
+            back = np.argsort(np.asarray(at))
+            ids, paths, urls = ([values[i] for i in back.tolist()] for values in (ids, paths, urls))
+        return list(map(Hit, ids, np.asarray(scores, dtype=np.float64).tolist(), paths, urls, matched))
 
     def _explain(self, state: Structures, rows: np.ndarray, query: SparseVector, n: int) -> list[list[tuple[str, float]]]:
-        """The n terms contributing most to each row's sparse score, largest first."""
+        """The n terms contributing most to each row's sparse score, largest first (ties by
+        term id). Few rows: read from their own postings; many: from the query's lists."""
         cols, weights = self._query_columns(query)
         out: list[list[tuple[str, float]]] = [[] for _ in rows.tolist()]
         if cols.size == 0 or n <= 0:
             return out
         shard_of = rows // state.shard_rows
         terms = self._terms
+        names = np.asarray([terms[c] if c < len(terms) else "" for c in cols.tolist()], dtype=object)
         for j in sorted(set(shard_of.tolist())):
             shard = state.shards[j]
             a = shard.arrays
             picked = np.flatnonzero(shard_of == j)
-            explained = kernels.explain_rows(a["csr_indptr"], a["csr_indices"], a["csr_data"],
-                                             rows[picked] - shard.start, cols, weights, n)
-            for i, pairs in zip(picked.tolist(), explained):
-                out[i] = [(terms[c], v) for c, v in pairs if c < len(terms)]
+            local = rows[picked] - shard.start
+            if picked.size < EXPLAIN_BY_POSTINGS_FROM:
+                explained = kernels.explain_rows(a["csr_indptr"], a["csr_indices"], a["csr_data"], local, cols, weights, n)
+                for i, pairs in zip(picked.tolist(), explained):
+                    out[i] = [(terms[c], v) for c, v in pairs if c < len(terms)]
+                continue
+            slots, values = kernels.explain_by_postings(a["csc_indptr"], a["csc_indices"], a["csc_data"], local,
+                                                        cols, weights, n, a.get("dense_terms"), a.get("dense_columns"))
+            counts = (values > 0).sum(axis=1).tolist()
+            for i, row_names, row_values, count in zip(picked.tolist(), names[slots].tolist(), values.tolist(), counts):
+                out[i] = list(zip(row_names[:count], row_values[:count]))
         return out
 
 
@@ -751,12 +823,13 @@ class _Retry(Exception):
     """A shard was found damaged during a search: rebuild and search again."""
 
 
-def _unclustered(shard: Shard) -> None:
-    """Back to row order (the clusters are about to change or go)."""
-    shard.arrays["dense"] = shard.dense_rows()
-    shard.arrays.pop("ivf_order")
-    shard.arrays.pop("ivf_offsets")
-    shard.dirty.add("dense")
+def _minmax(scores: np.ndarray, weight: float) -> np.ndarray:
+    """weight * min-max normalised scores (all 1 when they are equal), as fuse_minmax."""
+    values = np.asarray(scores, dtype=np.float64)
+    if values.size == 0:
+        return values
+    low, span = values.min(), values.max() - values.min()
+    return weight * ((values - low) / span if span > 0 else np.ones_like(values))
 
 
 def _first_dim(db: sqlite3.Connection) -> int:

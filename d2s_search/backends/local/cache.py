@@ -12,8 +12,9 @@ process):
   again as dense float32 columns (term x row): a scaled add over a column reads in order and
   beats scattering a posting list that long (same products, same order: the same scores);
   at that density a column is no larger than the term's postings;
-* ``dense``: the dense vectors, used in place (in row order; in cluster order, with
-  ``ivf_order``/``ivf_offsets``, when the dense side is approximate);
+* ``dense``: the dense vectors in row order, used in place; when the dense side is
+  approximate, ``hnsw`` instead: the shard's HNSW graph serialised by faiss, vectors included
+  (:mod:`.graph`), and ``dense`` is a view of the vectors inside it (one copy, not two);
 * ``ids``/``paths``/``urls``: the strings a hit shows, as one byte blob plus offsets.
 
 Layout: ``cache/state-<generation>-<random>/`` holds ``header.json`` and the arrays;
@@ -23,7 +24,8 @@ never change when documents are only added, so a new state hard-links them from 
 
 Bytes on disk are untrusted: ``current`` and the header are checksummed, every file's size
 and the small arrays' CRC-32 are checked on open; the postings' structure and id ranges
-are checked the first time a shard is scored (:meth:`Shard.validate`); ``index check``
+are checked the first time a shard is scored (:meth:`Shard.validate`), a graph's layout on
+open and its links before faiss first reads it (:meth:`Shard.dense_graph`); ``index check``
 verifies every byte against the CRCs recorded at write.
 """
 
@@ -41,28 +43,30 @@ from pathlib import Path
 import numpy as np
 
 from ...processes import pid_alive
+from . import graph
 from .kernels import DamagedArrays, check_postings
 from .store import CACHE_POINTER as POINTER
 from .store import LEGACY_CACHE, fsync_dir, is_temp_name, write_atomic
 
 SHARD_ROWS = 65536  # at most 2**16: the postings hold 16-bit in-shard ids
-CACHE_FORMAT = "d2s-local-cache/4"  # 3: clustered dense vectors in cluster order; 4: 16-bit posting ids
+CACHE_FORMAT = "d2s-local-cache/5"  # 3: dense clusters; 4: 16-bit posting ids; 5: per-shard HNSW graphs
 STALE_SECONDS = 120  # an unreferenced state this old is no longer being written by anyone
 
 STRING_FIELDS = ("ids", "paths", "urls")
 # Arrays whose CRC-32 is verified on every open (small); the others on `index check`.
-SMALL = {"seqs", "ids_offsets", "paths_offsets", "urls_offsets", "has_url", "csr_indptr", "csc_indptr", "ivf_offsets",
+SMALL = {"seqs", "ids_offsets", "paths_offsets", "urls_offsets", "has_url", "csr_indptr", "csc_indptr",
          "dense_terms"}
-# ivf_*: present only when the dense side is approximate (see backend.APPROXIMATE_DENSE_FROM);
-# dense_*: absent in caches written before them (scored from the postings alone).
-OPTIONAL = {"ivf_order", "ivf_offsets", "dense_terms", "dense_columns"}
+# hnsw: present only when the dense side is approximate (see backend.APPROXIMATE_DENSE_FROM),
+# and then ``dense`` is not written (it is a view into it); dense_*: absent in caches written
+# before them (scored from the postings alone).
+OPTIONAL = {"hnsw", "dense", "dense_terms", "dense_columns"}
 DENSE_COLUMN_FRACTION = 0.5  # a term in at least this share of a shard's rows gets a dense column
 DTYPES = {
     "seqs": np.int64, "has_url": np.bool_, "dense": np.float32,
     "csr_indptr": np.int64, "csr_indices": np.int32, "csr_data": np.float32,
     "csc_indptr": np.int32, "csc_indices": np.uint16, "csc_data": np.float32,
     **{f"{s}_blob": np.uint8 for s in STRING_FIELDS}, **{f"{s}_offsets": np.int64 for s in STRING_FIELDS},
-    "ivf_order": np.int32, "ivf_offsets": np.int64, "dense_terms": np.int32, "dense_columns": np.float32,
+    "hnsw": np.uint8, "dense_terms": np.int32, "dense_columns": np.float32,
 }
 
 
@@ -78,6 +82,7 @@ class Shard:
     validated: bool = False
     dirty: set[str] = field(default_factory=set)  # arrays changed since loaded (never hard-linked)
     _views: dict[str, memoryview] = field(default_factory=dict, repr=False)
+    _graph: object = field(default=None, repr=False)  # the faiss index over ``hnsw``, once checked
 
     @property
     def rows(self) -> int:
@@ -109,8 +114,6 @@ class Shard:
                     terms.size and (int(terms[0]) < 0 or int(terms[-1]) >= self.n_cols or np.any(np.diff(terms) <= 0))
                 ):
                     raise DamagedArrays("dense columns do not match the terms and rows")
-            if "ivf_order" in a:  # the dense clusters' member lists: ids inside the shard
-                check_postings(a["ivf_offsets"], a["ivf_order"], a["ivf_order"], max(rows, 1))
             for name in STRING_FIELDS:
                 offsets, blob = a[f"{name}_offsets"], a[f"{name}_blob"]
                 if offsets.shape[0] != rows + 1 or offsets[0] != 0 or offsets[-1] != blob.shape[0] or (
@@ -122,25 +125,60 @@ class Shard:
         self.validated = True
 
     def dense_rows(self) -> np.ndarray:
-        """The dense vectors in row order (stored in cluster order when clustered)."""
-        dense = np.asarray(self.arrays["dense"])
-        if "ivf_order" not in self.arrays:
-            return dense
-        rows = np.empty_like(dense)
-        rows[self.arrays["ivf_order"]] = dense
-        return rows
+        """The dense vectors in row order (a view; inside the graph's bytes when there is one)."""
+        return np.asarray(self.arrays["dense"])
+
+    def dense_graph(self):
+        """The faiss index over this shard's graph (None: none), checked before first use
+        (neighbour ids, lists and levels: what keeps faiss inside the arrays)."""
+        if self._graph is None and "hnsw" in self.arrays and graph.available():
+            blob = self.arrays["hnsw"]
+            try:
+                where = graph.layout(blob, self.rows, self.arrays["dense"].shape[1])
+                graph.check(blob, where, self.rows)
+            except DamagedArrays as exc:
+                raise CacheUnusable(f"shard at row {self.start} is damaged: {exc}") from None
+            try:
+                self._graph = graph.open_index(blob, where)
+            except RuntimeError as exc:  # faiss's own reader refused it
+                raise CacheUnusable(f"shard at row {self.start} is damaged: {str(exc).splitlines()[-1]}") from None
+        return self._graph
+
+    def attach_graph(self, blob: np.ndarray, dim: int) -> None:
+        """Use ``blob`` (a serialised graph with this shard's vectors) as the dense side: the
+        vectors become a view of it. Raises DamagedArrays when it does not fit the shard."""
+        self.arrays["dense"] = graph.vectors(blob, graph.layout(blob, self.rows, dim), self.rows, dim)
+        self.arrays["hnsw"] = blob
+        self._graph = None
+
+    def detach_graph(self) -> None:
+        """Back to plain vectors (a copy out of the graph's bytes, which go)."""
+        self.arrays["dense"] = np.array(self.arrays["dense"])
+        del self.arrays["hnsw"]
+        self._graph = None
+        self.dirty.add("dense")
 
     def string(self, name: str, row: int) -> str:
         return self.strings(name, np.asarray([row]))[0]
 
     def strings(self, name: str, rows: np.ndarray) -> list[str]:
-        """The strings of these rows (offsets gathered at once, bytes sliced from a memoryview)."""
+        """The strings of these rows: their bytes gathered in one go and, when all ASCII (ids,
+        most paths), decoded once and cut; else decoded one by one from a memoryview."""
         offsets = self.arrays[f"{name}_offsets"]
+        starts, ends = offsets[rows], offsets[rows + 1]
+        lengths = ends - starts
+        if rows.size > 8:
+            ends_out = np.cumsum(lengths)
+            positions = np.arange(int(ends_out[-1])) + np.repeat(starts - (ends_out - lengths), lengths)
+            raw = self.arrays[f"{name}_blob"][positions]
+            if not raw.size or int(raw.max()) < 128:
+                text = raw.tobytes().decode("ascii")
+                bounds = [0, *ends_out.tolist()]
+                return [text[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
         view = self._views.get(name)
         if view is None:
             view = self._views[name] = memoryview(np.ascontiguousarray(self.arrays[f"{name}_blob"])).cast("B")
-        return [view[lo:hi].tobytes().decode("utf-8", "surrogatepass")
-                for lo, hi in zip(offsets[rows].tolist(), offsets[rows + 1].tolist())]
+        return [view[lo:hi].tobytes().decode("utf-8", "surrogatepass") for lo, hi in zip(starts.tolist(), ends.tolist())]
 
     def url(self, row: int) -> str | None:
         return self.string("urls", row) if self.arrays["has_url"][row] else None
@@ -157,8 +195,7 @@ class Structures:
     dim: int
     shards: list[Shard]
     shard_rows: int  # every shard but the last holds exactly this many rows
-    state_dir: Path | None = None
-    centroids: np.ndarray | None = None  # (clusters, dim) when the dense side is approximate  # None: in memory only (the cache could not be written)
+    state_dir: Path | None = None  # None: in memory only (the cache could not be written)
 
     @property
     def size(self) -> int:
@@ -260,6 +297,8 @@ def save(cache_dir: Path, structures: Structures, reuse: Structures | None) -> P
             old = _same_shard(reuse, j, shard)
             files = {}
             for name, array in shard.arrays.items():
+                if name == "dense" and "hnsw" in shard.arrays:
+                    continue  # a view into the graph's bytes, written with them
                 target = tmp / f"shard-{j:05d}-{name}.npy"
                 if old is not None and name in old.files and name not in shard.dirty:
                     try:
@@ -271,11 +310,7 @@ def save(cache_dir: Path, structures: Structures, reuse: Structures | None) -> P
                 files[name] = _write_array(target, array)
             shard.files = files
             shards_meta.append({"start": shard.start, "rows": shard.rows, "files": files})
-        centroids = None
-        if structures.centroids is not None:
-            centroids = _write_array(tmp / "centroids.npy", structures.centroids)
         header = {
-            "centroids": centroids,
             "format": CACHE_FORMAT, "index_id": structures.index_id, "generation": structures.generation,
             "mutations": structures.mutations, "max_seq": structures.max_seq, "dim": structures.dim,
             "shard_rows": structures.shard_rows, "shards": shards_meta, "written_at": time.time(),
@@ -356,25 +391,21 @@ def load(cache_dir: Path) -> Structures:
                 path = state_dir / f"shard-{len(shards):05d}-{name_}.npy"
                 arrays[name_] = _open_array(path, size, crc_ if name_ in SMALL else None, DTYPES[name_])
             missing = set(DTYPES) - OPTIONAL - set(arrays)
-            if missing:
-                raise CacheUnusable(f"the cache lacks {sorted(missing)[0]}")
+            if missing or ("dense" in arrays) == ("hnsw" in arrays):
+                raise CacheUnusable(f"the cache lacks {sorted(missing)[0] if missing else 'its dense vectors'}")
             shard = Shard(start=start, arrays=arrays, files=meta["files"])
+            if "hnsw" in arrays:
+                try:
+                    shard.attach_graph(arrays["hnsw"], int(header["dim"]))
+                except DamagedArrays as exc:
+                    raise CacheUnusable(f"shard at row {start} is damaged: {exc}") from None
             if shard.rows != meta["rows"] or (shard.rows > SHARD_ROWS) or (
                 shard.rows < SHARD_ROWS and meta is not header["shards"][-1]
             ):
                 raise CacheUnusable("the cache's shard sizes are inconsistent")
             shards.append(shard)
             start += shard.rows
-        centroids = None
-        if header.get("centroids"):
-            size, crc = header["centroids"]
-            centroids = _open_array(state_dir / "centroids.npy", size, crc, np.float32)
-            if centroids.ndim != 2 or centroids.shape[1] != int(header["dim"]) or not all(
-                "ivf_order" in s.arrays and s.arrays["ivf_offsets"].shape == (len(centroids) + 1,) for s in shards
-            ):
-                raise CacheUnusable("the dense clusters do not match the vectors")
         return Structures(
-            centroids=centroids,
             index_id=str(header["index_id"]), generation=int(header["generation"]),
             mutations=int(header["mutations"]), max_seq=int(header["max_seq"]), dim=int(header["dim"]),
             shards=shards, shard_rows=SHARD_ROWS, state_dir=state_dir,
@@ -416,6 +447,7 @@ def verify_all(structures: Structures) -> list[str]:
                 problems.append(f"{path.name}: {exc}")
         try:
             shard.validate()
+            shard.dense_graph()
         except CacheUnusable as exc:
             problems.append(str(exc))
     return problems

@@ -295,39 +295,41 @@ def explain_rows(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, rows
     return [pairs[bounds[i] : bounds[i + 1]] for i in range(rows.size)]
 
 
-# -- approximate dense search: an inverted file over the vectors, used in place -------------
-
-
-def train_centroids(vectors: np.ndarray, clusters: int, seed: int = 0) -> np.ndarray:
-    """k-means centroids (faiss, one thread) on at most 40 vectors per cluster."""
-    import faiss
-
-    rng = np.random.default_rng(seed)
-    sample = vectors[np.sort(rng.choice(len(vectors), size=min(len(vectors), 40 * clusters), replace=False))]
-    kmeans = faiss.Kmeans(vectors.shape[1], clusters, niter=10, seed=seed, spherical=False, verbose=False)
-    kmeans.train(np.ascontiguousarray(sample, dtype=np.float32))
-    return kmeans.centroids.astype(np.float32)
-
-
-def assign_clusters(dense: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(rows sorted by nearest centroid by inner product, offsets per cluster)."""
-    nearest = np.empty(len(dense), dtype=np.int64)
-    for lo in range(0, len(dense), 8192):
-        nearest[lo : lo + 8192] = np.argmax(np.asarray(dense[lo : lo + 8192]) @ centroids.T, axis=1)
-    order = np.argsort(nearest, kind="stable").astype(np.int32)
-    offsets = np.zeros(len(centroids) + 1, dtype=np.int64)
-    np.cumsum(np.bincount(nearest, minlength=len(centroids)), out=offsets[1:])
-    return order, offsets
-
-
-def score_clusters(dense: np.ndarray, offsets: np.ndarray, clusters: np.ndarray,
-                   query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Inner products of the query with every vector of the given clusters (vectors stored
-    in cluster order: one contiguous run each, read in place). Returns (positions, scores)."""
-    bounds = offsets.tolist()
-    spans = [(bounds[c], bounds[c + 1]) for c in np.sort(clusters).tolist() if bounds[c + 1] > bounds[c]]
-    if not spans:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-    scores = np.concatenate([dense[lo:hi] @ query for lo, hi in spans])
-    positions = np.concatenate([np.arange(lo, hi) for lo, hi in spans])
-    return positions, scores
+def explain_by_postings(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, rows: np.ndarray,
+                        query_cols: np.ndarray, query_weights: np.ndarray, n: int,
+                        dense_terms: np.ndarray | None = None,
+                        dense_columns: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`explain_rows` read from the query's posting lists (sorted by row) instead of the
+    rows' own: for many rows and a short query, one binary search per term finds the rows its
+    list holds (a term with a dense column is read from it directly). Returns (slot of the
+    query term, query weight * weight), each rows x n: per row largest first, ties by column
+    (``query_cols`` ascending), zeros where fewer terms match."""
+    n_cols = indptr.size - 1
+    order = np.argsort(rows, kind="stable")
+    wanted = rows[order].astype(indices.dtype)  # sorted (searches walk the list in order), same type: no copy
+    contrib = np.zeros((query_cols.size, rows.size), dtype=np.float32)
+    dense_slot = None
+    if dense_terms is not None and dense_terms.size:
+        at = np.minimum(np.searchsorted(dense_terms, query_cols), dense_terms.size - 1)
+        dense_slot = np.where(dense_terms[at] == query_cols, at, -1).tolist()
+    for slot, (col, weight) in enumerate(zip(query_cols.tolist(), query_weights.tolist())):
+        if col >= n_cols:
+            continue
+        if dense_slot is not None and dense_slot[slot] >= 0:
+            np.multiply(dense_columns[dense_slot[slot]][wanted], np.float32(weight), out=contrib[slot])
+            continue
+        start, end = int(indptr[col]), int(indptr[col + 1])
+        if end <= start:
+            continue
+        ids = indices[start:end]
+        if ids.size < wanted.size:  # a short list: look its ids up among the rows instead
+            at = np.minimum(np.searchsorted(wanted, ids), wanted.size - 1)
+            found = wanted[at] == ids
+            contrib[slot, at[found]] = np.float32(weight) * data[start:end][found]
+            continue
+        at = np.minimum(np.searchsorted(ids, wanted), end - start - 1)
+        found = ids[at] == wanted
+        contrib[slot, found] = np.float32(weight) * data[start:end][at[found]]
+    contrib = contrib.T[np.argsort(order)]  # back to the order of ``rows``
+    best = np.argsort(-contrib, axis=1, kind="stable")[:, :n]
+    return best, np.take_along_axis(contrib, best, axis=1)
