@@ -111,18 +111,3 @@ def test_arrays_the_kernel_cannot_read_take_the_numpy_path():
         rows, _ = kernels.shard_top(indptr, ids, weights_, 300, cols, weights, buffer, 10)
         assert rows.tolist() == want_rows.tolist() and np.array_equal(buffer, want_scores)
 
-
-@pytest.mark.parametrize("n", [1, 7, 100, 5000, 40_000])
-@pytest.mark.parametrize("k", [1, 3, 10, 1000])
-def test_c_top_k_equals_a_full_sort_even_with_ties(n, k):
-    """One term whose postings cover every row: the shard's scores are its weights."""
-    rng = np.random.default_rng(n * 31 + k)
-    scores = rng.integers(0, 6, size=n).astype(np.float32)  # many ties, many zeros
-    scores[rng.random(n) < 0.3] = 0
-    for weights in (scores, rng.random(n).astype(np.float32)):
-        indptr = np.array([0, n], dtype=np.int32)
-        buffer = np.empty(n, dtype=np.float32)
-        rows, top = kernels.shard_top(indptr, np.arange(n, dtype=np.uint16 if n <= 65536 else np.int32), weights, n,
-                                      np.array([0]), np.ones(1, np.float32), buffer, k)
-        want = [i for i in np.lexsort((np.arange(n), -weights)) if weights[i] > 0][:k]
-        assert rows.tolist() == want and top.tolist() == weights[want].tolist()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from d2s_search.backends.base import Document, Hit
-from d2s_search.backends.local import LocalBackend
+from d2s_search.backends.local import LocalBackend, kernels
 from d2s_search.bundle import Bundle
 from d2s_search.encoder import Encoder
 from d2s_search.ingest import ingest
@@ -228,8 +228,6 @@ def test_index_stats_and_delete(tmp_path, tiny_blip_bundle, image_folder, capsys
     code, stats = run_cli_json(["index", "stats", "--index", index], capsys)
     assert code == 0 and stats["documents"] == 40 and stats["bundle_model"] == "tiny-blip"
     assert stats["mean_terms_per_document"] > 0 and stats["disk_bytes"] > 0
-    from d2s_search.backends.local import kernels
-
     assert stats["scoring_kernel"] == ("compiled" if kernels.c_kernel_loaded() else "numpy")
     code, out = run_cli_json(["index", "delete", "--index", index, "--yes"], capsys)
     assert code == 0 and not index.exists()
@@ -238,17 +236,21 @@ def test_index_stats_and_delete(tmp_path, tiny_blip_bundle, image_folder, capsys
 
 
 @pytest.mark.parametrize("n", [1, 7, 100, 5000, 40_000])
-@pytest.mark.parametrize("k", [1, 3, 10, 1000])
+@pytest.mark.parametrize("k", [1, 3, 10, 64, 65, 1000])
 def test_top_rows_equals_full_sort_even_with_ties(n, k):
     from d2s_search.backends.local import _top_rows
 
     rng = np.random.default_rng(n * 31 + k)
     scores = rng.integers(0, 6, size=n).astype(np.float32)  # many ties, many zeros
     scores[rng.random(n) < 0.3] = 0
-    want = [i for i in np.lexsort((np.arange(n), -scores)) if scores[i] > 0][:k]
-    assert _top_rows(scores, k).tolist() == want
     smooth = rng.random(n).astype(np.float32)
-    assert _top_rows(smooth, k).tolist() == np.lexsort((np.arange(n), -smooth))[:k].tolist()
+    for values in (scores, smooth):
+        want = [i for i in np.lexsort((np.arange(n), -values)) if values[i] > 0][:k]
+        assert _top_rows(values, k).tolist() == want
+        # the shard kernel (C heap up to k=64 when built, numpy above): one term covering every row
+        rows, top = kernels.shard_top(np.array([0, n], np.int32), np.arange(n, dtype=np.uint16), values, n,
+                                      np.array([0]), np.ones(1, np.float32), np.empty(n, np.float32), k)
+        assert rows.tolist() == want and top.tolist() == values[want].tolist()
 
 
 def test_heads_trained_without_expansion_search_with_the_query_words_only(tmp_path):
