@@ -27,6 +27,10 @@ REFERENCE_LINES = {
     "issue 3: paper's head, L1, exp=c (eta 1e-2, 1e-3)": [(12.4, 0.291), (100.8, 0.371)],
     # W1 fitted to the captions' words, bias -10 / -8 / -6, words only: no training step at all
     "W1 fit to words, untrained (bias -10, -8, -6)": [(0.37, 0.122), (2.8, 0.173), (29.0, 0.230)],
+    # docs/benchmarks.md "Sparsity-quality frontier", earlier runs (6 epochs unless noted)
+    "words, bias -1/-2, FLOPS (random W1)": [(4.9, 0.295), (7.8, 0.302)],
+    "words, W1 fit, bias -6, FLOPS (eta 0.1 .. 0.003)": [(3.3, 0.275), (5.3, 0.288), (7.4, 0.294), (8.1, 0.301)],
+    "words, W1 fit, FLOPS, higher lr (6 and 12 epochs)": [(1.8, 0.309), (2.2, 0.298), (3.0, 0.305)],
 }
 REFERENCE_DENSE = 0.419
 
