@@ -128,9 +128,11 @@ def ridge_probe(config: dict, data: Path, cache: Path, lams=(10, 100, 300, 1000,
         qrels = [np.array([i]) for i in np.repeat(np.arange(len(img)), 5)]
         return M.aggregate(M.evaluate_scores(texts[split] @ img.T, qrels)[2])
 
+    from onnx_export.offline_mini.ridge import ridge_fit
+
     best = None
-    for lam in lams:
-        w = np.linalg.solve(x.T @ x + lam * np.eye(x.shape[1]), x.T @ y)
+    for lam in lams:  # every lambda reported, not only the grid's best (choose_lambda refuses edges)
+        w = ridge_fit(x, y, lam)
         val = recall(w, "val")
         if best is None or val["R@1"] > best["val"]["R@1"]:
             best = {"lambda": lam, "val": val, "test": recall(w, "test")}
