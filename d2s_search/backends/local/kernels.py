@@ -44,7 +44,8 @@ _csc_matvec = _load_csc_matvec()
 
 def _load_c_kernel():
     """The compiled kernel (``_score.c``, built by ``pip install``; optional), through
-    ctypes: scoring plus top-k of a shard in C, 2-3x the numpy/scipy path (docs/benchmarks.md).
+    ctypes: scoring plus top-k of a shard in C, 0.80-0.89x the time of the numpy/scipy path
+    (docs/benchmarks.md).
     ``D2S_C_KERNEL=0`` turns it off (tests run both paths and compare them)."""
     import os
 
@@ -77,7 +78,7 @@ _c_kernel = _load_c_kernel()
 
 
 def c_kernel_loaded() -> bool:
-    """Whether shards are scored by the compiled kernel (``doctor`` and the benchmarks say so)."""
+    """Whether shards are scored by the compiled kernel (``index stats`` and the benchmarks say so)."""
     return _c_kernel is not None
 
 
@@ -117,14 +118,15 @@ def _accumulate_c(indptr, indices, data, n_rows, cols, weights, out, dense_terms
     """Run the C kernel if the arrays suit it; False when they do not (numpy path then)."""
     if _c_kernel is None or out.size < n_rows:
         return False
+    accumulate_c = _c_kernel[0].get(indices.dtype)
+    if accumulate_c is None or not (indices.flags.c_contiguous
+                                    and _c_ready(indptr, np.int32, data, np.float32, out, np.float32)):
+        return False
     cols = np.ascontiguousarray(cols, dtype=np.int64)
     weights = np.ascontiguousarray(weights, dtype=np.float32)
     slots = _dense_slots(cols, dense_terms)
-    columns_ok = slots is None or (dense_columns.ndim == 2 and dense_columns.shape[1] == n_rows
-                                   and _c_ready(dense_columns, np.float32))
-    accumulate_c = _c_kernel[0].get(indices.dtype)
-    if accumulate_c is None or not (columns_ok and indices.flags.c_contiguous
-                                    and _c_ready(indptr, np.int32, data, np.float32, out, np.float32)):
+    if slots is not None and not (dense_columns.ndim == 2 and dense_columns.shape[1] == n_rows
+                                  and _c_ready(dense_columns, np.float32)):
         return False
     if indices.size != data.size:
         raise DamagedArrays("ids and weights differ in length")
@@ -184,10 +186,9 @@ def accumulate(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows
     n_cols = indptr.size - 1
     one = np.zeros(2, dtype=indptr.dtype)
     w = np.zeros(1, dtype=np.float32)
-    slots = None
-    if dense_terms is not None and dense_terms.size:
-        at = np.minimum(np.searchsorted(dense_terms, cols), dense_terms.size - 1)
-        slots = np.where(dense_terms[at] == cols, at, -1).tolist()
+    slots = _dense_slots(cols, dense_terms)
+    if slots is not None:
+        slots = slots.tolist()
         scaled = np.empty(n_rows, dtype=np.float32)
     for i, (col, weight) in enumerate(zip(cols.tolist(), weights.tolist())):
         if col >= n_cols:
@@ -317,10 +318,9 @@ def explain_by_postings(indptr: np.ndarray, indices: np.ndarray, data: np.ndarra
     order = np.argsort(rows, kind="stable")
     wanted = rows[order].astype(indices.dtype)  # sorted (searches walk the list in order), same type: no copy
     contrib = np.zeros((query_cols.size, rows.size), dtype=np.float32)
-    dense_slot = None
-    if dense_terms is not None and dense_terms.size:
-        at = np.minimum(np.searchsorted(dense_terms, query_cols), dense_terms.size - 1)
-        dense_slot = np.where(dense_terms[at] == query_cols, at, -1).tolist()
+    dense_slot = _dense_slots(query_cols, dense_terms)
+    if dense_slot is not None:
+        dense_slot = dense_slot.tolist()
     for slot, (col, weight) in enumerate(zip(query_cols.tolist(), query_weights.tolist())):
         if col >= n_cols:
             continue
