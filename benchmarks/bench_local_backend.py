@@ -34,7 +34,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 from benchmarks.synthetic import dense_vectors, sample_vectors, zipf_probabilities  # noqa: E402
 from d2s_search.backends.base import Document, IndexIdentity  # noqa: E402
-from d2s_search.backends.local import LocalBackend  # noqa: E402
+from d2s_search.backends.local import LocalBackend, kernels  # noqa: E402
 from d2s_search.search import QueryVectors, SearchOptions, run_query  # noqa: E402
 
 DIM = 256
@@ -178,7 +178,7 @@ def main() -> None:
     # References over one contiguous copy of everything (built outside the timings).
     import scipy.sparse as sp
 
-    csr = sp.vstack([sp.csr_matrix((s.arrays["csr_data"], s.arrays["csr_indices"], s.arrays["csr_indptr"]),
+    csr = sp.vstack([sp.csr_matrix((kernels.decode_weights(s.arrays["csr_data"]), s.arrays["csr_indices"], s.arrays["csr_indptr"]),
                                    shape=(s.rows, s.n_cols)) for s in state.shards], format="csr")
     n_cols = csr.shape[1]
     dense_matrix = np.vstack([s.dense_rows() for s in state.shards])

@@ -10,7 +10,14 @@ loop per variant and its ratio to the reference (``kernels.accumulate``: scipy's
 ``csc_matvec`` once per term, int32 ids, float32 weights) measured in the same run. Every
 variant's top 10 is checked against the reference's on every query (ids, and scores to
 float32 rounding). The postings in other layouts (16-bit ids, fp16 weights, dense columns
-for frequent terms) are converted once before timing.
+for frequent terms) are converted once before timing. Since cache format 6 the cache stores
+16-bit weights (Lucene's FeatureField encoding); the float32 variants run on their decoded
+values, so every variant computes the same scores. ``--fp32-kernel SO`` adds the kernel as
+it was before that change (float32 weights and columns), built from its source, e.g.::
+
+    git show 6f9a7af:d2s_search/backends/local/_score.c > /tmp/score32.c
+    gcc -O3 -ffp-contract=off -shared -fPIC -o /tmp/score32.so /tmp/score32.c
+    python benchmarks/bench_sparse_kernels.py --fp32-kernel /tmp/score32.so --only 9,11,12,13
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ K = 10
 
 def shard_layouts(shard, dense_min_fraction: float) -> dict:
     a = shard.arrays
-    indptr, indices, data = np.asarray(a["csc_indptr"]), np.asarray(a["csc_indices"]), np.asarray(a["csc_data"])
+    indptr, indices, stored = np.asarray(a["csc_indptr"]), np.asarray(a["csc_indices"]), np.asarray(a["csc_data"])
+    data = np.ascontiguousarray(kernels.decode_weights(stored))
     lengths = np.diff(indptr)
     frequent = np.flatnonzero(lengths >= dense_min_fraction * shard.rows)
     dense_cols = {}
@@ -49,6 +57,7 @@ def shard_layouts(shard, dense_min_fraction: float) -> dict:
     return {
         "rows": shard.rows, "indptr": indptr, "ids32": indices.astype(np.int32), "w32": data,
         "stored_ids": indices,  # the cache's own (16-bit in-shard ids since cache format 4)
+        "stored_w": stored,  # the cache's own (16-bit weights since cache format 6)
         "ids16": indices.astype(np.uint16), "w16": data.astype(np.float16), "ids64": indices.astype(np.intp),
         "dense_cols": dense_cols,
         "stored_dense_terms": a.get("dense_terms"), "stored_dense_columns": a.get("dense_columns"),
@@ -162,21 +171,58 @@ def v_dense_frequent_terms_no_temp(layout, cols, weights, out):
 def v_numpy_path(layout, cols, weights, out):
     """``kernels.accumulate`` without the C kernel, with the shard's stored dense columns
     (what the backend ran before ``_score.c``, and runs when no compiler built it)."""
-    kernels.accumulate(layout["indptr"], layout["ids32"], layout["w32"], layout["rows"], cols, weights, out,
+    kernels.accumulate(layout["indptr"], layout["ids32"], layout["stored_w"], layout["rows"], cols, weights, out,
                        layout["stored_dense_terms"], layout["stored_dense_columns"], use_c=False)
 
 
 def v_c_accumulate(layout, cols, weights, out):
     """The compiled kernel's accumulation (``_score.c``), the top-k still numpy's."""
-    kernels.accumulate(layout["indptr"], layout["ids32"], layout["w32"], layout["rows"], cols, weights, out,
+    kernels.accumulate(layout["indptr"], layout["ids32"], layout["stored_w"], layout["rows"], cols, weights, out,
                        layout["stored_dense_terms"], layout["stored_dense_columns"])
 
 
 def v_shipped(layout, cols, weights, out):
     """``kernels.shard_top`` as the backend calls it: accumulation and top-k in C, on the
     cache's 16-bit ids."""
-    return kernels.shard_top(layout["indptr"], layout["stored_ids"], layout["w32"], layout["rows"], cols, weights, out, K,
-                             layout["stored_dense_terms"], layout["stored_dense_columns"])
+    return kernels.shard_top(layout["indptr"], layout["stored_ids"], layout["stored_w"], layout["rows"], cols, weights,
+                             out, K, layout["stored_dense_terms"], layout["stored_dense_columns"])
+
+
+_FP32_KERNEL = None  # (accumulate16, top) of --fp32-kernel
+
+
+def v_fp32_kernel(layout, cols, weights, out):
+    """The C kernel before cache format 6 (float32 weights and dense columns; 16-bit ids),
+    accumulate and heap top-k, on the decoded weights: what the 16-bit weights are measured against."""
+    accumulate16, top = _FP32_KERNEL
+    if "w32_columns" not in layout:
+        terms = layout["stored_dense_terms"]
+        layout["w32_columns"] = np.ascontiguousarray(kernels.decode_weights(layout["stored_dense_columns"]))
+        layout["w32_terms"] = terms
+    slots = kernels._dense_slots(cols, layout["w32_terms"])
+    cols = np.ascontiguousarray(cols, dtype=np.int64)
+    weights = np.ascontiguousarray(weights, dtype=np.float32)
+    ids, data, columns, rows = layout["stored_ids"], layout["w32"], layout["w32_columns"], layout["rows"]
+    accumulate16(layout["indptr"].ctypes.data, layout["indptr"].size - 1, ids.ctypes.data, data.ctypes.data, ids.size,
+                 rows, cols.ctypes.data, weights.ctypes.data, cols.size, slots.ctypes.data, columns.ctypes.data,
+                 columns.shape[0], out.ctypes.data)
+    heap = np.empty(2 * K, dtype=np.int32)
+    found_rows, found_scores = np.empty(K, dtype=np.int32), np.empty(K, dtype=np.float32)
+    n = top(out.ctypes.data, rows, K, heap.ctypes.data, found_rows.ctypes.data, found_scores.ctypes.data)
+    return found_rows[:n].astype(np.int64), found_scores[:n]
+
+
+def load_fp32_kernel(path: str) -> None:
+    import ctypes
+
+    global _FP32_KERNEL
+    lib = ctypes.CDLL(path)
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.d2s_accumulate16.argtypes = [p, i64, p, p, i64, i64, p, p, i64, p, p, i64, p]
+    lib.d2s_accumulate16.restype = i64
+    lib.d2s_top_positive.argtypes = [p, i64, i64, p, p, p]
+    lib.d2s_top_positive.restype = i64
+    _FP32_KERNEL = (lib.d2s_accumulate16, lib.d2s_top_positive)
 
 
 VARIANTS = {
@@ -192,6 +238,7 @@ VARIANTS = {
     "scipy per term, uint16 in-shard ids": v_scipy_uint16_ids,
     "C kernel accumulate (int32 ids) + numpy top-k": v_c_accumulate,
     "shipped: C kernel, accumulate and top-k in one call (kernels.shard_top)": v_shipped,
+    "previous C kernel, fp32 weights and columns (--fp32-kernel)": v_fp32_kernel,
 }
 
 
@@ -202,7 +249,10 @@ def main() -> None:
     parser.add_argument("--cache", default=str(Path(__file__).parent / ".cache"))
     parser.add_argument("--dense-fraction", type=float, default=0.25)
     parser.add_argument("--only", default="", help="comma-separated variant numbers (1 = reference, always run)")
+    parser.add_argument("--fp32-kernel", default="", help="a .so built from the kernel before 16-bit weights (see above)")
     args = parser.parse_args()
+    if args.fp32_kernel:
+        load_fp32_kernel(args.fp32_kernel)
 
     backend = LocalBackend(Path(args.cache) / f"local-{args.docs}", threads=1)
     backend.open(None, create=False)
@@ -213,7 +263,7 @@ def main() -> None:
     for ids, ws in sample_vectors(args.queries, 10, 40, probs, seed=12345):  # bench_local_backend's queries
         cols, weights = backend._query_columns({TERMS[t]: float(w) for t, w in zip(ids.tolist(), ws.tolist())})
         queries.append((cols, weights))
-    names = list(VARIANTS)
+    names = [n for n in VARIANTS if args.fp32_kernel or VARIANTS[n] is not v_fp32_kernel]
     if args.only:
         chosen = {0, *(int(i) - 1 for i in args.only.split(","))}
         names = [n for i, n in enumerate(names) if i in chosen]

@@ -61,10 +61,15 @@ def run_cli_json(args: list[str], capsys) -> tuple[int, dict]:
 
 
 def brute_force_sparse(docs, query: dict[str, float]) -> list[tuple[str, float]]:
-    """(id, score) of every document with a positive dot product, best first, ties by order."""
+    """(id, score) of every document with a positive dot product, best first, ties by order.
+
+    Document weights count as stored: float32 truncated to 9 significant bits (Lucene's
+    FeatureField, which the local index keeps as OpenSearch does)."""
+    from d2s_search.backends.opensearch.features import lucene_feature_value
+
     scored = []
     for order, doc in enumerate(docs):
-        score = sum(np.float64(w) * doc.sparse.get(t, 0.0) for t, w in query.items())
+        score = sum(np.float64(w) * lucene_feature_value(doc.sparse[t]) for t, w in query.items() if t in doc.sparse)
         if score > 0:
             scored.append((-score, order, doc.id, score))
     scored.sort()

@@ -15,19 +15,19 @@ pytestmark = pytest.mark.skipif(not kernels.c_kernel_loaded(),
 
 
 def random_shard(rng: np.random.Generator, rows: int, cols: int, per_row: int):
-    """A CSC shard (int32 pointers and ids, float32 weights) with Zipf-like term popularity and
-    weights drawn from few values, so equal scores (ties) occur."""
+    """A CSC shard (int32 pointers and ids, 16-bit stored weights as the cache keeps them) with
+    Zipf-like term popularity and weights drawn from few values, so equal scores (ties) occur."""
     popularity = 1.0 / np.arange(1, cols + 1)
     popularity /= popularity.sum()
     entries = {}
     for r in range(rows):
         for c in rng.choice(cols, size=min(per_row, cols), replace=False, p=popularity):
-            entries[(int(c), r)] = np.float32(rng.choice([0.25, 0.5, 1.0, 1.5]))
+            entries[(int(c), r)] = np.float32(rng.choice([0.25, 0.3, 0.5, 1.0, 1.7]))
     keys = sorted(entries)
     indptr = np.zeros(cols + 1, dtype=np.int32)
     np.cumsum(np.bincount([c for c, _ in keys], minlength=cols), out=indptr[1:])
     indices = np.array([r for _, r in keys], dtype=np.int32)
-    data = np.array([entries[k] for k in keys], dtype=np.float32)
+    data = kernels.encode_weights(np.array([entries[k] for k in keys], dtype=np.float32))
     return indptr, indices, data
 
 
@@ -65,7 +65,7 @@ def test_c_kernel_equals_the_numpy_path_bit_for_bit(seed, id_type):
 def test_top_k_keeps_the_earliest_row_among_equal_scores():
     indptr = np.array([0, 6], dtype=np.int32)
     indices = np.array([0, 1, 2, 3, 4, 5], dtype=np.int32)
-    data = np.array([1.0, 2.0, 1.0, 2.0, 2.0, 0.0], dtype=np.float32)
+    data = kernels.encode_weights(np.array([1.0, 2.0, 1.0, 2.0, 2.0, 0.0], dtype=np.float32))
     buffer = np.empty(6, dtype=np.float32)
     rows, scores = kernels.shard_top(indptr, indices, data, 6, np.array([0]), np.array([1.0], np.float32), buffer, 4)
     assert rows.tolist() == [1, 3, 4, 0] and scores.tolist() == [2.0, 2.0, 2.0, 1.0]
@@ -82,7 +82,7 @@ def test_damaged_postings_are_refused_without_writing_out_of_bounds(damage, id_t
         pytest.skip("16-bit ids are unsigned")
     indptr = np.array([0, 2, 4], dtype=np.int32)
     indices = np.array([0, 1, 1, 2], dtype=id_type)
-    data = np.ones(4, dtype=np.float32)
+    data = kernels.encode_weights(np.ones(4, dtype=np.float32))
     if damage == "id too large":
         indices[1] = 3
     elif damage == "negative id":
@@ -111,3 +111,20 @@ def test_arrays_the_kernel_cannot_read_take_the_numpy_path():
         rows, _ = kernels.shard_top(indptr, ids, weights_, 300, cols, weights, buffer, 10)
         assert rows.tolist() == want_rows.tolist() and np.array_equal(buffer, want_scores)
 
+
+
+def test_stored_weights_are_lucenes_feature_field_values():
+    # 0.3f = 0x3E99999A; >>> 15 = 0x7D33 (32051); << 15 = 0x3E998000 = 0.2998046875 (worked by hand)
+    stored = kernels.encode_weights(np.array([0.3, 1.0, 2.5, 64.0], dtype=np.float32))
+    assert stored.dtype == np.uint16 and stored.tolist() == [0x7D33, 0x7F00, 0x8040, 0x8500]
+    assert kernels.decode_weights(stored).tolist() == [0.2998046875, 1.0, 2.5, 64.0]
+    # what cannot score is stored as 0; infinity as the largest float32 (truncated)
+    odd = kernels.encode_weights(np.array([0.0, -1.0, np.nan, 1e-40, np.inf], dtype=np.float32))
+    assert odd.tolist() == [0, 0, 0, 0, 0xFEFF]
+    # the same value OpenSearch scores with (FeatureField), for many random weights
+    from d2s_search.backends.opensearch.features import lucene_feature_value
+
+    values = np.random.default_rng(0).lognormal(0, 2, size=500).astype(np.float32)
+    decoded = kernels.decode_weights(kernels.encode_weights(values))
+    assert decoded.tolist() == [lucene_feature_value(float(v)) for v in values]
+    assert np.all(decoded <= values) and np.all(decoded >= values * (1 - 2**-8))

@@ -7,6 +7,7 @@ import pytest
 
 from d2s_search.backends.base import Document, Hit
 from d2s_search.backends.local import LocalBackend, kernels
+from d2s_search.backends.opensearch.features import lucene_feature_value
 from d2s_search.bundle import Bundle
 from d2s_search.encoder import Encoder
 from d2s_search.ingest import ingest
@@ -150,8 +151,8 @@ def test_matched_terms_explain_the_score(searchable):
     (hit,) = backend.sparse_search(q.full, 1, explain=10_000)
     doc = next(d for d in docs if d.id == hit.id)
     assert sum(c for _, c in hit.matched) == pytest.approx(hit.score, rel=1e-4)
-    for term, contribution in hit.matched:
-        assert contribution == pytest.approx(q.full[term] * doc.sparse[term], rel=1e-5)
+    for term, contribution in hit.matched:  # the stored weight: 9 significant bits, as OpenSearch's
+        assert contribution == pytest.approx(q.full[term] * lucene_feature_value(doc.sparse[term]), rel=1e-6)
     top = backend.sparse_search(q.full, 1, explain=3)[0].matched
     assert top == hit.matched[:3]
 
@@ -171,7 +172,8 @@ def test_cache_extends_on_add_and_rebuilds_on_delete(tmp_path, tiny_blip_bundle)
     assert [h.id[-1] for h in backend.sparse_search({"dog": 1.0}, 10)] == ["1", "2"]
     backend.upsert([doc(3, {"dog": 2.0, "zebra": 1.0})])  # a new term after the cache was built
     hits = backend.sparse_search({"dog": 1.0, "zebra": 1.0}, 10)
-    assert [(h.id[-1], round(h.score, 5)) for h in hits] == [("3", 3.0), ("1", 1.0), ("2", 0.2)]
+    # 0.2 is stored as OpenSearch keeps it: 9 significant bits, 0.19970703125
+    assert [(h.id[-1], round(h.score, 5)) for h in hits] == [("3", 3.0), ("1", 1.0), ("2", 0.19971)]
     assert backend.delete([f"{3:064x}", "not-there"]) == 1
     assert [h.id[-1] for h in backend.sparse_search({"dog": 1.0, "zebra": 1.0}, 10)] == ["1", "2"]
     backend.upsert([doc(2, {"car": 4.0})])  # replaced in place

@@ -1,5 +1,7 @@
 /* Exact sparse scoring of one shard of the local index, and its top k, in one call.
  *
+ * Stored weights are 16-bit: Lucene's FeatureField encoding (float32 bits >> 15, what
+ * OpenSearch's rank_features keeps; decoded by shifting back), see kernels.encode_weights.
  * The same arithmetic as kernels.accumulate (scipy's csc_matvec per term, numpy's
  * multiply-then-add for dense columns): every product is rounded to float32 and added in
  * the query's term order, so scores are bit-identical to the numpy path. Build with
@@ -11,6 +13,14 @@
  */
 #include <stdint.h>
 #include <string.h>
+
+/* A stored 16-bit weight back to the float32 it stands for (exact: bits << 15). */
+static inline float decode_weight(uint16_t stored) {
+    uint32_t bits = (uint32_t)stored << 15;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
 
 #if defined(_WIN32)
 #define D2S_EXPORT __declspec(dllexport)
@@ -54,14 +64,14 @@ static void sift_up(entry *heap, int64_t i) {
 
 /* Accumulate the query's postings into scores[0:n_rows]. Returns the number of postings or
  * pointers found out of bounds (0 for a sound shard). dense_slots[t] >= 0 names a dense
- * column (n_rows floats at dense_columns + slot * n_rows) used instead of the postings.
- * Two instantiations: int32 ids, and the cache's 16-bit in-shard ids (8 -> 6 bytes read per
- * posting: the loop is bound by reading postings, ~0.75x the time). */
+ * column (n_rows weights at dense_columns + slot * n_rows) used instead of the postings.
+ * Two instantiations: int32 ids, and the cache's 16-bit in-shard ids (with 16-bit weights,
+ * 4 bytes read per posting instead of 8: the loop is bound by reading postings). */
 #define D2S_ACCUMULATE(NAME, ID_T)                                                                \
     D2S_EXPORT int64_t NAME(const int32_t *indptr, int64_t n_cols, const ID_T *indices,           \
-                            const float *data, int64_t nnz, int64_t n_rows, const int64_t *cols,  \
+                            const uint16_t *data, int64_t nnz, int64_t n_rows, const int64_t *cols, \
                             const float *weights, int64_t n_terms, const int64_t *dense_slots,    \
-                            const float *dense_columns, int64_t n_dense, float *scores) {         \
+                            const uint16_t *dense_columns, int64_t n_dense, float *scores) {      \
         int64_t bad = 0;                                                                          \
         memset(scores, 0, (size_t)n_rows * sizeof(float));                                        \
         for (int64_t t = 0; t < n_terms; t++) {                                                   \
@@ -69,9 +79,9 @@ static void sift_up(entry *heap, int64_t i) {
             float w = weights[t];                                                                 \
             if (col < 0 || col >= n_cols) continue; /* a term newer than this shard */            \
             if (dense_slots && dense_slots[t] >= 0 && dense_slots[t] < n_dense) {                 \
-                const float *column = dense_columns + dense_slots[t] * n_rows;                    \
+                const uint16_t *column = dense_columns + dense_slots[t] * n_rows;                 \
                 for (int64_t r = 0; r < n_rows; r++) {                                            \
-                    float product = column[r] * w;                                                \
+                    float product = decode_weight(column[r]) * w;                                 \
                     scores[r] += product;                                                         \
                 }                                                                                 \
                 continue;                                                                         \
@@ -87,7 +97,7 @@ static void sift_up(entry *heap, int64_t i) {
                     bad++;                                                                        \
                     continue;                                                                     \
                 }                                                                                 \
-                float product = data[p] * w;                                                      \
+                float product = decode_weight(data[p]) * w;                                       \
                 scores[id] += product;                                                            \
             }                                                                                     \
         }                                                                                         \

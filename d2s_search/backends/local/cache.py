@@ -6,10 +6,12 @@ everything a search reads about its documents, as plain arrays opened with
 process):
 
 * ``csc_*``: postings, term -> shard-local row ids (exact term-at-a-time scoring; the score
-  array of one shard, 256 KB, stays in the CPU cache);
+  array of one shard, 256 KB, stays in the CPU cache); weights in 16 bits, as OpenSearch's
+  ``rank_features`` keeps them (Lucene's ``FeatureField`` encoding, :func:`.kernels.encode_weights`),
+  so both backends score the same values;
 * ``csr_*``: the same matrix row-wise (rescoring and explanations of returned hits);
 * ``dense_terms``/``dense_columns``: the terms in at least half of the shard's documents
-  again as dense float32 columns (term x row): a scaled add over a column reads in order and
+  again as dense columns (term x row, 16-bit weights): a scaled add over a column reads in order and
   beats scattering a posting list that long (same products, same order: the same scores);
   at that density a column is no larger than the term's postings;
 * ``dense``: the dense vectors in row order, used in place; when the dense side is
@@ -44,12 +46,13 @@ import numpy as np
 
 from ...processes import pid_alive
 from . import graph
-from .kernels import DamagedArrays, check_postings
+from .kernels import DamagedArrays, check_postings, encode_weights
 from .store import CACHE_POINTER as POINTER
 from .store import LEGACY_CACHE, fsync_dir, is_temp_name, write_atomic
 
 SHARD_ROWS = 65536  # at most 2**16: the postings hold 16-bit in-shard ids
-CACHE_FORMAT = "d2s-local-cache/5"  # 3: dense clusters; 4: 16-bit posting ids; 5: per-shard HNSW graphs
+CACHE_FORMAT = "d2s-local-cache/6"  # 3: dense clusters; 4: 16-bit posting ids; 5: per-shard HNSW graphs;
+# 6: 16-bit weights (Lucene's FeatureField encoding, kernels.encode_weights)
 STALE_SECONDS = 120  # an unreferenced state this old is no longer being written by anyone
 
 STRING_FIELDS = ("ids", "paths", "urls")
@@ -63,10 +66,10 @@ OPTIONAL = {"hnsw", "dense", "dense_terms", "dense_columns"}
 DENSE_COLUMN_FRACTION = 0.5  # a term in at least this share of a shard's rows gets a dense column
 DTYPES = {
     "seqs": np.int64, "has_url": np.bool_, "dense": np.float32,
-    "csr_indptr": np.int64, "csr_indices": np.int32, "csr_data": np.float32,
-    "csc_indptr": np.int32, "csc_indices": np.uint16, "csc_data": np.float32,
+    "csr_indptr": np.int64, "csr_indices": np.int32, "csr_data": np.uint16,
+    "csc_indptr": np.int32, "csc_indices": np.uint16, "csc_data": np.uint16,
     **{f"{s}_blob": np.uint8 for s in STRING_FIELDS}, **{f"{s}_offsets": np.int64 for s in STRING_FIELDS},
-    "hnsw": np.uint8, "dense_terms": np.int32, "dense_columns": np.float32,
+    "hnsw": np.uint8, "dense_terms": np.int32, "dense_columns": np.uint16,
 }
 
 
@@ -249,9 +252,9 @@ def build_shard(start: int, parsed: list[tuple], n_cols: int, dim: int) -> Shard
         "seqs": np.fromiter((r[0] for r in parsed), dtype=np.int64, count=n),
         "dense": np.vstack([r[6] for r in parsed]).astype(np.float32) if n else np.zeros((0, dim), np.float32),
         "csr_indptr": csr.indptr.astype(np.int64), "csr_indices": csr.indices.astype(np.int32),
-        "csr_data": csr.data.astype(np.float32),
+        "csr_data": encode_weights(csr.data),
         "csc_indptr": csc.indptr.astype(np.int32), "csc_indices": csc.indices.astype(np.uint16),
-        "csc_data": csc.data.astype(np.float32),
+        "csc_data": encode_weights(csc.data),
         "has_url": np.fromiter((r[3] is not None for r in parsed), dtype=np.bool_, count=n),
     }
     arrays["dense_terms"], arrays["dense_columns"] = dense_columns(arrays["csc_indptr"], arrays["csc_indices"],
@@ -268,10 +271,11 @@ def build_shard(start: int, parsed: list[tuple], n_cols: int, dim: int) -> Shard
 
 
 def dense_columns(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """(terms, their columns as a terms x rows float32 array) for the terms whose posting
-    lists cover at least :data:`DENSE_COLUMN_FRACTION` of the rows."""
+    """(terms, their columns as a terms x rows array of ``data``'s type, 0 where a row lacks
+    the term) for the terms whose posting lists cover at least :data:`DENSE_COLUMN_FRACTION`
+    of the rows."""
     terms = np.flatnonzero(np.diff(indptr) >= max(1, DENSE_COLUMN_FRACTION * rows)).astype(np.int32)
-    columns = np.zeros((terms.size, rows), dtype=np.float32)
+    columns = np.zeros((terms.size, rows), dtype=data.dtype)
     for slot, col in enumerate(terms.tolist()):
         start, end = int(indptr[col]), int(indptr[col + 1])
         columns[slot, indices[start:end]] = data[start:end]
