@@ -99,11 +99,17 @@ def encode_weights(weights: np.ndarray) -> np.ndarray:
     return (np.ascontiguousarray(w, dtype=np.float32).view(np.uint32) >> 15).astype(np.uint16)
 
 
-def decode_weights(stored: np.ndarray) -> np.ndarray:
-    """uint16 stored weights -> the float32 values they stand for (exact); float32 passes through."""
+def decode_weights(stored: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
+    """uint16 stored weights -> the float32 values they stand for (exact); float32 passes
+    through. With ``scratch`` (uint32, at least as long) the result is a view into it: no
+    allocation in the numpy path's per-term loop."""
     if stored.dtype != np.uint16:
         return stored
-    return (stored.astype(np.uint32) << np.uint32(15)).view(np.float32)
+    if scratch is None:
+        return (stored.astype(np.uint32) << np.uint32(15)).view(np.float32)
+    bits = scratch[: stored.size]
+    np.left_shift(stored, np.uint32(15), out=bits, dtype=np.uint32)
+    return bits.view(np.float32)
 
 
 class DamagedArrays(ValueError):
@@ -214,17 +220,20 @@ def accumulate(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows
     if slots is not None:
         slots = slots.tolist()
         scaled = np.empty(n_rows, dtype=np.float32)
+    scratch = np.empty(n_rows, dtype=np.uint32)  # decoded weights: a list holds a row at most once
     for i, (col, weight) in enumerate(zip(cols.tolist(), weights.tolist())):
         if col >= n_cols:
             continue
         if slots is not None and slots[i] >= 0:
-            np.multiply(decode_weights(dense_columns[slots[i]]), np.float32(weight), out=scaled)
+            np.multiply(decode_weights(dense_columns[slots[i]], scratch), np.float32(weight), out=scaled)
             np.add(scores, scaled, out=scores)
             continue
         start, end = int(indptr[col]), int(indptr[col + 1])
         if end <= start:
             continue
-        values = decode_weights(data[start:end])
+        if end - start > n_rows:  # more postings than rows: damaged (check_postings refuses it earlier)
+            raise DamagedArrays("a posting list is longer than the shard")
+        values = decode_weights(data[start:end], scratch)
         if _csc_matvec is None:  # pragma: no cover
             np.add.at(scores, indices[start:end], values * np.float32(weight))
             continue
