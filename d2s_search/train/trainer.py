@@ -59,6 +59,9 @@ class TrainConfig:
     regularizer: str = "l1"  # "l1" (the paper) or "flops" (SPLADE's FLOPS regulariser)
     gate_own_words: bool = False  # Algorithm 1 read literally: E_v also gates own words
     lr_bias: float | None = None  # per-term output bias (if the head has one); None = lr_vocab
+    # Weight of the lexical term (losses.off_caption_mass): photos put their mass on words of
+    # their captions. 0 = the paper's loss.
+    lexical: float = 0.0
     notes: dict = field(default_factory=dict)
 
     def resolved_device(self) -> torch.device:
@@ -122,6 +125,25 @@ def validate(
     out["FLOPs"] = M.flops(q, d)
     out["terms_per_query"] = M.terms_per_vector(q)
     out["terms_per_image"] = M.terms_per_vector(d)
+    return out
+
+
+def _image_word_sets(tokens: CaptionTokens, caption_image: np.ndarray) -> list[np.ndarray]:
+    """Per image, the token ids of all its captions (the words a photo may be said with)."""
+    caption_image = np.asarray(caption_image, dtype=np.int64)
+    n_images = int(caption_image.max()) + 1 if caption_image.size else 0
+    per_image: list[list[np.ndarray]] = [[] for _ in range(n_images)]
+    for i, img in enumerate(caption_image.tolist()):
+        per_image[img].append(tokens.row(i))
+    return [np.unique(np.concatenate(rows)) if rows else np.zeros(0, np.int64) for rows in per_image]
+
+
+def _word_matrix(word_sets: list[np.ndarray], images: np.ndarray, vocab: int, device) -> torch.Tensor:
+    """0/1 (len(images), vocab): row r marks the caption words of image ``images[r]``."""
+    out = torch.zeros(len(images), vocab, device=device)
+    for r, img in enumerate(images.tolist()):
+        ids = word_sets[img]
+        out[r, torch.as_tensor(ids[ids < vocab], device=device)] = 1.0
     return out
 
 
@@ -205,6 +227,7 @@ def train(
         state = ckpt["state"]
     (out / "config.json").write_text(json.dumps({**asdict(config), "head": asdict(head.config)}, indent=2))
 
+    image_words = _image_word_sets(train_tokens, train_split.caption_image) if config.lexical > 0 else None
     z_txt = torch.as_tensor(train_split.text_emb, dtype=torch.float32)
     z_img_all = torch.as_tensor(train_split.image_emb, dtype=torch.float32)
     cap_img = torch.as_tensor(train_split.caption_image, dtype=torch.long)
@@ -229,9 +252,12 @@ def train(
                     if mask is not None:
                         s_cap = s_cap * mask
                     s_img = head(zi)  # images are never masked
+                words = None
+                if image_words is not None:
+                    words = _word_matrix(image_words, cap_img[rows_t].numpy(), s_img.shape[1], device)
                 parts = d2s_loss(
                     s_img, s_cap, zi, zc, config.tau, config.eta, config.lam, state["step"], warmup,
-                    config.regularizer,
+                    config.regularizer, config.lexical, words,
                 )
                 opt.zero_grad(set_to_none=True)
                 scaler.scale(parts.total).backward()

@@ -103,3 +103,24 @@ def test_flops_regulariser_by_hand():
     assert with_flops.l1_img == with_l1.l1_img  # L1 is still reported
     with pytest.raises(ValueError, match="regulariser"):
         d2s_loss(s_img, s_cap, z, z, regularizer="l2")
+
+
+def test_lexical_term_by_hand():
+    from d2s_search.train.losses import d2s_loss, off_caption_mass
+
+    s = torch.tensor([[1.0, 3.0, 0.0], [0.0, 0.0, 0.0], [2.0, 0.0, 2.0]])
+    words = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 0.0, 1.0]])
+    # row 0: 1 of 4 on its words -> 3/4 off; row 1: no mass -> 0; row 2: all on its words -> 0
+    assert float(off_caption_mass(s, words)) == pytest.approx(0.75 / 3, rel=1e-5)
+    z = torch.nn.functional.normalize(torch.randn(3, 4, generator=torch.Generator().manual_seed(0)), dim=1)
+    base = d2s_loss(s, s, z, z, eta=0.1, lam=0.3, regularizer="flops")
+    with_lex = d2s_loss(s, s, z, z, eta=0.1, lam=0.3, regularizer="flops", mu=2.0, image_words=words)
+    assert float(with_lex.total) == pytest.approx(float(base.total) + 2.0 * 0.25, rel=1e-5)
+    assert with_lex.lex == pytest.approx(0.25, rel=1e-5) and base.lex == 0.0
+    with pytest.raises(ValueError):
+        d2s_loss(s, s, z, z, mu=1.0)
+    # the gradient moves mass toward the caption's words: the off-caption term's weight gets a
+    # positive gradient (descent lowers it), the caption word's a negative one
+    s_req = s.clone().requires_grad_(True)
+    off_caption_mass(s_req, words).backward()
+    assert s_req.grad[0, 1] > 0 > s_req.grad[0, 0]
