@@ -166,11 +166,12 @@ class Shard:
 
     def strings(self, name: str, rows: np.ndarray) -> list[str]:
         """The strings of these rows: their bytes gathered in one go and, when all ASCII (ids,
-        most paths), decoded once and cut; else decoded one by one from a memoryview."""
+        most paths), decoded once and cut; else, and for up to 100 rows (where gathering costs
+        more than it saves: 5 vs 12 us for 10 ids), decoded one by one from a memoryview."""
         offsets = self.arrays[f"{name}_offsets"]
         starts, ends = offsets[rows], offsets[rows + 1]
         lengths = ends - starts
-        if rows.size > 8:
+        if rows.size > 100:
             ends_out = np.cumsum(lengths)
             positions = np.arange(int(ends_out[-1])) + np.repeat(starts - (ends_out - lengths), lengths)
             raw = self.arrays[f"{name}_blob"][positions]
