@@ -36,6 +36,9 @@ class AlignConfig:
     weight_decay: float = 0.05
     init_temperature: float = 0.05
     seed: int = 0
+    # "ridge": the closed-form map of ``ridge.fit_ridge_alignment`` (no bridge; the epochs,
+    # rates and temperature above are not used); "infonce": the trained projections.
+    solver: str = "infonce"
     notes: dict = field(default_factory=dict)
 
 

@@ -110,8 +110,13 @@ def run_alignment(
     train = _train_set(bb, splits["train"], clip, sources.views, cache_dir, progress)
     val = _eval_set(bb, splits["val"], cache_dir, "val", progress)
     test = _eval_set(bb, splits["test"], cache_dir, "test", progress)
-    class_emb = class_embeddings(bb, cache_dir) if config.bridge else None
-    model, summary = train_alignment(train, val, config, class_emb, log=log)
+    if config.solver == "ridge":
+        from onnx_export.offline_mini.ridge import fit_ridge_alignment
+
+        model, summary = fit_ridge_alignment(train, val, config)
+    else:
+        class_emb = class_embeddings(bb, cache_dir) if config.bridge else None
+        model, summary = train_alignment(train, val, config, class_emb, log=log)
     summary["test"] = evaluate_dense(model, test)
     summary["sources"] = {
         "flickr8k": {"train_photos": len(splits["train"]), "val_photos": len(splits["val"]),
@@ -123,7 +128,7 @@ def run_alignment(
     summary["data"], summary["cache"] = str(Path(sources.flickr_root).resolve()), str(Path(cache_dir).resolve())
     out_dir.mkdir(parents=True, exist_ok=True)
     save_tensors(projection_tensors(model), out_dir / "projections.safetensors",
-                 metadata={"dim": str(config.dim), "bridge": str(config.bridge)})
+                 metadata={"dim": str(config.dim), "bridge": str(model.image.use_bridge), "solver": config.solver})
     write_aligned_embeddings(model, {"train": _eval_set(bb, splits["train"], cache_dir, "train", progress, tuple(sources.views)),
                                      "val": val, "test": test}, splits, out_dir / "embeddings")
     summary["files"] = {"projections": str(out_dir / "projections.safetensors"),

@@ -1,4 +1,5 @@
-"""`d2s-search align`: splits, the InfoNCE training loop, and the align -> train -> ship path."""
+"""`d2s-search align`: splits, the InfoNCE training loop, the ridge solver, and the align ->
+train -> ship path."""
 
 # ruff: noqa: E402  (the skip below must run before torch is imported)
 from __future__ import annotations
@@ -54,6 +55,98 @@ def test_infonce_alignment_learns_a_shared_space():
     assert 1 <= summary["best_epoch"] <= 5
 
 
+def test_ridge_alignment_recovers_a_planted_map_and_folds_the_standardisation():
+    import torch
+
+    from onnx_export.offline_mini.ridge import fit_ridge_alignment, ridge_fit
+
+    rng = np.random.default_rng(3)
+    n, views = 120, 2
+    meaning = rng.normal(size=(n, 16))  # what a photo shows; its features and captions are maps of it
+    to_img, to_txt = rng.normal(size=(16, 1280)), rng.normal(size=(16, 384))
+    scale = rng.uniform(0.5, 3, size=1280)  # features on different scales, off centre: standardisation matters
+    pooled = ((meaning[:, None, :] @ to_img + 0.1 * rng.normal(size=(n, views, 1280))) * scale + 4).astype(np.float32)
+    text = np.repeat(meaning @ to_txt, 3, axis=0) + 0.5 * rng.normal(size=(3 * n, 384))
+    text = (text / np.linalg.norm(text, axis=1, keepdims=True)).astype(np.float32)
+    owner = np.repeat(np.arange(n), 3)
+    train = TrainSet(pooled[:80], np.zeros((80, views, 0), np.float32), text[: 3 * 80], owner[: 3 * 80],
+                     np.full(80, views, np.int64))
+    val = EvalSet(pooled[80:, 0], np.zeros((40, 0), np.float32), text[3 * 80 :], owner[3 * 80 :] - 80)
+    model, summary = fit_ridge_alignment(train, val, AlignConfig(), lams=(1e-1, 1e1, 1e3, 1e5))
+    assert summary["solver"] == "ridge" and not model.image.use_bridge
+    assert summary["best_val"]["R@1"] > 0.9  # chance is 1/40
+    # the chosen lambda is the best val score of the grid
+    assert summary["val_score_by_lambda"][f"{summary['lambda']:g}"] == max(summary["val_score_by_lambda"].values())
+    # the shipped linear layer equals the solver's answer on standardised features + a bias column
+    feats = pooled[:80].reshape(-1, 1280).astype(np.float64)
+    mean, std = feats.mean(0), feats.std(0) + 1e-6
+    targets = np.repeat(np.stack([text[3 * i : 3 * i + 3].mean(0) for i in range(80)]), views, axis=0)
+    w = ridge_fit(np.hstack([(feats - mean) / std, np.ones((feats.shape[0], 1))]), targets, summary["lambda"])
+    x = pooled[80:, 0].astype(np.float64)
+    want = np.hstack([(x - mean) / std, np.ones((40, 1))]) @ w
+    got = model.image(torch.from_numpy(pooled[80:, 0]), torch.zeros(40, 0)).detach().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+    # the text side is MiniLM's own space
+    assert torch.equal(model.text.linear.weight, torch.eye(384)) and not model.text.linear.bias.any()
+
+
+def test_ridge_alignment_refuses_another_width():
+    import pytest
+
+    from d2s_search.errors import ModelError
+    from onnx_export.offline_mini.ridge import fit_ridge_alignment
+
+    pooled, text, owner = _synthetic(10, 0)
+    train = TrainSet(pooled[:, None], np.zeros((10, 1, 0), np.float32), text, owner, np.ones(10, np.int64))
+    val = EvalSet(pooled, np.zeros((10, 0), np.float32), text, owner)
+    with pytest.raises(ModelError, match="--dim must be 384"):
+        fit_ridge_alignment(train, val, AlignConfig(dim=128))
+
+
+def test_align_ridge_train_ship_builds_the_model(tmp_path):
+    """`align` (ridge, the default) -> `train` -> ship: the shipped no-bridge projection loads
+    into the offline model and gives the run's own aligned vectors."""
+    import torch
+
+    from d2s_search.cli.align import align
+    from d2s_search.cli.train import train
+    from onnx_export.offline_mini.model import _load_projections
+    from onnx_export.offline_mini.ship import ship_weights
+    from onnx_export.registry import load_config
+
+    data = _photo_folder(tmp_path)
+    run = tmp_path / "run"
+    res = CliRunner().invoke(align, ["--data", str(data), "--out", str(run), "--cache", str(tmp_path / "cache"),
+                                     "--test-photos", "2", "--val-photos", "2", "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert summary["solver"] == "ridge" and summary["config"]["bridge"] is False
+    res = CliRunner().invoke(train, ["--data", str(run / "embeddings"), "--out", str(tmp_path / "head"), "--epochs", "1",
+                                     "--batch-size", "8", "--freeze-vocab", "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    config = {**load_config("offline-mini"), "weights_dir": str(tmp_path / "weights"), "weights": {}}
+    config_path = tmp_path / "offline-test.json"
+    config_path.write_text(json.dumps(config))
+    ship_weights("offline-test", run, tmp_path / "head" / "head.pt", config_path)
+    recorded = json.loads(config_path.read_text())
+    assert recorded["training"]["alignment"]["config"]["solver"] == "ridge"
+    image, text = _load_projections(recorded, 384, torch.zeros(1000, 384))
+    assert not image.use_bridge and torch.equal(text.linear.weight, torch.eye(384))
+
+
+def _photo_folder(tmp_path):
+    data = tmp_path / "photos"
+    data.mkdir()
+    with open(data / "captions.txt", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["image", "caption"])
+        for i in range(8):
+            write_image(data / "images" / f"p{i}.jpg", seed=i)
+            for k in range(2):
+                w.writerow([f"p{i}.jpg", f"picture number {i} variant {k}"])
+    return data
+
+
 def test_align_train_ship_pipeline(tmp_path):
     """Tiny end to end: align on 8 generated 'photos', a one-epoch head, ship into a copy."""
     from d2s_search.cli.align import align
@@ -75,7 +168,7 @@ def test_align_train_ship_pipeline(tmp_path):
     run = tmp_path / "run"
     res = CliRunner().invoke(align, ["--data", str(data), "--out", str(run), "--cache", str(tmp_path / "cache"),
                                      "--test-photos", "2", "--val-photos", "2", "--epochs", "2", "--batch-size", "4",
-                                     "--no-bridge", "--json"], catch_exceptions=False)
+                                     "--solver", "infonce", "--no-bridge", "--json"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output)
     assert summary["sources"]["flickr8k"]["train_photos"] == 4

@@ -78,8 +78,9 @@ def test_onnx_encoders_match_torch_on_real_photos(offline_export, heldout_photos
 
 
 def test_features_are_the_inputs_of_the_projections(offline_export):
-    """Image features = [pooled EfficientNet vector | class-bridge vector]; the projection
-    (the shipped ImageProjection) is one linear map of them, written to projections.safetensors."""
+    """Image features = the pooled EfficientNet vector (followed by the class-bridge vector when
+    the shipped ImageProjection has a bridge: the InfoNCE alignment; the ridge one has none); the
+    projection is one linear map of them, written to projections.safetensors."""
     from safetensors.numpy import load_file
 
     from tests.helpers import pattern_image
@@ -95,7 +96,8 @@ def test_features_are_the_inputs_of_the_projections(offline_export):
         want_dense = torch.nn.functional.normalize(tower.projection(pooled, logits), dim=-1).numpy()
         minilm = encoder.text_tower.backbone(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
     dense, _, feats = enc.encode_pixels_with_features(pixels)
-    assert feats.shape == (3, 1280 + 384) == (3, bundle.outputs["image"]["features"])
+    width = 1280 + (384 if tower.projection.use_bridge else 0)
+    assert feats.shape == (3, width) == (3, bundle.outputs["image"]["features"])
     assert np.abs(feats[:, :1280] - pooled.numpy()).max() < 1e-4
     proj = load_file(str(bundle.path / "projections.safetensors"))
     h = feats @ proj["vision_proj.weight"].T + proj["vision_proj.bias"]
@@ -128,7 +130,8 @@ def test_heldout_recall_clearly_beats_random_weights(offline_export, heldout_pho
     sparse = _recall(img_sparse, txt.sparse, owner)
 
     torch.manual_seed(0)
-    image_proj = ImageProjection(1280, 384, encoder.image_tower.projection.class_emb)
+    # the same architecture as the shipped projection (with a bridge only if it has one)
+    image_proj = ImageProjection(1280, 384, getattr(encoder.image_tower.projection, "class_emb", None))
     rand_img = OfflineImageTower(encoder.image_tower.backbone, image_proj).eval()
     rand_txt = OfflineTextTower(encoder.text_tower.backbone, TextProjection(384, 384)).eval()
     torch.nn.init.normal_(rand_txt.projection.linear.weight, std=384**-0.5)  # not the identity init
