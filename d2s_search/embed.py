@@ -210,14 +210,18 @@ def embed_side(
         np.savez(tmp, ids=np.asarray(keep, dtype=str), embs=arr,
                  rejected=np.asarray(rej, dtype=str), reasons=np.asarray(why, dtype=str))
         tmp.replace(f)
-    all_ids, all_vecs = [], []
+    all_ids, all_vecs, first_reason = [], [], ""
     for c in range(n_chunks):
         with np.load(parts / f"{c:06d}.npz", allow_pickle=False) as z:
             if len(z["ids"]):
                 all_ids += [str(x) for x in z["ids"]]
                 all_vecs.append(z["embs"])
+            if not first_reason and len(z["reasons"]):
+                first_reason = " ".join(f"{z['rejected'][0]}: {z['reasons'][0]}".split())[:200]
     if not all_vecs:
-        raise EmbedError(f"no {side} input could be encoded")
+        # the first reason says what went wrong for all of them (e.g. paths under the wrong root)
+        hint = " (image paths are read relative to --image-root)" if side == "img" else ""
+        raise EmbedError(f"no {side} input could be encoded" + (f"; the first: {first_reason}" if first_reason else "") + hint)
     embs = np.vstack(all_vecs)
     result = {"side": side, "count": len(all_ids), "rejected": rejected, "reused_chunks": reused, "chunks": n_chunks}
     if features_from is not None:

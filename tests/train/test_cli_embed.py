@@ -133,3 +133,23 @@ def test_read_karpathy(tmp_path):
     items = read_karpathy(tmp_path / "k.json", image_root=tmp_path / "imgs")
     assert items[0].image_path == tmp_path / "imgs" / "val2014" / "a.jpg"
     assert items[0].sentences == [("70", "x"), ("71", "y")] and items[0].split == "test"
+
+
+def test_no_image_found_names_the_first_reason_and_the_root_option(tmp_path):
+    from d2s_search.embed import EmbedError
+
+    rows = ["image,caption"] + [f"im{i}.jpg,caption {i}" for i in range(4)]
+    (tmp_path / "caps.csv").write_text("\n".join(rows))
+    items = read_caption_csv(tmp_path / "caps.csv", val_fraction=0.0, test_fraction=0.0)
+
+    def image_fn(paths):
+        raise ImageRejected(f"{paths[0].name}: file not found")
+
+    def text_fn(texts):
+        return np.ones((len(texts), 3), dtype=np.float32)
+
+    with pytest.raises(EmbedError) as err:
+        embed_dataset(items, tmp_path / "out", text_fn, image_fn, "fake", batch_size=1)
+    message = str(err.value)
+    assert "no img input could be encoded" in message and "file not found" in message
+    assert "--image-root" in message and "\n" not in message
