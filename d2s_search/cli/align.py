@@ -37,14 +37,14 @@ def _emit(payload: dict) -> None:
 @click.option("--solver", type=click.Choice(["ridge", "infonce"]), default="ridge", show_default=True,
               help="ridge: closed-form linear map from image features to the mean of each photo's caption vectors, lambda chosen on the val photos (held-out dense R@1 0.236 vs 0.211, docs/benchmarks.md); infonce: projections trained with InfoNCE (the options below).")
 @click.option("--bridge/--no-bridge", default=True, show_default=True, help="infonce: ImageNet class-name bridge in the image projection.")
-@click.option("--dim", type=click.IntRange(8), default=384, show_default=True, help="Shared space width (384 = MiniLM's, keeps the text side near identity).")
-@click.option("--epochs", type=click.IntRange(1), default=40, show_default=True, help="Passes over the training photos.")
+@click.option("--dim", type=click.IntRange(8), default=384, show_default=True, help="Shared space width (384 = MiniLM's, keeps the text side near identity; ridge needs 384).")
+@click.option("--epochs", type=click.IntRange(1), default=40, show_default=True, help="infonce: passes over the training photos.")
 @click.option("--batch-size", type=click.IntRange(2), default=128, show_default=True,
-              help="Image-caption pairs per step (InfoNCE negatives).")
-@click.option("--lr", type=float, default=1e-3, show_default=True, help="Image projection and temperature.")
-@click.option("--text-lr", type=float, default=1e-4, show_default=True, help="Text projection (identity-initialised).")
-@click.option("--weight-decay", type=float, default=0.05, show_default=True, help="AdamW weight decay.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of initialisation and batch order.")
+              help="infonce: image-caption pairs per step (the negatives).")
+@click.option("--lr", type=float, default=1e-3, show_default=True, help="infonce: image projection and temperature.")
+@click.option("--text-lr", type=float, default=1e-4, show_default=True, help="infonce: text projection (identity-initialised).")
+@click.option("--weight-decay", type=float, default=0.05, show_default=True, help="infonce: adamW weight decay.")
+@click.option("--seed", type=int, default=0, show_default=True, help="infonce: seed of initialisation and batch order.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
 def align(ctx, data, out, cache, model, test_photos, val_photos, split_seed, augment, clipart, clipart_categories, clipart_root, solver, bridge,
