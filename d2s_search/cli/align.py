@@ -43,7 +43,7 @@ def _emit(payload: dict) -> None:
               help="infonce: image-caption pairs per step (the negatives).")
 @click.option("--lr", type=float, default=1e-3, show_default=True, help="infonce: image projection and temperature.")
 @click.option("--text-lr", type=float, default=1e-4, show_default=True, help="infonce: text projection (identity-initialised).")
-@click.option("--weight-decay", type=float, default=0.05, show_default=True, help="infonce: adamW weight decay.")
+@click.option("--weight-decay", type=float, default=0.05, show_default=True, help="infonce: AdamW weight decay.")
 @click.option("--seed", type=int, default=0, show_default=True, help="infonce: seed of initialisation and batch order.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
