@@ -12,6 +12,7 @@ import csv
 import json
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from onnx_export.offline_mini.align import (
@@ -91,8 +92,6 @@ def test_ridge_alignment_recovers_a_planted_map_and_folds_the_standardisation():
 
 
 def test_ridge_alignment_refuses_another_width():
-    import pytest
-
     from d2s_search.errors import ModelError
     from onnx_export.offline_mini.ridge import fit_ridge_alignment
 
@@ -101,37 +100,6 @@ def test_ridge_alignment_refuses_another_width():
     val = EvalSet(pooled, np.zeros((10, 0), np.float32), text, owner)
     with pytest.raises(ModelError, match="--dim must be 384"):
         fit_ridge_alignment(train, val, AlignConfig(dim=128))
-
-
-def test_align_ridge_train_ship_builds_the_model(tmp_path):
-    """`align` (ridge, the default) -> `train` -> ship: the shipped no-bridge projection loads
-    into the offline model and gives the run's own aligned vectors."""
-    import torch
-
-    from d2s_search.cli.align import align
-    from d2s_search.cli.train import train
-    from onnx_export.offline_mini.model import _load_projections
-    from onnx_export.offline_mini.ship import ship_weights
-    from onnx_export.registry import load_config
-
-    data = _photo_folder(tmp_path)
-    run = tmp_path / "run"
-    res = CliRunner().invoke(align, ["--data", str(data), "--out", str(run), "--cache", str(tmp_path / "cache"),
-                                     "--test-photos", "2", "--val-photos", "2", "--json"], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
-    summary = json.loads(res.output)
-    assert summary["solver"] == "ridge" and summary["config"]["bridge"] is False
-    res = CliRunner().invoke(train, ["--data", str(run / "embeddings"), "--out", str(tmp_path / "head"), "--epochs", "1",
-                                     "--batch-size", "8", "--freeze-vocab", "--json"], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
-    config = {**load_config("offline-mini"), "weights_dir": str(tmp_path / "weights"), "weights": {}}
-    config_path = tmp_path / "offline-test.json"
-    config_path.write_text(json.dumps(config))
-    ship_weights("offline-test", run, tmp_path / "head" / "head.pt", config_path)
-    recorded = json.loads(config_path.read_text())
-    assert recorded["training"]["alignment"]["config"]["solver"] == "ridge"
-    image, text = _load_projections(recorded, 384, torch.zeros(1000, 384))
-    assert not image.use_bridge and torch.equal(text.linear.weight, torch.eye(384))
 
 
 def _photo_folder(tmp_path):
@@ -147,31 +115,28 @@ def _photo_folder(tmp_path):
     return data
 
 
-def test_align_train_ship_pipeline(tmp_path):
-    """Tiny end to end: align on 8 generated 'photos', a one-epoch head, ship into a copy."""
+@pytest.mark.parametrize("solver", ["ridge", "infonce"])
+def test_align_train_ship_pipeline(tmp_path, solver):
+    """Tiny end to end: align on 8 generated 'photos' (ridge, the default, or InfoNCE), a
+    one-epoch head, ship into a copy; the shipped projection loads into the offline model."""
+    import torch
+
     from d2s_search.cli.align import align
     from d2s_search.cli.train import train
-    from onnx_export.offline_mini.model import verify_sources
+    from onnx_export.offline_mini.model import _load_projections, verify_sources
     from onnx_export.offline_mini.parts import sha256_file
     from onnx_export.offline_mini.ship import ship_weights
     from onnx_export.registry import load_config
 
-    data = tmp_path / "photos"
-    data.mkdir()
-    with open(data / "captions.txt", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["image", "caption"])
-        for i in range(8):
-            write_image(data / "images" / f"p{i}.jpg", seed=i)
-            for k in range(2):
-                w.writerow([f"p{i}.jpg", f"picture number {i} variant {k}"])
+    data = _photo_folder(tmp_path)
     run = tmp_path / "run"
+    extra = ["--solver", "infonce", "--epochs", "2", "--batch-size", "4", "--no-bridge"] if solver == "infonce" else []
     res = CliRunner().invoke(align, ["--data", str(data), "--out", str(run), "--cache", str(tmp_path / "cache"),
-                                     "--test-photos", "2", "--val-photos", "2", "--epochs", "2", "--batch-size", "4",
-                                     "--solver", "infonce", "--no-bridge", "--json"], catch_exceptions=False)
+                                     "--test-photos", "2", "--val-photos", "2", *extra, "--json"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output)
     assert summary["sources"]["flickr8k"]["train_photos"] == 4
+    assert summary["config"]["solver"] == solver and summary["config"]["bridge"] is False
     res = CliRunner().invoke(train, ["--data", str(run / "embeddings"), "--out", str(tmp_path / "head"), "--epochs", "1",
                                      "--batch-size", "8", "--freeze-vocab", "--json"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
@@ -184,3 +149,8 @@ def test_align_train_ship_pipeline(tmp_path):
     for name, entry in recorded["weights"].items():
         assert sha256_file(tmp_path / "weights" / name) == entry["sha256"]
     assert verify_sources("offline-test", recorded)["weights"].keys() == shipped["weights"].keys()
+    assert recorded["training"]["alignment"]["config"]["solver"] == solver
+    image, text = _load_projections(recorded, 384, torch.zeros(1000, 384))
+    assert not image.use_bridge
+    if solver == "ridge":  # the text side is MiniLM's own space
+        assert torch.equal(text.linear.weight, torch.eye(384))
