@@ -174,13 +174,20 @@ def fuse_minmax(runs: dict[str, list[Hit]], weights: dict[str, float], k: int) -
     for name, hits in runs.items():
         if not hits:
             continue
-        scores = np.asarray([h.score for h in hits], dtype=np.float64)
-        low, span = scores.min(), scores.max() - scores.min()
-        for hit, score in zip(hits, scores):
-            norm = (score - low) / span if span > 0 else 1.0
+        for hit, norm in zip(hits, minmax_normalised([h.score for h in hits])):
             _merge(fused, hit, name)
             totals[hit.id] = totals.get(hit.id, 0.0) + weights.get(name, 0.0) * norm
     return _ranked(fused, totals, k)
+
+
+def minmax_normalised(scores) -> np.ndarray:
+    """Scores mapped onto [0, 1] by their min and max (all 1 when they are equal), in float64:
+    the normalisation of :func:`fuse_minmax`, also used by the local index's array fusion."""
+    values = np.asarray(scores, dtype=np.float64)
+    if values.size == 0:
+        return values
+    low, span = values.min(), values.max() - values.min()
+    return (values - low) / span if span > 0 else np.ones_like(values)
 
 
 def fuse_rrf(runs: dict[str, list[Hit]], k: int, rank_constant: int = 60) -> list[Hit]:

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import BundleMismatchError, IndexStoreError, QueryError
+from ...search import minmax_normalised
 from ..base import Document, Hit, IndexIdentity, SparseVector
 from . import cache as cache_mod
 from . import graph, kernels, store
@@ -669,8 +670,8 @@ class LocalBackend:
             if options.fusion == "rrf":
                 weights = {name: 1.0 / (int(options.rrf_k) + np.arange(1, rows.size + 1)) for name, rows, _ in runs}
             else:
-                weights = {name: _minmax(scores, (1 - float(options.alpha)) if name == "sparse" else float(options.alpha))
-                           for name, _, scores in runs}
+                weights = {name: ((1 - float(options.alpha)) if name == "sparse" else float(options.alpha))
+                           * minmax_normalised(scores) for name, _, scores in runs}
             rows = np.unique(np.concatenate([r for _, r, _ in runs]))
             totals = np.zeros(rows.size, dtype=np.float64)
             parts = []
@@ -821,15 +822,6 @@ class LocalBackend:
 
 class _Retry(Exception):
     """A shard was found damaged during a search: rebuild and search again."""
-
-
-def _minmax(scores: np.ndarray, weight: float) -> np.ndarray:
-    """weight * min-max normalised scores (all 1 when they are equal), as fuse_minmax."""
-    values = np.asarray(scores, dtype=np.float64)
-    if values.size == 0:
-        return values
-    low, span = values.min(), values.max() - values.min()
-    return weight * ((values - low) / span if span > 0 else np.ones_like(values))
 
 
 def _first_dim(db: sqlite3.Connection) -> int:
