@@ -81,8 +81,11 @@ class _GroupDefaults(Mapping):
             import click
 
             command = self._group.commands[name]  # KeyError: not a subcommand
-            self._done[name] = (_GroupDefaults(command, self._flat) if isinstance(command, click.Group)
-                                else {k: v for k, v in self._flat.items() if k in {p.name for p in command.params}})
+            if isinstance(command, click.Group):
+                self._done[name] = _GroupDefaults(command, self._flat)
+            else:
+                options = {p.name for p in command.params}
+                self._done[name] = {k: v for k, v in self._flat.items() if k in options}
         return self._done[name]
 
     def __contains__(self, name: object) -> bool:

@@ -268,11 +268,11 @@ def _print_hits(result) -> None:
     # The path gets what the rank, score and at least 24 columns of matched terms leave;
     # folders are shortened from the left, the file name never. Laid out without rich's Table
     # (its import and layout were ~10% of a one-query process, docs/benchmarks.md).
-    budget = max(20, terminal_width() - 5 - 9 - 24 - 6)
+    width = terminal_width()
+    budget = max(20, width - 5 - 9 - 24 - 6)
     rows = [(str(rank), f"{hit.score:.4f}", fit_path(hit.path, budget)) for rank, hit in enumerate(result.hits, 1)]
     matched = [[f"{t} {c:.2f}" for t, c in hit.matched] for hit in result.hits]
-    header, *lines = table_lines(("#", "score", "path", "matched terms"), rows, matched, right={0, 1},
-                                 width=terminal_width())
+    header, *lines = table_lines(("#", "score", "path", "matched terms"), rows, matched, right={0, 1}, width=width)
     click.secho(header, bold=True)
     for line in lines:
         click.echo(line)
