@@ -5,7 +5,11 @@ set, so the D2S paper's BLIP/COCO points (same ratio, their Table 1) can be draw
 ours for shape. One line per recipe (runs sharing a ``--family`` prefix, sorted by FLOPs),
 the dense line at 1, the issue's targets (0.90 at <= 12 FLOPs, 0.95 at <= 40) as marks.
 
-    python benchmarks/plot_frontier.py test-artifacts/frontier/runs.jsonl --out docs/frontier.png
+    python benchmarks/plot_frontier.py test-artifacts/frontier/runs.jsonl --out docs/frontier.png \
+        --shifted test-artifacts/document_shift.jsonl
+
+``--shifted``: ``bench_document_shift.py``'s rows; per head, a line from its unshifted point
+through the document shifts chosen on validation for each FLOPs budget.
 """
 
 from __future__ import annotations
@@ -76,18 +80,30 @@ def main() -> None:
     ap.add_argument("runs", type=Path, nargs="+")
     ap.add_argument("--out", type=Path, default=Path("docs/frontier.png"))
     ap.add_argument("--table", action="store_true", help="Also print the runs as a markdown table.")
+    ap.add_argument("--shifted", type=Path, help="bench_document_shift.py's JSON lines (caption-benchmark heads).")
     ap.add_argument("--title", default="D2S on MiniLM captions (train Flickr30k, test COCO dev): R@1 vs FLOPs")
     args = ap.parse_args()
     rows = [json.loads(line) for p in args.runs for line in p.read_text().splitlines() if line.strip()]
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         groups[family(r)].append(r)
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = plt.subplots(figsize=(13, 6))
     for name, rs in sorted(groups.items()):
         rs = sorted(rs, key=lambda r: r["test"]["FLOPs"])
         xs = [r["test"]["FLOPs"] for r in rs]
         ys = [r["ratio_R@1"] for r in rs]
         ax.plot(xs, ys, marker="o", label=name)
+    if args.shifted:
+        shifted: dict[str, list[dict]] = defaultdict(list)
+        for line in args.shifted.read_text().splitlines():
+            row = json.loads(line) if line.strip() else None
+            if row and "frontier" in row["head"]:
+                shifted[Path(row["head"]).parent.name].append(row)
+        for name, rs in sorted(shifted.items()):
+            pts = sorted({(rs[0]["test_no_shift"]["FLOPs"], rs[0]["test_no_shift"]["ratio"])}
+                         | {(r["test"]["FLOPs"], r["test"]["ratio"]) for r in rs})
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="^", linestyle="-.",
+                    label=f"{name} + document shift (chosen on val)")
     for name, pts in REFERENCE_LINES.items():
         ax.plot([p[0] for p in pts], [p[1] / REFERENCE_DENSE for p in pts], marker="x", linestyle="--",
                 linewidth=1, label=name)
@@ -104,7 +120,7 @@ def main() -> None:
     ax.set_ylabel("sparse R@1 / dense R@1")
     ax.set_title(args.title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="center left")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # outside: the low-FLOPs points stay visible
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=120)

@@ -60,7 +60,8 @@ class SparseVectors:
 
 
 class OnnxHead:
-    """A head exported as its own ONNX graph (``dense`` -> ``sparse``)."""
+    """A head exported as its own ONNX graph (``dense`` -> ``sparse``, and ``sparse_document``
+    when it has a document shift)."""
 
     def __init__(self, path: str | Path) -> None:
         import onnxruntime as ort
@@ -72,10 +73,14 @@ class OnnxHead:
         meta = self.session.get_modelmeta().custom_metadata_map
         self.query_mask = meta.get("query_mask", "none")
 
-    def encode(self, z: np.ndarray, batch_size: int = 1024) -> sp.csr_matrix:
+    def encode(self, z: np.ndarray, batch_size: int = 1024, document: bool = False) -> sp.csr_matrix:
+        """``document``: the image side (output ``sparse_document`` when the head has a
+        document shift; graphs without it encode both sides alike)."""
+        outputs = {o.name for o in self.session.get_outputs()}
+        name = "sparse_document" if document and "sparse_document" in outputs else "sparse"
         parts = []
         for s in range(0, len(z), batch_size):
-            out = self.session.run(["sparse"], {"dense": np.asarray(z[s : s + batch_size], np.float32)})[0]
+            out = self.session.run([name], {"dense": np.asarray(z[s : s + batch_size], np.float32)})[0]
             parts.append(sp.csr_matrix(out))
         return sp.vstack(parts).tocsr() if parts else sp.csr_matrix((0, 0), dtype=np.float32)
 
@@ -104,7 +109,7 @@ def sparse_from_head(
     p = Path(head_path)
     if p.suffix == ".onnx":
         head = OnnxHead(p)
-        q, d = head.encode(data.query_emb), head.encode(data.doc_emb)
+        q, d = head.encode(data.query_emb), head.encode(data.doc_emb, document=True)
         recorded = head.query_mask
         info = {"head": str(p)}
     else:
@@ -117,7 +122,7 @@ def sparse_from_head(
                 "or pass an ONNX head graph"
             ) from exc
         head = load_head(p)
-        q, d = encode_sparse(head, data.query_emb), encode_sparse(head, data.doc_emb)
+        q, d = encode_sparse(head, data.query_emb), encode_sparse(head, data.doc_emb, document=True)
         recorded = head.config.notes.get("query_mask", "none")
         info = {"head": str(p), "notes": head.config.notes}
     mode = query_mask or recorded

@@ -11,6 +11,7 @@ vectors and so the bundle's fingerprint.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tempfile
 import time
@@ -43,21 +44,23 @@ OPSET = 17
 PRECISIONS = ("fp32", "fp16", "int8")
 
 
-def _outputs(tower: ProjectedTower, head: SparseHead, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _outputs(tower: ProjectedTower, head: SparseHead, *inputs: torch.Tensor,
+             document: bool = False) -> tuple[torch.Tensor, ...]:
     feats = tower.features(*inputs)
     dense = torch.nn.functional.normalize(tower.project(feats), dim=-1)
-    return dense, head(dense), feats
+    return dense, head(dense, document=document), feats
 
 
 class ImageGraph(nn.Module):
-    """pixel_values -> (dense, sparse, features), in the order of ``OUTPUTS``."""
+    """pixel_values -> (dense, sparse, features), in the order of ``OUTPUTS``; images are the
+    documents, so their sparse side carries the head's ``document_shift``."""
 
     def __init__(self, tower: ProjectedTower, head: SparseHead) -> None:
         super().__init__()
         self.tower, self.head = tower, head
 
     def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return _outputs(self.tower, self.head, pixel_values)
+        return _outputs(self.tower, self.head, pixel_values, document=True)
 
 
 class TextGraph(nn.Module):
@@ -132,7 +135,9 @@ def export_bundle(
     overwrite: bool = False,
     progress=None,
     projections: str | Path | None = None,
+    document_shift: float | None = None,
 ) -> ExportResult:
+    """``document_shift``: overrides the head's (None: keep what training chose)."""
     if precision not in PRECISIONS:
         raise ModelError(f"precision must be one of {', '.join(PRECISIONS)}")
     out_dir = Path(out_dir).expanduser().resolve()
@@ -151,6 +156,10 @@ def export_bundle(
         step("loading fine-tuned projections")
         load_projections_into(encoder, projections)
     head = build_head(encoder, head_path)
+    if document_shift is not None:
+        if not math.isfinite(document_shift):
+            raise ModelError(f"document shift must be a finite number, not {document_shift}")
+        head.config.document_shift = float(document_shift)
     image_graph = ImageGraph(encoder.image_tower, head).eval()
     text_graph = TextGraph(encoder.text_tower, head).eval()
     pixels, ids, mask = sample_inputs(encoder, TRACE_TEXTS)

@@ -5,6 +5,11 @@
     s  = W2 z2           (w -> |V|), W2 initialised from a vocabulary projection
     s  = log(1 + relu(s)) * allowed
 
+A document (image) is encoded with ``document_shift`` added to every vocabulary score before
+the ReLU: documents keep more terms than queries (the same ranking of terms, the smallest
+ones added). Chosen after training on validation data within a FLOPs budget
+(:func:`d2s_search.train.calibrate.choose_document_shift`); 0 = both sides alike.
+
 ``allowed`` is a fixed 0/1 buffer over the vocabulary that zeroes special and ``[unused*]``
 tokens inside the graph, so no exported model can ever emit them as terms.
 """
@@ -12,6 +17,7 @@ tokens inside the graph, so no exported model can ever emit them as terms.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -33,6 +39,8 @@ class HeadConfig:
     # Free-form provenance: "untrained (vocabulary init)", training run settings, ...
     trained: bool = False
     notes: dict = field(default_factory=dict)
+    # Added to the vocabulary scores of documents (images) only: see the module docstring.
+    document_shift: float = 0.0
 
 
 class SparseHead(nn.Module):
@@ -84,8 +92,11 @@ class SparseHead(nn.Module):
         """Pre-activation vocabulary scores (used by training for masking before the log)."""
         return self.vocab(self.norm(self.proj(z)))
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return torch.log1p(torch.relu(self.logits(z))) * self.allowed
+    def forward(self, z: torch.Tensor, document: bool = False) -> torch.Tensor:
+        logits = self.logits(z)
+        if document and self.config.document_shift:
+            logits = logits + self.config.document_shift
+        return torch.log1p(torch.relu(logits)) * self.allowed
 
 
 def save_head(head: SparseHead, path: str | Path) -> Path:
@@ -118,7 +129,12 @@ def load_head(path: str | Path) -> SparseHead:
             f"{path} is not a d2s head checkpoint (expected format {HEAD_FORMAT!r}); "
             "authors' DistilBERT-layout heads are converted with `d2s-search train convert-head`"
         )
-    head = SparseHead(HeadConfig(**payload["config"]))
+    config = HeadConfig(**payload["config"])
+    if not isinstance(config.document_shift, (int, float)) or not math.isfinite(config.document_shift):
+        from d2s_search.errors import ModelError
+
+        raise ModelError(f"{path}: its document shift must be a finite number, not {config.document_shift!r}")
+    head = SparseHead(config)
     head.load_state_dict(payload["state_dict"])
     return head
 
@@ -136,6 +152,7 @@ def head_summary(head: SparseHead) -> dict:
                 "excluded_terms": len(set(c.excluded_ids)),
                 "trained": c.trained,
                 "notes": c.notes,
+                **({"document_shift": c.document_shift} if c.document_shift else {}),
             }
         )
     )

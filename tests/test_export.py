@@ -313,3 +313,35 @@ def test_lavis_model_without_lavis_says_how_to_get_it(capsys, tmp_path):
         pass
     code, _, err = run_cli(["export-onnx", "--model", "lavis-blip-coco", "--out", tmp_path / "x"], capsys)
     assert code == 1 and "salesforce-lavis" in err and "transformers<4.56" in err
+
+
+def test_document_shift_is_in_the_image_graph_only(tmp_path):
+    """A head with a document shift: the exported image graph adds it before the ReLU (images
+    keep more terms, the same ones first), the text graph does not; the manifest records it,
+    so the fingerprint changes; export's override wins over the checkpoint's value."""
+    encoder = build_dense_encoder("tiny-clip")
+    head = build_head(encoder, None)
+    with torch.no_grad():
+        head.proj.weight.mul_(3.0)
+    head.config.document_shift = 0.5
+    ckpt = save_head(head, tmp_path / "head.pt")
+    assert load_head(ckpt).config.document_shift == 0.5
+    result = export_bundle("tiny-clip", tmp_path / "shifted", head_path=ckpt)
+    plain = export_bundle("tiny-clip", tmp_path / "plain", head_path=ckpt, document_shift=0.0)
+    assert result.bundle.manifest["head"]["document_shift"] == 0.5
+    assert "document_shift" not in plain.bundle.manifest["head"]
+    assert result.bundle.fingerprint != plain.bundle.fingerprint
+    shifted, unshifted = Encoder(result.bundle, device="cpu"), Encoder(plain.bundle, device="cpu")
+    pixels = np.stack([shifted.preprocess(pattern_image(i)) for i in range(3)])
+    dense, sparse = shifted.encode_pixels(pixels)
+    _, sparse_plain = unshifted.encode_pixels(pixels)
+    with torch.no_grad():
+        logits = head.logits(torch.from_numpy(dense)).numpy()
+    allowed = head.allowed.numpy()
+    assert np.abs(sparse - np.log1p(np.maximum(logits + 0.5, 0)) * allowed).max() < 1e-4
+    assert np.abs(sparse_plain - np.log1p(np.maximum(logits, 0)) * allowed).max() < 1e-4
+    assert ((sparse > 0).sum(axis=1) > (sparse_plain > 0).sum(axis=1)).all()
+    text, text_plain = shifted.encode_texts(["a dog"]), unshifted.encode_texts(["a dog"])
+    assert np.array_equal(text.sparse, text_plain.sparse)
+    with pytest.raises(ModelError, match="finite"):
+        export_bundle("tiny-clip", tmp_path / "nan", head_path=ckpt, document_shift=float("nan"))

@@ -24,9 +24,13 @@ from d2s_search.errors import EXIT_OK, HubUnreachableError
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
               help="Weights of the exported graphs: fp32 (parity-checked), fp16, or int8 (dynamic quantisation).")
 @click.option("--tolerance", type=float, default=1e-4, show_default=True, help="Max abs difference allowed vs torch (fp32).")
+@click.option("--document-shift", type=float, default=None,
+              help="Added to the head's vocabulary scores on the image side only: images keep more words than "
+                   "queries (more recall, more postings per image). Default: the value training chose "
+                   "(`train --flops-budget`); 0 = images and queries alike.")
 @click.option("--list-models", is_flag=True, help="List the built-in model names and exit.")
 @json_option
-def export_onnx(model, head, projections, out, precision, tolerance, list_models, as_json) -> int:
+def export_onnx(model, head, projections, out, precision, tolerance, document_shift, list_models, as_json) -> int:
     """Export a dense image-text model + sparse head to an ONNX model bundle."""
     from onnx_export.registry import DEFAULT_MODEL, available_models, load_config
 
@@ -63,7 +67,8 @@ def export_onnx(model, head, projections, out, precision, tolerance, list_models
     err = console(stderr=True)
     with err.status(f"exporting {model}") as status:
         result = export_bundle(model, out_dir, head_path=head, precision=precision, tolerance=tolerance,
-                               overwrite=True, progress=lambda msg: status.update(msg), projections=projections)
+                               overwrite=True, progress=lambda msg: status.update(msg), projections=projections,
+                               document_shift=document_shift)
     settings.remember_bundle(result.bundle.path)
     summary = result.bundle.summary() | {"parity_max_abs_diff": result.parity, "seconds": round(result.seconds, 2)}
     if as_json:

@@ -85,6 +85,13 @@ def _tokenizer_option(f):
 @click.option("--output-terms", type=click.Choice(["all", "words"]), default="words", show_default=True, help="words: only whole, non-stop words can be output terms (no punctuation, word pieces, stop words).")
 @click.option("--proj-init", type=click.Choice(["default", "words"]), default="words", show_default=True, help="words: fit W1 by ridge regression so the untrained head already names each caption's own words.")
 @click.option("--gate-own-words", is_flag=True, help="Algorithm 1 read literally: word-level gating E_v also masks the caption's own words.")
+@click.option("--image-eta-scale", type=click.FloatRange(0), default=1.0, show_default=True,
+              help="The images' sparsity weight relative to the captions' (SPLADE's lambda_d / lambda_q); below 1 "
+                   "images keep more terms than queries.")
+@click.option("--flops-budget", type=click.FloatRange(0), default=12.0, show_default=True,
+              help="After training, let images keep more words than queries (a document shift) while validation "
+                   "FLOPs stay within this budget; the shift with the best validation R@1 is saved in the head. "
+                   "0 = images and queries alike.")
 @click.option("--val-images", type=click.IntRange(0), default=1000, show_default=True, help="Validate on the first N val images (0 = all).")
 @click.option("--select-during-warmup", is_flag=True, help="Let epochs that end inside the warm-up (L1 not yet at full weight) be chosen as best.")
 @click.option("--objective", type=click.Choice(["sparse", "joint"]), default="sparse", show_default=True,
@@ -112,7 +119,7 @@ def _tokenizer_option(f):
 @click.pass_context
 def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj, lr_vocab, warmup, schedule,
           vocab_init, freeze_vocab, regularizer, bias_init, lr_bias, norm_gain, output_terms, proj_init, gate_own_words,
-          val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image,
+          image_eta_scale, flops_budget, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image,
           joint_w1, joint_w2, joint_lambda1, joint_lambda2, joint_lambda3, joint_tau, joint_max_flops, joint_init_head, seed, device, threads,
           amp, resume, export_onnx_head, tokenizer, as_json) -> int:
     """Train a D2S sparse head on precomputed dense embeddings (docs/training.md).
@@ -170,10 +177,12 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
         lr_proj=lr_proj, lr_vocab=lr_vocab, warmup=warmup, schedule=schedule, seed=seed,
         amp="auto" if amp else "off", device=device, val_images=val_images,
         select_after_warmup=not select_during_warmup, regularizer=regularizer, gate_own_words=gate_own_words,
-        lr_bias=lr_bias,
+        lr_bias=lr_bias, image_eta_scale=image_eta_scale,
     )
     summary = run_train(head, splits["train"], train_tokens, cfg, out, val, val_tokens,
                         resume=resume, progress=not as_json)
+    if flops_budget > 0 and val is not None:
+        summary["document_shift"] = _choose_document_shift(head, val, val_tokens, cfg, flops_budget, Path(out), as_json)
     if export_onnx_head:
         from d2s_search.train.convert import export_head_onnx
 
@@ -184,7 +193,28 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
         v = summary["best_val"]
         best = f" (val R@1 {v['R@1']:.4f}, FLOPs {v['FLOPs']:.1f})" if v else ""
         click.echo(f"best head: {summary['head']} from epoch {summary['best_epoch']}{best}")
+        chosen = summary.get("document_shift")
+        if chosen:
+            row = next(r for r in chosen["tried"] if r["shift"] == chosen["document_shift"])
+            click.echo(f"document shift {chosen['document_shift']:g}: images keep {row['terms_per_image']:.0f} terms, "
+                       f"val R@1 {row['R@1']:.4f} at FLOPs {row['FLOPs']:.1f} (budget {flops_budget:g})")
     return EXIT_OK
+
+
+def _choose_document_shift(head, val, val_tokens, cfg, flops_budget: float, out: Path, as_json: bool) -> dict:
+    """After training: the document shift with the best validation R@1 within the FLOPs
+    budget, saved into the best head (d2s_search.train.calibrate)."""
+    from d2s_search.train.calibrate import choose_document_shift
+    from d2s_search.train.trainer import validation_subset
+    from onnx_export.head import save_head
+
+    val, val_tokens = validation_subset(val, val_tokens, cfg.val_images)
+    if not as_json:
+        click.echo(f"choosing the document shift on validation (FLOPs budget {flops_budget:g})", err=True)
+    choice = choose_document_shift(head, val, val_tokens, cfg.expansion, flops_budget, cfg.resolved_device(),
+                                   batch_size=cfg.eval_batch)
+    save_head(head, out / "head.pt")
+    return choice.to_json()
 
 
 def _train_joint(data, out, cfg, vocab_init, init_head, tokenizer, export_onnx_head, as_json) -> int:

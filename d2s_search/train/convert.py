@@ -91,8 +91,20 @@ def convert_authors_head(path: str | Path, excluded_ids: list[int]) -> SparseHea
     return head
 
 
+class _BothSides(torch.nn.Module):
+    """A head with a document shift as one graph: the query side and the document side."""
+
+    def __init__(self, head: SparseHead) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.head(z), self.head(z, document=True)
+
+
 def export_head_onnx(head: SparseHead, path: str | Path, opset: int = 17) -> Path:
-    """The head alone as an ONNX graph: input ``dense`` (B, d), output ``sparse`` (B, |V|).
+    """The head alone as an ONNX graph: input ``dense`` (B, d), output ``sparse`` (B, |V|),
+    and ``sparse_document`` (the image side) when the head has a document shift.
 
     The head's query-encoding rule (``query_mask`` note) travels as model metadata.
     """
@@ -102,11 +114,14 @@ def export_head_onnx(head: SparseHead, path: str | Path, opset: int = 17) -> Pat
     p.parent.mkdir(parents=True, exist_ok=True)
     head = head.eval().cpu()
     dummy = torch.zeros(2, head.config.dense_dim)
+    graph, outputs = head, ["sparse"]
+    if head.config.document_shift:
+        graph, outputs = _BothSides(head), ["sparse", "sparse_document"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # legacy exporter deprecation notice
         torch.onnx.export(
-            head, (dummy,), str(p), input_names=["dense"], output_names=["sparse"],
-            dynamic_axes={"dense": {0: "batch"}, "sparse": {0: "batch"}},
+            graph, (dummy,), str(p), input_names=["dense"], output_names=outputs,
+            dynamic_axes={"dense": {0: "batch"}, **{name: {0: "batch"} for name in outputs}},
             opset_version=opset, dynamo=False,
         )
     model = onnx.load(str(p))

@@ -99,7 +99,10 @@ def d2s_loss(
     regularizer: str = "l1",
     mu: float = 0.0,
     image_words: torch.Tensor | None = None,
+    image_eta_scale: float = 1.0,
 ) -> LossParts:
+    """``image_eta_scale`` weighs the images' sparsity term against the captions' (SPLADE's
+    separate lambda_d / lambda_q: below 1, documents may keep more terms than queries)."""
     if regularizer not in REGULARIZERS:
         raise ValueError(f"unknown regulariser {regularizer!r}; choose from {', '.join(REGULARIZERS)}")
     t_i2c, t_c2i = teacher_distributions(z_img, z_cap, tau)
@@ -110,7 +113,7 @@ def d2s_loss(
     reg = REGULARIZERS[regularizer]
     r_i, r_c = (l1_i, l1_c) if regularizer == "l1" else (reg(s_img), reg(s_cap))
     eta_t = eta * quadratic_ramp(step, warmup_steps)
-    total = (1.0 - lam) * (ce_i2c + ce_c2i) / 2 + lam * eta_t * (r_i + r_c) / 2
+    total = (1.0 - lam) * (ce_i2c + ce_c2i) / 2 + lam * eta_t * (image_eta_scale * r_i + r_c) / 2
     lex = 0.0
     if mu > 0:
         if image_words is None:

@@ -181,8 +181,10 @@ def encode_sparse(
     batch_size: int = 1024,
     mask_tokens=None,
     device: str | torch.device = "cpu",
+    document: bool = False,
 ) -> sp.csr_matrix:
-    """Sparse vectors of stored dense vectors as CSR.
+    """Sparse vectors of stored dense vectors as CSR (``document``: the image side, with the
+    head's ``document_shift``).
 
     ``mask_tokens`` (a :class:`CaptionTokens` aligned with ``z``) restricts each row to its
     own token ids: how queries are encoded for a head trained without expansion (exp=0).
@@ -194,7 +196,7 @@ def encode_sparse(
     parts = []
     for start in range(0, len(z), batch_size):
         zb = torch.as_tensor(z[start : start + batch_size], dtype=torch.float32, device=device)
-        s = head(zb)
+        s = head(zb, document=document)
         if mask_tokens is not None:
             rows = np.arange(start, start + len(zb))
             s = s * own_token_mask(mask_tokens, rows, device=s.device)

@@ -62,6 +62,8 @@ class TrainConfig:
     # Weight of the lexical term (losses.off_caption_mass): photos put their mass on words of
     # their captions. 0 = the paper's loss.
     lexical: float = 0.0
+    # The images' sparsity weight relative to the captions' (SPLADE's lambda_d / lambda_q).
+    image_eta_scale: float = 1.0
     notes: dict = field(default_factory=dict)
 
     def resolved_device(self) -> torch.device:
@@ -74,6 +76,8 @@ class TrainConfig:
         d = asdict(self)
         for k in ("device", "eval_batch", "notes", "amp"):
             d.pop(k)
+        if d["image_eta_scale"] == 1.0:  # what runs from before the option recorded
+            d.pop("image_eta_scale")
         return d
 
 
@@ -116,7 +120,7 @@ def validate(
     """Sparse text->image R@1/R@5/R@10/MRR@10 and FLOPs on a split."""
     mask = tokens if query_mask_for(mode) == "own_tokens" else None
     q = encode_sparse(head, split.text_emb, batch_size, mask_tokens=mask, device=device)
-    d = encode_sparse(head, split.image_emb, batch_size, device=device)
+    d = encode_sparse(head, split.image_emb, batch_size, device=device, document=True)
     dt = d.T.tocsc()
     _, _, per_q = M.evaluate_scores(
         lambda a, b: np.asarray((q[a:b] @ dt).todense()), split.qrels(), q.shape[0], split.image_ids
@@ -126,6 +130,15 @@ def validate(
     out["terms_per_query"] = M.terms_per_vector(q)
     out["terms_per_image"] = M.terms_per_vector(d)
     return out
+
+
+def validation_subset(split: PairSplit | None, tokens: CaptionTokens | None,
+                      images: int) -> tuple[PairSplit | None, CaptionTokens | None]:
+    """The first ``images`` images of a validation split and their captions' tokens (0: all)."""
+    if split is None or not images or len(split.image_ids) <= images:
+        return split, tokens
+    keep = split.caption_image < images
+    return split.head(images), tokens.subset(np.flatnonzero(keep)) if tokens is not None else None
 
 
 def _image_word_sets(tokens: CaptionTokens, caption_image: np.ndarray) -> list[np.ndarray]:
@@ -196,11 +209,7 @@ def train(
               gate_own_words=config.gate_own_words)
     order_rng = np.random.default_rng(config.seed)
 
-    val = val_split
-    if val is not None and config.val_images and len(val.image_ids) > config.val_images:
-        keep = val.caption_image < config.val_images
-        val_tokens = val_tokens.subset(np.flatnonzero(keep)) if val_tokens is not None else None
-        val = val.head(config.val_images)
+    val, val_tokens = validation_subset(val_split, val_tokens, config.val_images)
 
     head.config.notes = {
         **head.config.notes,
@@ -257,7 +266,7 @@ def train(
                     words = _word_matrix(image_words, cap_img[rows_t].numpy(), s_img.shape[1], device)
                 parts = d2s_loss(
                     s_img, s_cap, zi, zc, config.tau, config.eta, config.lam, state["step"], warmup,
-                    config.regularizer, config.lexical, words,
+                    config.regularizer, config.lexical, words, config.image_eta_scale,
                 )
                 opt.zero_grad(set_to_none=True)
                 scaler.scale(parts.total).backward()

@@ -13,6 +13,7 @@ the config before use, and the hashes go into the bundle manifest's ``model.sour
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -179,13 +180,24 @@ def _load_head(config: dict, dim: int, vocab_weight: torch.Tensor, excluded: lis
     state = load_tensors(path)
     # A per-term output bias (heads trained with --bias-init) is shipped; W2 never is.
     head = SparseHead(HeadConfig(dense_dim=dim, vocab_size=vocab_weight.shape[0], hidden_dim=vocab_weight.shape[1],
-                                 output_bias="vocab.bias" in state, excluded_ids=excluded, trained=True, notes=notes))
+                                 output_bias="vocab.bias" in state, excluded_ids=excluded, trained=True, notes=notes,
+                                 document_shift=_finite(config.get("document_shift", 0.0), "document_shift")))
     state["vocab.weight"] = vocab_weight
     try:
         head.load_state_dict(state)
     except RuntimeError as exc:
         raise ModelError(f"{HEAD_FILE} does not fit the head: {str(exc).splitlines()[0]}") from None
     return head.eval()
+
+
+def _finite(value, name: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number):
+        raise ModelError(f"the model config's {name} must be a finite number, not {value!r}")
+    return number
 
 
 def build_offline(name: str, config: dict) -> DenseDualEncoder:

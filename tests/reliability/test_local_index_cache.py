@@ -346,3 +346,38 @@ def test_index_check_verifies_the_dense_graph_bytes(graph_index, capsys):
     assert code == 0 and report["repaired"], report
     code, report = run_cli_json(["index", "check", "--index", path], capsys)
     assert code == 0 and report["healthy"], report
+
+
+@pytest.mark.parametrize("names", ["fixed-width ascii", "mixed widths", "non-ascii paths"])
+def test_many_hits_carry_their_own_ids_and_paths(tmp_path, names):
+    """Over 100 hits (the gathered string path; non-ASCII decoded one by one) across three
+    shards, after a reopen (the strings read back from the cache files): every hit's id,
+    path and url are its own document's, in the order of the scores."""
+    from d2s_search.backends.local import cache
+
+    docs = synthetic_docs(260, seed=5)
+    for i, doc in enumerate(docs):
+        doc.sparse = {"w1": 0.01 * 2 ** (i / 32)}  # every document matches, 2% apart (16-bit weights)
+        if names == "fixed-width ascii":
+            doc.path = f"/photos/{i:05d}.jpg"
+        elif names == "mixed widths":
+            doc.id, doc.path = f"{i:x}", f"/p/{'x' * (i % 7)}{i}.jpg"
+        else:
+            doc.path = f"/photos/caf\u00e9-{i}/\u72ac.jpg" if i % 5 == 0 else f"/photos/{i}.jpg"
+    backend = LocalBackend(tmp_path / "idx")
+    old = cache.SHARD_ROWS
+    cache.SHARD_ROWS = 128
+    try:
+        backend.open(IDENTITY)
+        backend.upsert(docs)
+        backend.sparse_search({"w1": 1.0}, 5)
+        backend.close()
+        backend = LocalBackend(tmp_path / "idx")
+        backend.open(None, create=False)
+        assert len(backend._search_state().shards) == 3
+        hits = backend.sparse_search({"w1": 1.0}, 250, explain=0)
+    finally:
+        cache.SHARD_ROWS = old
+    by_id = {d.id: d for d in docs}
+    assert [h.id for h in hits] == [d.id for d in docs[::-1][:250]]
+    assert [(h.path, h.url) for h in hits] == [(by_id[h.id].path, by_id[h.id].url) for h in hits]

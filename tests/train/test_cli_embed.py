@@ -57,6 +57,12 @@ def test_cli_train_evaluate_export(tmp_path):
 
     trained = load_head(out / "head.pt")
     assert trained.config.output_bias and trained.config.notes["output_terms"] == "words"
+    # After training, the document shift is chosen on val within --flops-budget (12) and saved.
+    tried = summary["document_shift"]["tried"]
+    fits = [r for r in tried if r["within_budget"]]
+    assert [r["shift"] for r in tried] == sorted(r["shift"] for r in tried) and all(r["FLOPs"] <= 12 for r in fits)
+    assert trained.config.document_shift == summary["document_shift"]["document_shift"] == (
+        max(fits, key=lambda r: r["R@1"])["shift"] if fits else 0.0)
     assert len(trained.config.excluded_ids) > 8000  # punctuation, pieces, stop words
     scores = {}
     for head in ("head.pt", "head.onnx"):

@@ -49,6 +49,13 @@ def test_loss_matches_hand_computation():
     assert float(parts.total) == pytest.approx(expected, rel=1e-6)
     # the same number worked out on paper: teacher row 0 = softmax(8, 6), row 1 = softmax(6, 8)
     assert ce_i2c == pytest.approx(0.378557, abs=1e-6)
+    # SPLADE's separate weights: the images' sparsity term scaled (here by 0.25), the captions' not
+    scaled = d2s_loss(
+        torch.tensor(s_img), torch.tensor(s_cap), torch.tensor(z_img), torch.tensor(z_cap),
+        tau=tau, eta=eta, lam=lam, step=step, warmup_steps=warm, image_eta_scale=0.25,
+    )
+    want = (1 - lam) * (ce_i2c + ce_c2i) / 2 + lam * eta_t * (0.25 * l1_img + l1_cap) / 2
+    assert float(scaled.total) == pytest.approx(want, rel=1e-6) and float(scaled.total) < float(parts.total)
 
 
 def test_loss_gradient_flows_to_both_sides():

@@ -18,6 +18,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import Iterable, Sequence
+from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -788,8 +789,8 @@ class LocalBackend:
             urls += shard_urls
             at += picked.tolist()
         if len(parts) > 1:  # back to the order of ``rows``
-            back = np.argsort(np.asarray(at))
-            ids, paths, urls = ([values[i] for i in back.tolist()] for values in (ids, paths, urls))
+            back = itemgetter(*np.argsort(np.asarray(at)).tolist())
+            ids, paths, urls = (list(back(values)) for values in (ids, paths, urls))  # 2+ rows: a tuple
         return list(map(Hit, ids, np.asarray(scores, dtype=np.float64).tolist(), paths, urls, matched))
 
     def _explain(self, state: Structures, rows: np.ndarray, query: SparseVector, n: int) -> list[list[tuple[str, float]]]:

@@ -1,0 +1,52 @@
+"""After training: how many more words the images keep than the queries.
+
+A trained head settles at a few FLOPs (the FLOPS regulariser at the recipe's eta gives 2-4);
+the terms just below its threshold still carry meaning. Adding a constant to the document
+(image) side's vocabulary scores keeps them: the ranking of each image's terms is unchanged
+(the words it shows stay the same), the query side is untouched (its words and co-activation
+too), and recall rises with the extra postings (docs/benchmarks.md, "Document shift").
+
+:func:`choose_document_shift` picks the shift with the best validation R@1 among those whose
+validation FLOPs stay within a budget; ties go to the smaller shift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from onnx_export.head import SparseHead
+
+SHIFTS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
+
+
+@dataclass
+class ShiftChoice:
+    shift: float
+    table: list[dict]  # per shift tried: shift, R@1, FLOPs, terms_per_image, within_budget
+
+    def to_json(self) -> dict:
+        return {"document_shift": self.shift, "tried": self.table}
+
+
+def choose_document_shift(head: SparseHead, split, tokens, mode: str, flops_budget: float,
+                          device: str | torch.device = "cpu", shifts: tuple[float, ...] = SHIFTS,
+                          batch_size: int = 1024) -> ShiftChoice:
+    """Set ``head.config.document_shift`` to the best shift on ``split`` (validation pairs)
+    within ``flops_budget``; 0 when none fits (or the budget is 0). Returns the choice and
+    what every shift measured."""
+    from d2s_search.train.trainer import validate
+
+    table = []
+    best: dict | None = None
+    for shift in sorted(set(float(s) for s in shifts) | {0.0}):
+        head.config.document_shift = shift
+        m = validate(head, split, tokens, mode, torch.device(device), batch_size)
+        row = {"shift": shift, "R@1": m["R@1"], "FLOPs": m["FLOPs"], "terms_per_image": m["terms_per_image"],
+               "within_budget": bool(flops_budget > 0 and m["FLOPs"] <= flops_budget)}
+        table.append(row)
+        if row["within_budget"] and (best is None or row["R@1"] > best["R@1"]):
+            best = row
+    head.config.document_shift = best["shift"] if best is not None else 0.0
+    return ShiftChoice(head.config.document_shift, table)

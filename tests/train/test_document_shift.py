@@ -1,0 +1,95 @@
+"""The document shift: images keep more terms than queries (d2s_search.train.calibrate)."""
+
+import numpy as np
+import pytest
+import torch
+
+from d2s_search.errors import ModelError
+from d2s_search.evaluate import OnnxHead
+from d2s_search.train.calibrate import choose_document_shift
+from d2s_search.train.convert import export_head_onnx
+from d2s_search.train.modeling import build_head, encode_sparse
+from d2s_search.train.trainer import validate
+from onnx_export.head import HeadConfig, SparseHead, load_head, save_head
+from tests.train.train_synthetic import SPECIAL, VOCAB
+
+
+def _tiny_head(shift: float) -> SparseHead:
+    head = SparseHead(HeadConfig(dense_dim=2, vocab_size=4, hidden_dim=2, output_bias=True, excluded_ids=[3],
+                                 document_shift=shift))
+    with torch.no_grad():
+        head.proj.weight.copy_(torch.eye(2))
+        head.proj.bias.zero_()
+        head.norm.weight.fill_(1.0)
+        head.norm.bias.zero_()
+        head.vocab.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5], [1.0, 1.0]]))
+        head.vocab.bias.copy_(torch.tensor([0.0, -1.5, -0.2, 5.0]))
+    return head.eval()
+
+
+def test_shift_is_added_to_document_scores_only():
+    # z = (3, 1): LayerNorm (eps 1e-5) gives about (1, -1); scores (1, -2.5, -0.2, 5 -> excluded)
+    head = _tiny_head(0.5)
+    z = torch.tensor([[3.0, 1.0]])
+    h = (1 / np.sqrt(1 + 1e-5))
+    want_query = [np.log1p(h), 0.0, 0.0, 0.0]
+    want_doc = [np.log1p(h + 0.5), 0.0, np.log1p(0.3), 0.0]  # -0.2 + 0.5 > 0: one more term
+    with torch.no_grad():
+        assert np.allclose(head(z).numpy()[0], want_query, atol=1e-6)
+        assert np.allclose(head(z, document=True).numpy()[0], want_doc, atol=1e-6)
+        assert np.array_equal(_tiny_head(0.0)(z, document=True).numpy(), head(z).numpy())
+
+
+def test_head_file_and_onnx_head_keep_the_shift(tmp_path):
+    head = _tiny_head(0.5)
+    loaded = load_head(save_head(head, tmp_path / "head.pt"))
+    assert loaded.config.document_shift == 0.5
+    for bad in (float("nan"), float("inf"), "2"):  # read back from a file: untrusted
+        broken = _tiny_head(0.0)
+        broken.config.document_shift = bad
+        with pytest.raises(ModelError, match="document shift must be a finite number"):
+            load_head(save_head(broken, tmp_path / "bad.pt"))
+    z = np.random.default_rng(0).standard_normal((7, 2)).astype(np.float32)
+    onnx = OnnxHead(export_head_onnx(loaded, tmp_path / "head.onnx"))
+    with torch.no_grad():
+        want_q, want_d = head(torch.from_numpy(z)).numpy(), head(torch.from_numpy(z), document=True).numpy()
+    assert np.abs(onnx.encode(z).toarray() - want_q).max() < 1e-6
+    assert np.abs(onnx.encode(z, document=True).toarray() - want_d).max() < 1e-6
+    assert not np.array_equal(want_q, want_d)
+    # A head without a shift exports one output; both sides read it.
+    plain = OnnxHead(export_head_onnx(_tiny_head(0.0), tmp_path / "plain.onnx"))
+    assert [o.name for o in plain.session.get_outputs()] == ["sparse"]
+    assert np.array_equal(plain.encode(z, document=True).toarray(), plain.encode(z).toarray())
+
+
+@pytest.fixture(scope="module")
+def sparse_start_head(synthetic):
+    """An untrained head that starts sparse (per-term bias -0.5, about 12 terms a vector)."""
+    (train, _, _), _, _ = synthetic
+    return build_head(train.dim, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=32, seed=0, bias_init=-0.5)
+
+
+def test_choice_is_the_best_validation_r1_within_the_budget(synthetic, sparse_start_head):
+    (_, _, _), (va, vat, _), _ = synthetic
+    head = sparse_start_head
+    shifts = (0.0, 0.1, 0.2, 0.3)
+    measured = {}
+    for s in shifts:  # the reference: every shift validated by hand
+        head.config.document_shift = s
+        measured[s] = validate(head, va, vat, "c+w", torch.device("cpu"))
+    flops = [measured[s]["FLOPs"] for s in shifts]
+    assert flops == sorted(flops) and flops[-1] > 2 * flops[0]  # more shift, more terms, more FLOPs
+    budget = (flops[1] + flops[2]) / 2  # shifts 0 and 1 fit, 2 and 3 do not
+    choice = choose_document_shift(head, va, vat, "c+w", budget, shifts=shifts)
+    best = max(shifts[:2], key=lambda s: (measured[s]["R@1"], -s))
+    assert choice.shift == best == head.config.document_shift > 0  # the shift paid here
+    assert [r["within_budget"] for r in choice.table] == [True, True, False, False]
+    assert [r["R@1"] for r in choice.table] == [measured[s]["R@1"] for s in shifts]
+    # Nothing fits (the unshifted head alone is over budget), or no budget: no shift.
+    assert choose_document_shift(head, va, vat, "c+w", flops[0] / 2, shifts=shifts).shift == 0.0
+    assert choose_document_shift(head, va, vat, "c+w", 0.0, shifts=shifts).shift == 0.0
+    # Documents are encoded with the chosen shift, queries never.
+    head.config.document_shift = 0.3
+    q = encode_sparse(head, va.text_emb[:20])
+    head.config.document_shift = 0.0
+    assert (q != encode_sparse(head, va.text_emb[:20])).nnz == 0
