@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 HEAD_KEYS = {"bias_init": float, "norm_gain": float, "output_terms": str, "freeze_vocab": bool, "vocab_init": str,
-             "proj_init": str}
+             "proj_init": str, "document_shift": float}
 
 
 def _value(kind, raw: str):
@@ -97,8 +97,10 @@ def run(spec: str, data_dir: Path, out: Path, threads: int, eval_only: bool = Fa
     freeze = head_kw.pop("freeze_vocab", False)
     vocab_init = head_kw.pop("vocab_init", "minilm")
     proj_init = head_kw.pop("proj_init", "default")
+    document_shift = head_kw.pop("document_shift", 0.0)  # images trained with it (and validated)
     head = build_head(splits["train"].dim, vocab_init, excluded_token_ids(tok), tok.get_vocab_size(),
                       tokenizer=tok, **head_kw)
+    head.config.document_shift = document_shift
     if proj_init == "words":
         from d2s_search.train.modeling import fit_projection_to_words
 

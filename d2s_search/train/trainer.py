@@ -260,7 +260,7 @@ def train(
                     s_cap = head(zc)
                     if mask is not None:
                         s_cap = s_cap * mask
-                    s_img = head(zi)  # images are never masked
+                    s_img = head(zi, document=True)  # images are never masked; they carry the document shift
                 words = None
                 if image_words is not None:
                     words = _word_matrix(image_words, cap_img[rows_t].numpy(), s_img.shape[1], device)

@@ -93,3 +93,20 @@ def test_choice_is_the_best_validation_r1_within_the_budget(synthetic, sparse_st
     q = encode_sparse(head, va.text_emb[:20])
     head.config.document_shift = 0.0
     assert (q != encode_sparse(head, va.text_emb[:20])).nnz == 0
+
+
+def test_training_encodes_images_with_the_heads_document_shift(synthetic, tmp_path):
+    """Images are documents in training too: a head that carries a shift trains on denser
+    images (its images' L1 is larger from the first epoch), queries as before."""
+    from d2s_search.train.trainer import TrainConfig, train
+
+    (tr, trt, _), (va, vat, _), _ = synthetic
+    l1 = {}
+    for shift in (0.0, 0.3):
+        head = build_head(tr.dim, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=32, seed=0, bias_init=-0.5)
+        head.config.document_shift = shift
+        cfg = TrainConfig(epochs=1, batch_size=128, eta=1e-2, val_images=0, warmup=0.0)
+        summary = train(head, tr, trt, cfg, tmp_path / str(shift), va, vat, progress=False)
+        l1[shift] = (summary["history"][0]["l1_img"], summary["history"][0]["l1_cap"])
+        assert load_head(tmp_path / str(shift) / "head.pt").config.document_shift == shift
+    assert l1[0.3][0] > 1.5 * l1[0.0][0]
