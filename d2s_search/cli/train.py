@@ -147,7 +147,7 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
             expansion=expansion or JointConfig.expansion, schedule=schedule, seed=seed, val_images=val_images,
             select_after_warmup=not select_during_warmup, select_max_flops=joint_max_flops, device=device,
         )
-        return _train_joint(data, out, cfg, vocab_init, joint_init_head, tokenizer, export_onnx_head, as_json)
+        return _train_joint(data, out, cfg, vocab_init, joint_init_head, tokenizer, export_onnx_head, flops_budget, as_json)
     expansion, epochs, batch_size = expansion or "c+w", epochs or 200, batch_size or 512
     from d2s_search.train.data import load_dataset
     from d2s_search.train.modeling import build_head
@@ -202,8 +202,9 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
 
 
 def _choose_document_shift(head, val, val_tokens, cfg, flops_budget: float, out: Path, as_json: bool) -> dict:
-    """After training: the document shift with the best validation R@1 within the FLOPs
-    budget, saved into the best head (d2s_search.train.calibrate)."""
+    """After training (either objective: ``cfg`` is its config): the document shift with the
+    best validation R@1 within the FLOPs budget, saved into the best head
+    (d2s_search.train.calibrate)."""
     from d2s_search.train.calibrate import choose_document_shift
     from d2s_search.train.trainer import validation_subset
     from onnx_export.head import save_head
@@ -211,13 +212,12 @@ def _choose_document_shift(head, val, val_tokens, cfg, flops_budget: float, out:
     val, val_tokens = validation_subset(val, val_tokens, cfg.val_images)
     if not as_json:
         click.echo(f"choosing the document shift on validation (FLOPs budget {flops_budget:g})", err=True)
-    choice = choose_document_shift(head, val, val_tokens, cfg.expansion, flops_budget, cfg.resolved_device(),
-                                   batch_size=cfg.eval_batch)
+    choice = choose_document_shift(head, val, val_tokens, cfg.expansion, flops_budget, cfg.resolved_device())
     save_head(head, out / "head.pt")
     return choice.to_json()
 
 
-def _train_joint(data, out, cfg, vocab_init, init_head, tokenizer, export_onnx_head, as_json) -> int:
+def _train_joint(data, out, cfg, vocab_init, init_head, tokenizer, export_onnx_head, flops_budget, as_json) -> int:
     """``train --objective joint``: from ``embed --features`` output (img_feats/text_feats,
     projections.safetensors, dataset_meta.json)."""
     from d2s_search.train.data import load_authors_layout
@@ -256,6 +256,13 @@ def _train_joint(data, out, cfg, vocab_init, init_head, tokenizer, export_onnx_h
                            f"({entry['seconds']:.1f}s)")
 
     summary = train_joint(head, proj, feats["train"], cfg, out, val, val_tokens, train_tokens, log=log)
+    if flops_budget > 0 and val is not None:  # on the validation vectors of the fine-tuned projections
+        from d2s_search.train.joint import JointModel, project
+
+        best = load_head(summary["head"])
+        projected = project(JointModel(best, load_projections(summary["projections"]), cfg.tau).eval(), val)
+        summary["document_shift"] = _choose_document_shift(best, projected, val_tokens, cfg, flops_budget, Path(out),
+                                                           as_json)
     if export_onnx_head:
         from d2s_search.train.convert import export_head_onnx
 

@@ -44,7 +44,7 @@ from d2s_search.errors import ModelError
 from d2s_search.train.data import PairSplit
 from d2s_search.train.losses import l1, quadratic_ramp, soft_cross_entropy
 from d2s_search.train.pec import PEC
-from d2s_search.train.trainer import _lr_lambda, query_mask_for, validate
+from d2s_search.train.trainer import _lr_lambda, query_mask_for, validate, validation_subset
 from d2s_search.train.vocab import CaptionTokens, document_frequency
 from onnx_export.head import SparseHead, save_head
 
@@ -149,7 +149,7 @@ def kd(scores: torch.Tensor, target_scores: torch.Tensor) -> torch.Tensor:
 def joint_loss(model: JointModel, f_t, f_i, cfg: JointConfig, step: int, warmup: int,
                text_mask: torch.Tensor | None = None) -> dict:
     h_t, h_i = model.dense(f_t, f_i)
-    z_t, z_i = model.head(h_t), model.head(h_i)
+    z_t, z_i = model.head(h_t), model.head(h_i, document=True)  # images are documents: the head's shift
     if text_mask is not None:  # PEC: captions restricted to their own (+ drawn) terms
         z_t = z_t * text_mask
     s_dense = h_t @ h_i.t() / model.tau()
@@ -243,11 +243,7 @@ def train_joint(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(total, warmup))
     pec = (PEC(cfg.expansion, train_tokens, document_frequency(train_tokens), cfg.epochs, cfg.schedule, cfg.seed)
            if cfg.expansion != "1" else None)
-    val = val_feats
-    if val is not None and cfg.val_images and len(val.image_ids) > cfg.val_images:
-        if val_tokens is not None:
-            val_tokens = val_tokens.subset(np.flatnonzero(val.caption_image < cfg.val_images))
-        val = val.head(cfg.val_images)
+    val, val_tokens = validation_subset(val_feats, val_tokens, cfg.val_images)
     f_t_all = torch.as_tensor(train_feats.text_emb, dtype=torch.float32)
     f_i_all = torch.as_tensor(train_feats.image_emb, dtype=torch.float32)
     cap_img_t = torch.as_tensor(cap_img)

@@ -39,6 +39,10 @@ def test_joint_loss_parts_and_gradients(synthetic):
         assert p.grad is not None and p.grad.abs().sum() > 0
     model.log_tau.data.fill_(np.log(1e-6))
     assert float(model.tau().detach()) == np.float32(1e-3)  # clamped
+    # Images are documents: a head with a document shift gives them (only them) more mass.
+    head.config.document_shift = 0.5
+    shifted = joint_loss(model, f_t, f_i, cfg, step=5, warmup=10)
+    assert shifted["l1_text"] == parts["l1_text"] and shifted["l1_image"] > parts["l1_image"]
 
 
 def test_joint_training_improves_dense_and_sparse(synthetic, tmp_path):
@@ -80,12 +84,17 @@ def test_cli_joint_objective(tmp_path):
     out = json.loads(res.output)
     assert out["history"][0]["val_dense"]["R@1"] in (0.0, 1.0)
     assert (tmp_path / "run" / "projections.safetensors").is_file()
+    # The document shift is chosen on the fine-tuned validation vectors and saved in the head.
+    from onnx_export.head import load_head
+
+    assert [r["shift"] for r in out["document_shift"]["tried"]][0] == 0.0
+    assert load_head(tmp_path / "run" / "head.pt").config.document_shift == out["document_shift"]["document_shift"]
 
 
 class _Relu(torch.nn.Module):
     """A stand-in head with hand-computable outputs: z = relu(h)."""
 
-    def forward(self, h):
+    def forward(self, h, document=False):  # no document shift
         return torch.relu(h)
 
 
