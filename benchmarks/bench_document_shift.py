@@ -38,6 +38,7 @@ def score_test_split(head, split, tokens, names, static: bool) -> dict:
         EvalData,
         EvalOptions,
         SparseVectors,
+        boost_own_words,
         evaluate,
         static_embeddings,
     )
@@ -45,7 +46,8 @@ def score_test_split(head, split, tokens, names, static: bool) -> dict:
 
     ev = EvalData.from_split(split, split.name)
     qt = [tokens.row(i) for i in range(len(tokens))]
-    sv = SparseVectors(encode_sparse(head, ev.query_emb), encode_sparse(head, ev.doc_emb, document=True))
+    q = boost_own_words(encode_sparse(head, ev.query_emb), qt, head.allowed.numpy() > 0, head.config.query_word_boost)
+    sv = SparseVectors(q, encode_sparse(head, ev.doc_emb, document=True))
     res = evaluate(ev, sv, qt, static_embeddings() if static else None, EvalOptions(runs=("dense", "sparse")), names)
     sparse, dense, co = res["runs"]["sparse"], res["runs"]["dense"], res["coactivation"]
     share = M.active_share(sv.docs)
@@ -60,7 +62,7 @@ def score_test_split(head, split, tokens, names, static: bool) -> dict:
 def main() -> None:
     import torch
 
-    from d2s_search.train.calibrate import choose_document_shift
+    from d2s_search.train.calibrate import BOOSTS, choose_document_shift
     from d2s_search.train.data import load_dataset
     from d2s_search.train.vocab import id_to_token, load_tokenizer, tokenize_captions
     from onnx_export.head import load_head
@@ -71,6 +73,7 @@ def main() -> None:
     ap.add_argument("--budget", type=float, action="append", required=True)
     ap.add_argument("--mode", default="c+w", help="The heads' expansion mode (query masking for 0).")
     ap.add_argument("--no-static", action="store_true", help="No static-embedding Semantic@k (offline photos).")
+    ap.add_argument("--boost", action="store_true", help="Also choose the query word boost (calibrate.BOOSTS).")
     ap.add_argument("--out", type=Path, default=ROOT / "test-artifacts" / "document_shift.jsonl")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -81,17 +84,20 @@ def main() -> None:
     test_tokens = tokenize_captions(splits["test"].captions, tok)
     for path in args.heads:
         head = load_head(path).eval()
-        head.config.document_shift = 0.0
+        head.config.document_shift = head.config.query_word_boost = 0.0
         base = score_test_split(head, splits["test"], test_tokens, names, not args.no_static)
         for budget in args.budget:
-            choice = choose_document_shift(head, splits["val"], val_tokens, args.mode, budget)
-            row = {"head": str(path), "budget": budget, "document_shift": choice.shift, "val": choice.table,
+            choice = choose_document_shift(head, splits["val"], val_tokens, args.mode, budget,
+                                           boosts=BOOSTS if args.boost else (0.0,))
+            row = {"head": str(path), "budget": budget, "document_shift": choice.shift,
+                   "query_word_boost": choice.boost, "val": choice.table,
                    "test": score_test_split(head, splits["test"], test_tokens, names, not args.no_static), "test_no_shift": base,
                    "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"), "load": os.getloadavg()[0]}
             args.out.parent.mkdir(parents=True, exist_ok=True)
             with args.out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
-            print(json.dumps({"head": path.parent.name, "budget": budget, "shift": choice.shift, "test": row["test"],
+            print(json.dumps({"head": path.parent.name, "budget": budget, "shift": choice.shift, "boost": choice.boost,
+                              "test": row["test"],
                               "no_shift": {k: base[k] for k in ("ratio", "FLOPs", "widest_doc_term")}}), flush=True)
 
 

@@ -6,7 +6,7 @@ ours for shape. One line per recipe (runs sharing a ``--family`` prefix, sorted 
 the dense line at 1, the issue's targets (0.90 at <= 12 FLOPs, 0.95 at <= 40) as marks.
 
     python benchmarks/plot_frontier.py test-artifacts/frontier/runs.jsonl --out docs/frontier.png \
-        --shifted test-artifacts/document_shift.jsonl
+        --shifted test-artifacts/document_shift.jsonl --boosted test-artifacts/document_shift_boost.jsonl
 
 ``--shifted``: ``bench_document_shift.py``'s rows; per head, a line from its unshifted point
 through the document shifts chosen on validation for each FLOPs budget.
@@ -81,6 +81,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("docs/frontier.png"))
     ap.add_argument("--table", action="store_true", help="Also print the runs as a markdown table.")
     ap.add_argument("--shifted", type=Path, help="bench_document_shift.py's JSON lines (caption-benchmark heads).")
+    ap.add_argument("--boosted", type=Path, help="The same with --boost (shift and query word boost chosen together).")
     ap.add_argument("--title", default="D2S on MiniLM captions (train Flickr30k, test COCO dev): R@1 vs FLOPs")
     args = ap.parse_args()
     rows = [json.loads(line) for p in args.runs for line in p.read_text().splitlines() if line.strip()]
@@ -93,17 +94,19 @@ def main() -> None:
         xs = [r["test"]["FLOPs"] for r in rs]
         ys = [r["ratio_R@1"] for r in rs]
         ax.plot(xs, ys, marker="o", label=name)
-    if args.shifted:
-        shifted: dict[str, list[dict]] = defaultdict(list)
-        for line in args.shifted.read_text().splitlines():
+    for path, marker, what in ((args.shifted, "^", "document shift"), (args.boosted, "v", "shift + word boost")):
+        if not path:
+            continue
+        chosen: dict[str, list[dict]] = defaultdict(list)
+        for line in path.read_text().splitlines():
             row = json.loads(line) if line.strip() else None
             if row and "frontier" in row["head"]:
-                shifted[Path(row["head"]).parent.name].append(row)
-        for name, rs in sorted(shifted.items()):
+                chosen[Path(row["head"]).parent.name].append(row)
+        for name, rs in sorted(chosen.items()):
             pts = sorted({(rs[0]["test_no_shift"]["FLOPs"], rs[0]["test_no_shift"]["ratio"])}
                          | {(r["test"]["FLOPs"], r["test"]["ratio"]) for r in rs})
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="^", linestyle="-.",
-                    label=f"{name} + document shift (chosen on val)")
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker=marker, linestyle="-.",
+                    label=f"{name} + {what} (chosen on val)")
     for name, pts in REFERENCE_LINES.items():
         ax.plot([p[0] for p in pts], [p[1] / REFERENCE_DENSE for p in pts], marker="x", linestyle="--",
                 linewidth=1, label=name)

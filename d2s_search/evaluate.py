@@ -16,6 +16,7 @@ local one), for images ingested with a bundle and their captions as queries.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,12 @@ class OnnxHead:
         self.session = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
         meta = self.session.get_modelmeta().custom_metadata_map
         self.query_mask = meta.get("query_mask", "none")
+        info = json.loads(meta.get("d2s_head", "{}"))
+        self.query_word_boost = float(info.get("query_word_boost", 0.0))
+        self.allowed = None
+        if self.query_word_boost:  # the head's allowed terms: where the boost may land
+            self.allowed = np.ones(int(info["vocab_size"]), dtype=bool)
+            self.allowed[np.asarray(info.get("excluded_ids", []), dtype=np.int64)] = False
 
     def encode(self, z: np.ndarray, batch_size: int = 1024, document: bool = False) -> sp.csr_matrix:
         """``document``: the image side (output ``sparse_document`` when the head has a
@@ -96,6 +103,20 @@ def mask_rows(x: sp.csr_matrix, tokens: Sequence[np.ndarray]) -> sp.csr_matrix:
     return x
 
 
+def boost_own_words(x: sp.csr_matrix, tokens: Sequence[np.ndarray], allowed: np.ndarray, boost: float) -> sp.csr_matrix:
+    """Add ``boost`` at row i's own tokens ``tokens[i]`` that are allowed terms (each once):
+    what the exported text graph does with a head's ``query_word_boost`` (SparseHead.with_own_words)."""
+    if not boost:
+        return x
+    vocab = x.shape[1]
+    rows = np.repeat(np.arange(len(tokens)), [len(t) for t in tokens])
+    cols = np.concatenate([np.asarray(t, dtype=np.int64) for t in tokens]) if len(tokens) else np.zeros(0, np.int64)
+    keep = allowed[cols]
+    flat = np.unique(rows[keep] * vocab + cols[keep])  # a token listed twice counts once
+    own = sp.csr_matrix((np.ones(flat.size, np.float32), (flat // vocab, flat % vocab)), shape=x.shape)
+    return (x + np.float32(boost) * own).tocsr()
+
+
 def sparse_from_head(
     head_path: str | Path,
     data: EvalData,
@@ -111,6 +132,7 @@ def sparse_from_head(
         head = OnnxHead(p)
         q, d = head.encode(data.query_emb), head.encode(data.doc_emb, document=True)
         recorded = head.query_mask
+        boost, allowed = head.query_word_boost, head.allowed
         info = {"head": str(p)}
     else:
         try:
@@ -124,7 +146,12 @@ def sparse_from_head(
         head = load_head(p)
         q, d = encode_sparse(head, data.query_emb), encode_sparse(head, data.doc_emb, document=True)
         recorded = head.config.notes.get("query_mask", "none")
+        boost, allowed = head.config.query_word_boost, head.allowed.numpy() > 0
         info = {"head": str(p), "notes": head.config.notes}
+    if boost:
+        if query_tokens is None:
+            raise ModelError("a head with a query word boost needs the query token ids")
+        q = boost_own_words(q, query_tokens, allowed, boost)
     mode = query_mask or recorded
     if mode == "own_tokens":
         if query_tokens is None:

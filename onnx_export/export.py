@@ -64,14 +64,16 @@ class ImageGraph(nn.Module):
 
 
 class TextGraph(nn.Module):
-    """input_ids, attention_mask -> (dense, sparse, features)."""
+    """input_ids, attention_mask -> (dense, sparse, features); the query's own words carry the
+    head's ``query_word_boost``."""
 
     def __init__(self, tower: ProjectedTower, head: SparseHead) -> None:
         super().__init__()
         self.tower, self.head = tower, head
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return _outputs(self.tower, self.head, input_ids, attention_mask)
+        dense, sparse, feats = _outputs(self.tower, self.head, input_ids, attention_mask)
+        return dense, self.head.with_own_words(sparse, input_ids, attention_mask), feats
 
 
 @dataclass
@@ -136,8 +138,9 @@ def export_bundle(
     progress=None,
     projections: str | Path | None = None,
     document_shift: float | None = None,
+    query_word_boost: float | None = None,
 ) -> ExportResult:
-    """``document_shift``: overrides the head's (None: keep what training chose)."""
+    """``document_shift``, ``query_word_boost``: override the head's (None: keep what training chose)."""
     if precision not in PRECISIONS:
         raise ModelError(f"precision must be one of {', '.join(PRECISIONS)}")
     out_dir = Path(out_dir).expanduser().resolve()
@@ -156,10 +159,11 @@ def export_bundle(
         step("loading fine-tuned projections")
         load_projections_into(encoder, projections)
     head = build_head(encoder, head_path)
-    if document_shift is not None:
-        if not math.isfinite(document_shift):
-            raise ModelError(f"document shift must be a finite number, not {document_shift}")
-        head.config.document_shift = float(document_shift)
+    for name, value in (("document_shift", document_shift), ("query_word_boost", query_word_boost)):
+        if value is not None:
+            if not math.isfinite(value):
+                raise ModelError(f"{name.replace('_', ' ')} must be a finite number, not {value}")
+            setattr(head.config, name, float(value))
     image_graph = ImageGraph(encoder.image_tower, head).eval()
     text_graph = TextGraph(encoder.text_tower, head).eval()
     pixels, ids, mask = sample_inputs(encoder, TRACE_TEXTS)

@@ -7,8 +7,10 @@
 
 A document (image) is encoded with ``document_shift`` added to every vocabulary score before
 the ReLU: documents keep more terms than queries (the same ranking of terms, the smallest
-ones added). Chosen after training on validation data within a FLOPs budget
-(:func:`d2s_search.train.calibrate.choose_document_shift`); 0 = both sides alike.
+ones added). A query's own words (its allowed input tokens) get ``query_word_boost`` added
+to their weights, so what the user typed is always searched. Both are chosen after training
+on validation data within a FLOPs budget (:func:`d2s_search.train.calibrate.choose_document_shift`);
+0 = the head's plain output.
 
 ``allowed`` is a fixed 0/1 buffer over the vocabulary that zeroes special and ``[unused*]``
 tokens inside the graph, so no exported model can ever emit them as terms.
@@ -41,6 +43,8 @@ class HeadConfig:
     notes: dict = field(default_factory=dict)
     # Added to the vocabulary scores of documents (images) only: see the module docstring.
     document_shift: float = 0.0
+    # Added to the weights of a query's own (allowed) tokens: see the module docstring.
+    query_word_boost: float = 0.0
 
 
 class SparseHead(nn.Module):
@@ -98,6 +102,15 @@ class SparseHead(nn.Module):
             logits = logits + self.config.document_shift
         return torch.log1p(torch.relu(logits)) * self.allowed
 
+    def with_own_words(self, sparse: torch.Tensor, token_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """A query's sparse vector with ``query_word_boost`` added at its own allowed tokens
+        (``token_ids`` B x T, ``mask`` 1 for real tokens). Padding and special tokens are
+        never allowed terms, so they add nothing."""
+        if not self.config.query_word_boost:
+            return sparse
+        own = torch.zeros_like(sparse).scatter(1, token_ids.long(), mask.to(sparse.dtype))
+        return sparse + self.config.query_word_boost * torch.clamp(own, max=1.0) * self.allowed
+
 
 def save_head(head: SparseHead, path: str | Path) -> Path:
     """Save a head as one ``.pt`` file holding its config and weights."""
@@ -130,10 +143,12 @@ def load_head(path: str | Path) -> SparseHead:
             "authors' DistilBERT-layout heads are converted with `d2s-search train convert-head`"
         )
     config = HeadConfig(**payload["config"])
-    if not isinstance(config.document_shift, (int, float)) or not math.isfinite(config.document_shift):
-        from d2s_search.errors import ModelError
+    for name in ("document_shift", "query_word_boost"):
+        value = getattr(config, name)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            from d2s_search.errors import ModelError
 
-        raise ModelError(f"{path}: its document shift must be a finite number, not {config.document_shift!r}")
+            raise ModelError(f"{path}: its {name.replace('_', ' ')} must be a finite number, not {value!r}")
     head = SparseHead(config)
     head.load_state_dict(payload["state_dict"])
     return head
@@ -153,6 +168,7 @@ def head_summary(head: SparseHead) -> dict:
                 "trained": c.trained,
                 "notes": c.notes,
                 **({"document_shift": c.document_shift} if c.document_shift else {}),
+                **({"query_word_boost": c.query_word_boost} if c.query_word_boost else {}),
             }
         )
     )

@@ -343,5 +343,20 @@ def test_document_shift_is_in_the_image_graph_only(tmp_path):
     assert ((sparse > 0).sum(axis=1) > (sparse_plain > 0).sum(axis=1)).all()
     text, text_plain = shifted.encode_texts(["a dog"]), unshifted.encode_texts(["a dog"])
     assert np.array_equal(text.sparse, text_plain.sparse)
+    # A query word boost is in the text graph only: the query's own allowed tokens, once each.
+    boosted = export_bundle("tiny-clip", tmp_path / "boosted", head_path=ckpt, query_word_boost=0.75)
+    assert boosted.bundle.manifest["head"]["query_word_boost"] == 0.75
+    enc = Encoder(boosted.bundle, device="cpu")
+    texts = ["a dog a dog", "snow"]
+    ids, mask = tokenize_batch(enc.tokenizer, texts, boosted.bundle.max_text_length, enc.pad_id)
+    out = enc.encode_texts(texts)
+    own = np.zeros_like(out.sparse)
+    for row, (i, m) in enumerate(zip(ids, mask)):
+        own[row, i[m > 0]] = 1.0
+    with torch.no_grad():
+        plain = head(torch.from_numpy(out.dense)).numpy()
+    assert np.abs(out.sparse - (plain + 0.75 * own * allowed)).max() < 1e-4
+    assert (own * (1 - allowed)).sum() > 0  # the special tokens were there, and got nothing
+    assert np.array_equal(enc.encode_pixels(pixels)[1], sparse)  # images as before
     with pytest.raises(ModelError, match="finite"):
         export_bundle("tiny-clip", tmp_path / "nan", head_path=ckpt, document_shift=float("nan"))

@@ -89,9 +89,9 @@ def _tokenizer_option(f):
               help="The images' sparsity weight relative to the captions' (SPLADE's lambda_d / lambda_q); below 1 "
                    "images keep more terms than queries.")
 @click.option("--flops-budget", type=click.FloatRange(0), default=12.0, show_default=True,
-              help="After training, let images keep more words than queries (a document shift) while validation "
-                   "FLOPs stay within this budget; the shift with the best validation R@1 is saved in the head. "
-                   "0 = images and queries alike.")
+              help="After training, let images keep more words than queries (a document shift) and weigh a query's "
+                   "own words up (a query word boost) while validation FLOPs stay within this budget; the pair with "
+                   "the best validation R@1 is saved in the head. 0 = neither.")
 @click.option("--val-images", type=click.IntRange(0), default=1000, show_default=True, help="Validate on the first N val images (0 = all).")
 @click.option("--select-during-warmup", is_flag=True, help="Let epochs that end inside the warm-up (L1 not yet at full weight) be chosen as best.")
 @click.option("--objective", type=click.Choice(["sparse", "joint"]), default="sparse", show_default=True,
@@ -195,9 +195,11 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
         click.echo(f"best head: {summary['head']} from epoch {summary['best_epoch']}{best}")
         chosen = summary.get("document_shift")
         if chosen:
-            row = next(r for r in chosen["tried"] if r["shift"] == chosen["document_shift"])
-            click.echo(f"document shift {chosen['document_shift']:g}: images keep {row['terms_per_image']:.0f} terms, "
-                       f"val R@1 {row['R@1']:.4f} at FLOPs {row['FLOPs']:.1f} (budget {flops_budget:g})")
+            row = next(r for r in chosen["tried"]
+                       if (r["shift"], r["boost"]) == (chosen["document_shift"], chosen["query_word_boost"]))
+            click.echo(f"document shift {chosen['document_shift']:g}, query word boost {chosen['query_word_boost']:g}: "
+                       f"images keep {row['terms_per_image']:.0f} terms, val R@1 {row['R@1']:.4f} at FLOPs "
+                       f"{row['FLOPs']:.1f} (budget {flops_budget:g})")
     return EXIT_OK
 
 
@@ -205,14 +207,16 @@ def _choose_document_shift(head, val, val_tokens, cfg, flops_budget: float, out:
     """After training (either objective: ``cfg`` is its config): the document shift with the
     best validation R@1 within the FLOPs budget, saved into the best head
     (d2s_search.train.calibrate)."""
-    from d2s_search.train.calibrate import choose_document_shift
+    from d2s_search.train.calibrate import BOOSTS, choose_document_shift
     from d2s_search.train.trainer import validation_subset
     from onnx_export.head import save_head
 
     val, val_tokens = validation_subset(val, val_tokens, cfg.val_images)
     if not as_json:
-        click.echo(f"choosing the document shift on validation (FLOPs budget {flops_budget:g})", err=True)
-    choice = choose_document_shift(head, val, val_tokens, cfg.expansion, flops_budget, cfg.resolved_device())
+        click.echo(f"choosing the document shift and query word boost on validation (FLOPs budget {flops_budget:g})",
+                   err=True)
+    choice = choose_document_shift(head, val, val_tokens, cfg.expansion, flops_budget, cfg.resolved_device(),
+                                   boosts=BOOSTS)
     save_head(head, out / "head.pt")
     return choice.to_json()
 

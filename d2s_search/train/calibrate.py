@@ -1,4 +1,5 @@
-"""After training: how many more words the images keep than the queries.
+"""After training: how many more words the images keep than the queries, and how much a
+query's own words weigh.
 
 A trained head settles at a few FLOPs (the FLOPS regulariser at the recipe's eta gives 2-4);
 the terms just below its threshold still carry meaning. Adding a constant to the document
@@ -7,7 +8,10 @@ the terms just below its threshold still carry meaning. Adding a constant to the
 too), and recall rises with the extra postings (docs/benchmarks.md, "Document shift").
 
 :func:`choose_document_shift` picks the shift with the best validation R@1 among those whose
-validation FLOPs stay within a budget; ties go to the smaller shift.
+validation FLOPs stay within a budget; ties go to the smaller shift. With ``boosts`` it
+also chooses the head's ``query_word_boost``: added at a query's own allowed tokens, so the
+words a user typed are always among its terms (and weigh at least the boost); on the caption
+benchmark it raised R@1 and Exact@20 at the same FLOPs (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -19,34 +23,40 @@ import torch
 from onnx_export.head import SparseHead
 
 SHIFTS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
+BOOSTS = (0.0, 0.5, 1.0, 2.0)
 
 
 @dataclass
 class ShiftChoice:
     shift: float
-    table: list[dict]  # per shift tried: shift, R@1, FLOPs, terms_per_image, within_budget
+    table: list[dict]  # per setting tried: shift, boost, R@1, FLOPs, terms_per_image, within_budget
+    boost: float = 0.0
 
     def to_json(self) -> dict:
-        return {"document_shift": self.shift, "tried": self.table}
+        return {"document_shift": self.shift, "query_word_boost": self.boost, "tried": self.table}
 
 
 def choose_document_shift(head: SparseHead, split, tokens, mode: str, flops_budget: float,
                           device: str | torch.device = "cpu", shifts: tuple[float, ...] = SHIFTS,
-                          batch_size: int = 1024) -> ShiftChoice:
-    """Set ``head.config.document_shift`` to the best shift on ``split`` (validation pairs)
-    within ``flops_budget``; 0 when none fits (or the budget is 0). Returns the choice and
-    what every shift measured."""
+                          batch_size: int = 1024, boosts: tuple[float, ...] = (0.0,)) -> ShiftChoice:
+    """Set ``head.config.document_shift`` and ``query_word_boost`` to the pair with the best
+    R@1 on ``split`` (validation pairs; ``tokens`` their captions' token ids) within
+    ``flops_budget``, ties to the smaller shift, then the smaller boost; both 0 when none
+    fits (or the budget is 0). Returns the choice and what every pair measured."""
     from d2s_search.train.trainer import validate
 
     table = []
     best: dict | None = None
     for shift in sorted(set(float(s) for s in shifts) | {0.0}):
-        head.config.document_shift = shift
-        m = validate(head, split, tokens, mode, torch.device(device), batch_size)
-        row = {"shift": shift, "R@1": m["R@1"], "FLOPs": m["FLOPs"], "terms_per_image": m["terms_per_image"],
-               "within_budget": bool(flops_budget > 0 and m["FLOPs"] <= flops_budget)}
-        table.append(row)
-        if row["within_budget"] and (best is None or row["R@1"] > best["R@1"]):
-            best = row
+        for boost in sorted(set(float(b) for b in boosts) | {0.0}):
+            head.config.document_shift, head.config.query_word_boost = shift, boost
+            m = validate(head, split, tokens, mode, torch.device(device), batch_size)
+            row = {"shift": shift, "boost": boost, "R@1": m["R@1"], "FLOPs": m["FLOPs"],
+                   "terms_per_image": m["terms_per_image"],
+                   "within_budget": bool(flops_budget > 0 and m["FLOPs"] <= flops_budget)}
+            table.append(row)
+            if row["within_budget"] and (best is None or row["R@1"] > best["R@1"]):
+                best = row
     head.config.document_shift = best["shift"] if best is not None else 0.0
-    return ShiftChoice(head.config.document_shift, table)
+    head.config.query_word_boost = best["boost"] if best is not None else 0.0
+    return ShiftChoice(head.config.document_shift, table, head.config.query_word_boost)

@@ -106,7 +106,8 @@ def export_head_onnx(head: SparseHead, path: str | Path, opset: int = 17) -> Pat
     """The head alone as an ONNX graph: input ``dense`` (B, d), output ``sparse`` (B, |V|),
     and ``sparse_document`` (the image side) when the head has a document shift.
 
-    The head's query-encoding rule (``query_mask`` note) travels as model metadata.
+    The head's query-encoding rules (``query_mask`` note; ``query_word_boost`` with the
+    excluded terms, applied by the caller: the graph sees no tokens) travel as model metadata.
     """
     import onnx
 
@@ -126,8 +127,10 @@ def export_head_onnx(head: SparseHead, path: str | Path, opset: int = 17) -> Pat
         )
     model = onnx.load(str(p))
     for k, v in {"query_mask": str(head.config.notes.get("query_mask", "none")),
-                 "d2s_head": json.dumps({"dense_dim": head.config.dense_dim,
-                                         "vocab_size": head.config.vocab_size})}.items():
+                 "d2s_head": json.dumps({"dense_dim": head.config.dense_dim, "vocab_size": head.config.vocab_size,
+                                         **({"query_word_boost": head.config.query_word_boost,
+                                             "excluded_ids": sorted(set(head.config.excluded_ids))}
+                                            if head.config.query_word_boost else {})})}.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = k, v
     onnx.save(model, str(p))

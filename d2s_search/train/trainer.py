@@ -120,6 +120,11 @@ def validate(
     """Sparse text->image R@1/R@5/R@10/MRR@10 and FLOPs on a split."""
     mask = tokens if query_mask_for(mode) == "own_tokens" else None
     q = encode_sparse(head, split.text_emb, batch_size, mask_tokens=mask, device=device)
+    if head.config.query_word_boost and tokens is not None:
+        from d2s_search.evaluate import boost_own_words
+
+        q = boost_own_words(q, [tokens.row(i) for i in range(len(tokens))], head.allowed.cpu().numpy() > 0,
+                            head.config.query_word_boost)
     d = encode_sparse(head, split.image_emb, batch_size, device=device, document=True)
     dt = d.T.tocsc()
     _, _, per_q = M.evaluate_scores(

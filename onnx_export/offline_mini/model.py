@@ -181,7 +181,8 @@ def _load_head(config: dict, dim: int, vocab_weight: torch.Tensor, excluded: lis
     # A per-term output bias (heads trained with --bias-init) is shipped; W2 never is.
     head = SparseHead(HeadConfig(dense_dim=dim, vocab_size=vocab_weight.shape[0], hidden_dim=vocab_weight.shape[1],
                                  output_bias="vocab.bias" in state, excluded_ids=excluded, trained=True, notes=notes,
-                                 document_shift=_finite(config.get("document_shift", 0.0), "document_shift")))
+                                 document_shift=_finite(config.get("document_shift", 0.0), "document_shift"),
+                                 query_word_boost=_finite(config.get("query_word_boost", 0.0), "query_word_boost")))
     state["vocab.weight"] = vocab_weight
     try:
         head.load_state_dict(state)

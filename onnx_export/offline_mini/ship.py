@@ -52,6 +52,7 @@ def ship_weights(model: str, run_dir: Path, head_path: Path, config_path: Path |
     save_tensors({k: state[k] for k in layers}, out / HEAD_FILE, metadata={"notes": json.dumps(notes)})
     config["output_terms"] = output_terms
     config["document_shift"] = head.config.document_shift  # chosen by `train --flops-budget`: the image side
+    config["query_word_boost"] = head.config.query_word_boost  # likewise: a query's own words
     config["weights"] = {
         name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size}
         for name in (PROJECTIONS_FILE, HEAD_FILE)

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 
 from d2s_search.errors import ModelError
@@ -88,6 +89,14 @@ def test_choice_is_the_best_validation_r1_within_the_budget(synthetic, sparse_st
     # Nothing fits (the unshifted head alone is over budget), or no budget: no shift.
     assert choose_document_shift(head, va, vat, "c+w", flops[0] / 2, shifts=shifts).shift == 0.0
     assert choose_document_shift(head, va, vat, "c+w", 0.0, shifts=shifts).shift == 0.0
+    # With boosts: the best (shift, boost) pair within the budget, every pair measured.
+    both = choose_document_shift(head, va, vat, "c+w", budget, shifts=shifts[:2], boosts=(0.0, 1.0))
+    assert [(r["shift"], r["boost"]) for r in both.table] == [(0.0, 0.0), (0.0, 1.0), (0.1, 0.0), (0.1, 1.0)]
+    fits = [r for r in both.table if r["within_budget"]]
+    pick = max(fits, key=lambda r: r["R@1"])  # the first of equals: smaller shift, then boost
+    assert (both.shift, both.boost) == (pick["shift"], pick["boost"]) == (head.config.document_shift,
+                                                                          head.config.query_word_boost)
+    head.config.query_word_boost = 0.0
     # Documents are encoded with the chosen shift, queries never.
     head.config.document_shift = 0.3
     q = encode_sparse(head, va.text_emb[:20])
@@ -110,3 +119,45 @@ def test_training_encodes_images_with_the_heads_document_shift(synthetic, tmp_pa
         l1[shift] = (summary["history"][0]["l1_img"], summary["history"][0]["l1_cap"])
         assert load_head(tmp_path / str(shift) / "head.pt").config.document_shift == shift
     assert l1[0.3][0] > 1.5 * l1[0.0][0]
+
+
+def test_query_word_boost_lands_once_on_own_allowed_tokens_only():
+    head = _tiny_head(0.0)
+    head.config.query_word_boost = 0.7
+    z = torch.tensor([[3.0, 1.0]])
+    ids = torch.tensor([[1, 1, 3, 2, 0, 0]])  # term 1 twice, 3 excluded, then padding (id 0, mask 0)
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0]])
+    with torch.no_grad():
+        plain = head(z)
+        got = head.with_own_words(plain, ids, mask).numpy()[0]
+    want = plain.numpy()[0] + np.array([0.0, 0.7, 0.7, 0.0])  # id 0 is padding here: nothing
+    assert np.allclose(got, want, atol=1e-6)
+    # The same rule on stored vectors (evaluation, validation), from token id lists.
+    from d2s_search.evaluate import boost_own_words
+
+    allowed = head.allowed.numpy() > 0
+    x = boost_own_words(sp.csr_matrix(plain.numpy()), [np.array([1, 1, 3, 2])], allowed, 0.7)
+    assert np.allclose(x.toarray()[0], want, atol=1e-6)
+    head.config.query_word_boost = 0.0
+    assert torch.equal(head.with_own_words(plain, ids, mask), plain)
+
+
+def test_onnx_head_applies_the_recorded_boost_like_the_torch_head(tmp_path):
+    from d2s_search.evaluate import EvalData, sparse_from_head
+
+    head = _tiny_head(0.5)
+    head.config.query_word_boost = 1.25
+    pt = save_head(head, tmp_path / "head.pt")
+    onnx = export_head_onnx(head, tmp_path / "head.onnx")
+    rng = np.random.default_rng(1)
+    data = EvalData(["q0", "q1", "q2"], ["a", "b", "c"], rng.standard_normal((3, 2)).astype(np.float32),
+                    ["d0", "d1"], rng.standard_normal((2, 2)).astype(np.float32), [np.array([0])] * 3, "t")
+    tokens = [np.array([0, 2]), np.array([3]), np.array([1, 2])]
+    a, b = sparse_from_head(pt, data, tokens), sparse_from_head(onnx, data, tokens)
+    assert np.abs(a.queries.toarray() - b.queries.toarray()).max() < 1e-6
+    assert np.abs(a.docs.toarray() - b.docs.toarray()).max() < 1e-6
+    with torch.no_grad():
+        plain = head(torch.from_numpy(data.query_emb)).numpy()
+    assert np.allclose(a.queries.toarray() - plain, [[1.25, 0, 1.25, 0], [0, 0, 0, 0], [0, 1.25, 1.25, 0]], atol=1e-6)
+    with pytest.raises(ModelError, match="query token ids"):
+        sparse_from_head(onnx, data, None)
