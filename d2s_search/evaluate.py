@@ -73,12 +73,26 @@ class OnnxHead:
         self.session = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
         meta = self.session.get_modelmeta().custom_metadata_map
         self.query_mask = meta.get("query_mask", "none")
-        info = json.loads(meta.get("d2s_head", "{}"))
-        self.query_word_boost = float(info.get("query_word_boost", 0.0))
-        self.allowed = None
-        if self.query_word_boost:  # the head's allowed terms: where the boost may land
-            self.allowed = np.ones(int(info["vocab_size"]), dtype=bool)
-            self.allowed[np.asarray(info.get("excluded_ids", []), dtype=np.int64)] = False
+        self.query_word_boost, self.allowed = self._boost_metadata(meta.get("d2s_head", "{}"), p)
+
+    @staticmethod
+    def _boost_metadata(text: str, path: Path) -> tuple[float, np.ndarray | None]:
+        """(query word boost, allowed terms) from the graph's metadata, read as untrusted."""
+        try:
+            info = json.loads(text)
+            boost = float(info.get("query_word_boost", 0.0))
+            if not np.isfinite(boost):
+                raise ValueError("not finite")
+            if not boost:
+                return 0.0, None
+            allowed = np.ones(int(info["vocab_size"]), dtype=bool)  # where the boost may land
+            excluded = np.asarray(info.get("excluded_ids", []), dtype=np.int64)
+            if excluded.size and (excluded.min() < 0 or excluded.max() >= allowed.size):
+                raise ValueError("excluded ids outside the vocabulary")
+            allowed[excluded] = False
+            return boost, allowed
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ModelError(f"head graph {path}: damaged d2s_head metadata ({exc})") from None
 
     def encode(self, z: np.ndarray, batch_size: int = 1024, document: bool = False) -> sp.csr_matrix:
         """``document``: the image side (output ``sparse_document`` when the head has a

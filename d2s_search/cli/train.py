@@ -197,9 +197,13 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
         if chosen:
             row = next(r for r in chosen["tried"]
                        if (r["shift"], r["boost"]) == (chosen["document_shift"], chosen["query_word_boost"]))
-            click.echo(f"document shift {chosen['document_shift']:g}, query word boost {chosen['query_word_boost']:g}: "
-                       f"images keep {row['terms_per_image']:.0f} terms, val R@1 {row['R@1']:.4f} at FLOPs "
-                       f"{row['FLOPs']:.1f} (budget {flops_budget:g})")
+            if not row["within_budget"]:
+                click.echo(f"no document shift or query word boost: validation FLOPs {row['FLOPs']:.1f} are over "
+                           f"--flops-budget {flops_budget:g} even without them")
+            else:
+                click.echo(f"document shift {chosen['document_shift']:g}, query word boost "
+                           f"{chosen['query_word_boost']:g}: images keep {row['terms_per_image']:.0f} terms, val R@1 "
+                           f"{row['R@1']:.4f} at FLOPs {row['FLOPs']:.1f} (budget {flops_budget:g})")
     return EXIT_OK
 
 

@@ -159,3 +159,18 @@ def test_no_image_found_names_the_first_reason_and_the_root_option(tmp_path):
     message = str(err.value)
     assert "no img input could be encoded" in message and "file not found" in message
     assert "--image-root" in message and "\n" not in message
+
+
+def test_cli_train_says_when_nothing_fits_the_flops_budget(tmp_path):
+    """A head far over --flops-budget keeps no shift and no boost, and the output says why."""
+    data = _word_dataset(tmp_path / "data")
+    np.save(tmp_path / "w2.npy", np.random.default_rng(0).standard_normal((30522, 16)).astype(np.float32) * 0.1)
+    res = CliRunner().invoke(train, ["--data", str(data), "--out", str(tmp_path / "run"), "--epochs", "1",
+                                     "--batch-size", "32", "--vocab-init", str(tmp_path / "w2.npy"),
+                                     "--bias-init", "-0.05", "--flops-budget", "0.5"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "no document shift or query word boost: validation FLOPs" in res.output and "over --flops-budget 0.5" in res.output
+    from onnx_export.head import load_head
+
+    head = load_head(tmp_path / "run" / "head.pt")
+    assert head.config.document_shift == head.config.query_word_boost == 0.0

@@ -161,3 +161,21 @@ def test_onnx_head_applies_the_recorded_boost_like_the_torch_head(tmp_path):
     assert np.allclose(a.queries.toarray() - plain, [[1.25, 0, 1.25, 0], [0, 0, 0, 0], [0, 1.25, 1.25, 0]], atol=1e-6)
     with pytest.raises(ModelError, match="query token ids"):
         sparse_from_head(onnx, data, None)
+
+
+def test_damaged_boost_metadata_of_an_onnx_head_is_refused_in_one_line(tmp_path):
+    import onnx
+
+    head = _tiny_head(0.0)
+    head.config.query_word_boost = 1.0
+    path = export_head_onnx(head, tmp_path / "head.onnx")
+    for bad in ('{"vocab_size": 4, "query_word_boost": "nan"}', '{"query_word_boost": 1.0}',
+                '{"vocab_size": 4, "query_word_boost": 1.0, "excluded_ids": [9]}', "[1, 2"):
+        model = onnx.load(str(path))
+        for entry in model.metadata_props:
+            if entry.key == "d2s_head":
+                entry.value = bad
+        onnx.save(model, str(tmp_path / "bad.onnx"))
+        with pytest.raises(ModelError, match="damaged d2s_head metadata") as err:
+            OnnxHead(tmp_path / "bad.onnx")
+        assert "\n" not in str(err.value)
