@@ -65,7 +65,7 @@ def _tokenizer_option(f):
 @click.option("--data", type=click.Path(file_okay=False), help="Precomputed embeddings (img_embs/text_embs + dataset_meta.json, or image_embeddings.npy + text_embeddings.npy + metadata.csv).")
 @click.option("--out", type=click.Path(file_okay=False), default="./d2s-heads/run", show_default=True, help="Run directory: head.pt (best), last.pt, history.json.")
 @click.option("--expansion", type=click.Choice(["0", "1", "c", "c+w"]), default=None, help="PEC mode: 0 never expand captions, 1 always, c caption level, c+w caption + word level.  [default: c+w; joint: 1]")
-@click.option("--eta", type=float, default=1e-3, show_default=True, help="Sparsity weight: ~1e-3-0.1 for the FLOPS regulariser (default), 1e-5 .. 1e-2 for L1 (the paper).")
+@click.option("--eta", type=float, default=3e-4, show_default=True, help="Sparsity weight: ~3e-4-0.1 for the FLOPS regulariser (default), 1e-5 .. 1e-2 for L1 (the paper).")
 @click.option("--lambda", "lam", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="Mix of distillation (1-lambda) and L1 (lambda); 0.5 = the authors' loss / 2.")
 @click.option("--tau", type=float, default=1e-3, show_default=True, help="Teacher temperature on dense scores.")
 @click.option("--epochs", type=click.IntRange(1), default=None,
