@@ -3,7 +3,8 @@
     z1 = W1 z            (d -> w)
     z2 = LayerNorm(z1)
     s  = W2 z2           (w -> |V|), W2 initialised from a vocabulary projection
-    s  = log(1 + relu(s)) * allowed
+    s  = log(1 + relu(s)) * allowed                    (documents: relu(s + document_shift))
+    s += query_word_boost * own(query tokens) * allowed (queries, in the text graph)
 
 A document (image) is encoded with ``document_shift`` added to every vocabulary score before
 the ReLU: documents keep more terms than queries (the same ranking of terms, the smallest
