@@ -10,7 +10,8 @@ Training sources (the head is shared by both sides, so either kind of pair teach
   space as the photos' captions;
 * ``both``: the union.
 
-Model selection on the run's 100 val photos; numbers on its 200 held-out test photos:
+Model selection on the run's 100 val photos (the best epoch, then, as ``train --flops-budget``
+does, the document shift and query word boost); numbers on its 200 held-out test photos:
 dense and sparse R@1, FLOPs, Exact@20 (Eq. 2), image term precision (the share of a photo's
 top-10 terms that occur as whole words in any of its 5 captions), the largest share of
 photos in which one term is active, and the terms of a few example queries.
@@ -117,6 +118,9 @@ def main() -> None:
     ap.add_argument("--caption-data", type=Path, default=ROOT / "test-artifacts" / "bench-d2s" / "data")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--flops-budget", type=float, default=12.0,
+                    help="As `train --flops-budget`: the document shift and query word boost chosen on the val photos "
+                         "and saved in head.pt (0 = neither).")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -151,6 +155,13 @@ def main() -> None:
     summary = train(head, train_split, train_tokens, cfg, args.out, val, val_tokens, progress=False,
                     log=lambda e: print(f"  epoch {e.epoch}: ce {e.ce:.3f} val R@1 {e.val['R@1']:.3f} "
                                         f"FLOPs {e.val['FLOPs']:.1f} ({e.seconds:.0f}s)", flush=True))
+    shift = None
+    if args.flops_budget > 0:  # as `train` does after training: what `align ship` then ships
+        from d2s_search.train.calibrate import BOOSTS, choose_document_shift
+        from onnx_export.head import save_head
+
+        shift = choose_document_shift(head, val, val_tokens, cfg.expansion, args.flops_budget, boosts=BOOSTS).to_json()
+        save_head(head, args.out / "head.pt")
     ev = EvalData.from_split(test, "flickr8k-800/test")
     ct = tokenize_captions(test.captions, tok)
     qt = [ct.row(i) for i in range(len(ct))]
@@ -181,7 +192,7 @@ def main() -> None:
         "ratio_R@1": sparse["R@1"] / dense["R@1"],
         "image_term_precision@10": image_term_precision(sv.docs, test, names),
         "max_photo_share": float(photo_share.max()), "max_photo_term": names[int(np.argmax(photo_share))],
-        "coactivation": res["coactivation"], "examples": examples, "photos": top_photo,
+        "coactivation": res["coactivation"], "examples": examples, "photos": top_photo, "document_shift": shift,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"), "load": os.getloadavg()[0],
     }
     with (args.out.parent / "offline_heads.jsonl").open("a") as f:
