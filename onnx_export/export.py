@@ -11,7 +11,6 @@ vectors and so the bundle's fingerprint.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import tempfile
 import time
@@ -35,7 +34,7 @@ from d2s_search.bundle import (
 from d2s_search.errors import ModelError, ParityError
 
 from .dense import ProjectedTower
-from .head import SparseHead, head_summary, load_head
+from .head import SparseHead, finite_setting, head_summary, load_head
 from .models import DenseDualEncoder, build_dense_encoder
 from .tokenizers_offline import display_terms, excluded_token_ids, tokenizer_json
 
@@ -161,9 +160,7 @@ def export_bundle(
     head = build_head(encoder, head_path)
     for name, value in (("document_shift", document_shift), ("query_word_boost", query_word_boost)):
         if value is not None:
-            if not math.isfinite(value):
-                raise ModelError(f"{name.replace('_', ' ')} must be a finite number, not {value}")
-            setattr(head.config, name, float(value))
+            setattr(head.config, name, finite_setting(value, name.replace("_", " ")))
     image_graph = ImageGraph(encoder.image_tower, head).eval()
     text_graph = TextGraph(encoder.text_tower, head).eval()
     pixels, ids, mask = sample_inputs(encoder, TRACE_TEXTS)

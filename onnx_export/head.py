@@ -145,14 +145,20 @@ def load_head(path: str | Path) -> SparseHead:
         )
     config = HeadConfig(**payload["config"])
     for name in ("document_shift", "query_word_boost"):
-        value = getattr(config, name)
-        if not isinstance(value, (int, float)) or not math.isfinite(value):
-            from d2s_search.errors import ModelError
-
-            raise ModelError(f"{path}: its {name.replace('_', ' ')} must be a finite number, not {value!r}")
+        finite_setting(getattr(config, name), f"{path}: its {name.replace('_', ' ')}")
     head = SparseHead(config)
     head.load_state_dict(payload["state_dict"])
     return head
+
+
+def finite_setting(value, what: str) -> float:
+    """``value`` as a float, or a one-line ModelError naming ``what``: a head setting (document
+    shift, query word boost) read back from a file or given on the command line."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        from d2s_search.errors import ModelError
+
+        raise ModelError(f"{what} must be a finite number, not {value!r}")
+    return float(value)
 
 
 def head_summary(head: SparseHead) -> dict:

@@ -13,7 +13,6 @@ the config before use, and the hashes go into the bundle manifest's ``model.sour
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import torch
@@ -21,7 +20,7 @@ from torch import nn
 
 from d2s_search.errors import ModelError
 from onnx_export.dense import DenseDualEncoder, ProjectedTower, linear_from_state
-from onnx_export.head import HeadConfig, SparseHead
+from onnx_export.head import HeadConfig, SparseHead, finite_setting
 from onnx_export.offline_mini.backbones import (
     FEATURE_DIM,
     TEXT_DIM,
@@ -181,24 +180,16 @@ def _load_head(config: dict, dim: int, vocab_weight: torch.Tensor, excluded: lis
     # A per-term output bias (heads trained with --bias-init) is shipped; W2 never is.
     head = SparseHead(HeadConfig(dense_dim=dim, vocab_size=vocab_weight.shape[0], hidden_dim=vocab_weight.shape[1],
                                  output_bias="vocab.bias" in state, excluded_ids=excluded, trained=True, notes=notes,
-                                 document_shift=_finite(config.get("document_shift", 0.0), "document_shift"),
-                                 query_word_boost=_finite(config.get("query_word_boost", 0.0), "query_word_boost")))
+                                 document_shift=finite_setting(config.get("document_shift", 0.0),
+                                                               "the model config's document_shift"),
+                                 query_word_boost=finite_setting(config.get("query_word_boost", 0.0),
+                                                                 "the model config's query_word_boost")))
     state["vocab.weight"] = vocab_weight
     try:
         head.load_state_dict(state)
     except RuntimeError as exc:
         raise ModelError(f"{HEAD_FILE} does not fit the head: {str(exc).splitlines()[0]}") from None
     return head.eval()
-
-
-def _finite(value, name: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    if not math.isfinite(number):
-        raise ModelError(f"the model config's {name} must be a finite number, not {value!r}")
-    return number
 
 
 def build_offline(name: str, config: dict) -> DenseDualEncoder:
