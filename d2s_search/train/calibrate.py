@@ -43,14 +43,27 @@ def choose_document_shift(head: SparseHead, split, tokens, mode: str, flops_budg
     R@1 on ``split`` (validation pairs; ``tokens`` their captions' token ids) within
     ``flops_budget``, ties to the smaller shift, then the smaller boost; both 0 when none
     fits (or the budget is 0). Returns the choice and what every pair measured."""
-    from d2s_search.train.trainer import validate
+    from d2s_search.train.trainer import (
+        validation_documents,
+        validation_metrics,
+        validation_queries,
+    )
 
+    device = torch.device(device)
+    shifts = sorted(set(float(s) for s in shifts) | {0.0})
+    boosts = sorted(set(float(b) for b in boosts) | {0.0})
+    # Queries depend on the boost only, documents on the shift only: each side encoded once per value.
+    queries = {}
+    for boost in boosts:
+        head.config.query_word_boost = boost
+        queries[boost] = validation_queries(head, split, tokens, mode, device, batch_size)
     table = []
     best: dict | None = None
-    for shift in sorted(set(float(s) for s in shifts) | {0.0}):
-        for boost in sorted(set(float(b) for b in boosts) | {0.0}):
-            head.config.document_shift, head.config.query_word_boost = shift, boost
-            m = validate(head, split, tokens, mode, torch.device(device), batch_size)
+    for shift in shifts:
+        head.config.document_shift = shift
+        docs = validation_documents(head, split, device, batch_size)
+        for boost in boosts:
+            m = validation_metrics(queries[boost], docs, split)
             row = {"shift": shift, "boost": boost, "R@1": m["R@1"], "FLOPs": m["FLOPs"],
                    "terms_per_image": m["terms_per_image"],
                    "within_budget": bool(flops_budget > 0 and m["FLOPs"] <= flops_budget)}

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
 from d2s_search import metrics as M
@@ -118,6 +119,13 @@ def validate(
     batch_size: int = 1024,
 ) -> dict:
     """Sparse text->image R@1/R@5/R@10/MRR@10 and FLOPs on a split."""
+    return validation_metrics(validation_queries(head, split, tokens, mode, device, batch_size),
+                              validation_documents(head, split, device, batch_size), split)
+
+
+def validation_queries(head: SparseHead, split: PairSplit, tokens: CaptionTokens | None, mode: str,
+                       device: torch.device, batch_size: int = 1024) -> sp.csr_matrix:
+    """The split's captions as the head encodes queries (masked for exp=0, own words boosted)."""
     mask = tokens if query_mask_for(mode) == "own_tokens" else None
     q = encode_sparse(head, split.text_emb, batch_size, mask_tokens=mask, device=device)
     if head.config.query_word_boost and tokens is not None:
@@ -125,7 +133,17 @@ def validate(
 
         q = boost_own_words(q, [tokens.row(i) for i in range(len(tokens))], head.allowed.cpu().numpy() > 0,
                             head.config.query_word_boost)
-    d = encode_sparse(head, split.image_emb, batch_size, device=device, document=True)
+    return q
+
+
+def validation_documents(head: SparseHead, split: PairSplit, device: torch.device,
+                         batch_size: int = 1024) -> sp.csr_matrix:
+    """The split's images as the head encodes documents (with its document shift)."""
+    return encode_sparse(head, split.image_emb, batch_size, device=device, document=True)
+
+
+def validation_metrics(q: sp.csr_matrix, d: sp.csr_matrix, split: PairSplit) -> dict:
+    """R@1/R@5/R@10/MRR@10, FLOPs and terms per vector of encoded queries against documents."""
     dt = d.T.tocsc()
     _, _, per_q = M.evaluate_scores(
         lambda a, b: np.asarray((q[a:b] @ dt).todense()), split.qrels(), q.shape[0], split.image_ids
