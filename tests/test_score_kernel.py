@@ -128,3 +128,45 @@ def test_stored_weights_are_lucenes_feature_field_values():
     decoded = kernels.decode_weights(kernels.encode_weights(values))
     assert decoded.tolist() == [lucene_feature_value(float(v)) for v in values]
     assert np.all(decoded <= values) and np.all(decoded >= values * (1 - 2**-8))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_merging_shards_ranks_by_score_then_row(seed):
+    """Per-shard lists (as the shards give them, or shuffled as a graph may) merge into the
+    global order: score descending, then row; ties across shards included."""
+    rng = np.random.default_rng(seed)
+    candidates = []
+    for start in (0, 1000, 2000):
+        rows = start + rng.choice(1000, size=60, replace=False)
+        scores = rng.integers(0, 8, size=60).astype(np.float32) / 4  # many ties
+        if seed % 2:
+            order = np.lexsort((rows, -scores))
+            rows, scores = rows[order], scores[order]
+        candidates.append((rows.astype(np.int64), scores))
+    rows = np.concatenate([r for r, _ in candidates])
+    scores = np.concatenate([s for _, s in candidates])
+    expected = sorted(zip((-scores).tolist(), rows.tolist()))[:25]
+    got_rows, got_scores = kernels.merge_top(candidates, 25)
+    assert list(zip((-got_scores).tolist(), got_rows.tolist())) == expected
+    distinct = [(r, np.arange(r.size, dtype=np.float32)[::-1].copy()) for r in (np.arange(3), np.arange(3, 6))]
+    assert kernels.merge_top(distinct, 4)[0].tolist() == [0, 3, 1, 4]
+
+
+def test_strings_copied_out_in_one_block_equal_one_by_one():
+    """The strided gather of the hits' strings: ASCII, UTF-8, a non-UTF-8 name kept as
+    surrogates, empty strings, rows at the blob's very end; a lone long string falls back."""
+    from d2s_search.backends.local.cache import strided_strings
+
+    rng = np.random.default_rng(0)
+    kinds = ["/photos/{}.jpg", "/é/ß{}.jpg", "", "/raw/\udcff{}.jpg", "日本/{}.png", "x"]
+    texts = [kinds[i % len(kinds)].format(i) for i in range(400)]
+    encoded = [t.encode("utf-8", "surrogatepass") for t in texts]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    for rows in (np.array([399, 0, 398, 2]), rng.choice(400, size=150, replace=False), np.arange(400)):
+        got = strided_strings(blob, offsets[rows], offsets[rows + 1] - offsets[rows])
+        assert got == [texts[r] for r in rows]
+    long = np.frombuffer(b"a" * 500 + b"bc", dtype=np.uint8)
+    assert strided_strings(long, np.array([0, 500, 501]), np.array([500, 1, 1])) is None
+    assert strided_strings(blob, np.array([2, 2]), np.array([0, 0])) == ["", ""]

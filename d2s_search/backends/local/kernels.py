@@ -294,7 +294,14 @@ def merge_top(candidates: list[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
     rows = np.concatenate([r for r, _ in candidates])
     scores = np.concatenate([s for _, s in candidates])
-    order = np.lexsort((rows, -scores))[:k]
+    # A stable sort on the score alone (2,000 candidates: 6 against 47 us for lexsort) is
+    # only ordered by row among equal scores if those came in row order: when any scores tie,
+    # the row decides explicitly.
+    order = np.argsort(-scores, kind="stable")
+    ranked = scores[order]
+    if ranked.size > 1 and bool(np.any(ranked[1:] == ranked[:-1])):
+        order = np.lexsort((rows, -scores))
+    order = order[:k]
     return rows[order], scores[order]
 
 
