@@ -766,32 +766,39 @@ class LocalBackend:
         """Hits from the cached arrays (no SQLite): ids, paths, URLs, explained words."""
         if len(rows) == 0:
             return []
-        matched = self._explain(state, rows, query, explain) if (explain and query) else [[] for _ in rows.tolist()]
+        matched = self._explain(state, rows, query, explain) if (explain and query) else None
+        score_list = np.asarray(scores, dtype=np.float64).tolist()
         shard_of = rows // state.shard_rows
         if shard_of[0] == shard_of[-1] and np.all(shard_of == shard_of[0]):
-            parts = [(np.arange(rows.size), state.shards[int(shard_of[0])])]
+            parts = [(None, state.shards[int(shard_of[0])])]
         else:
             parts = [(np.flatnonzero(shard_of == j), state.shards[j]) for j in sorted(set(shard_of.tolist()))]
-        ids: list[str] = []
-        paths: list[str] = []
-        urls: list[str | None] = []
+        hits: list[Hit] = []
         at: list[int] = []
         for picked, shard in parts:
-            local = rows[picked] - shard.start
-            ids += shard.strings("ids", local)
-            paths += shard.strings("paths", local)
+            local = (rows if picked is None else rows[picked]) - shard.start
+            ids = shard.strings("ids", local)
+            paths = shard.strings("paths", local)
             has_url = shard.arrays["has_url"][local]
-            shard_urls: list[str | None] = [None] * local.size
+            urls: list[str | None] = [None] * local.size
             if has_url.any():
                 with_url = np.flatnonzero(has_url)
                 for i, url in zip(with_url.tolist(), shard.strings("urls", local[with_url])):
-                    shard_urls[i] = url
-            urls += shard_urls
-            at += picked.tolist()
+                    urls[i] = url
+            if picked is None:
+                part_scores, part_matched = score_list, matched
+            else:
+                positions = picked.tolist()
+                at += positions
+                part_scores = [score_list[i] for i in positions]
+                part_matched = None if matched is None else [matched[i] for i in positions]
+            if part_matched is None:
+                hits += map(Hit, ids, part_scores, paths, urls)
+            else:
+                hits += map(Hit, ids, part_scores, paths, urls, part_matched)
         if len(parts) > 1:  # back to the order of ``rows``
-            back = itemgetter(*np.argsort(np.asarray(at)).tolist())
-            ids, paths, urls = (list(back(values)) for values in (ids, paths, urls))  # 2+ rows: a tuple
-        return list(map(Hit, ids, np.asarray(scores, dtype=np.float64).tolist(), paths, urls, matched))
+            hits = list(itemgetter(*np.argsort(np.asarray(at)).tolist())(hits))  # 2+ rows: a tuple
+        return hits
 
     def _explain(self, state: Structures, rows: np.ndarray, query: SparseVector, n: int) -> list[list[tuple[str, float]]]:
         """The n terms contributing most to each row's sparse score, largest first (ties by
