@@ -62,7 +62,7 @@ def score_test_split(head, split, tokens, names, static: bool) -> dict:
 def main() -> None:
     import torch
 
-    from d2s_search.train.calibrate import BOOSTS, choose_document_shift
+    from d2s_search.train.calibrate import BOOSTS, SHIFTS, choose_document_shift
     from d2s_search.train.data import load_dataset
     from d2s_search.train.vocab import id_to_token, load_tokenizer, tokenize_captions
     from onnx_export.head import load_head
@@ -74,8 +74,13 @@ def main() -> None:
     ap.add_argument("--mode", default="c+w", help="The heads' expansion mode (query masking for 0).")
     ap.add_argument("--no-static", action="store_true", help="No static-embedding Semantic@k (offline photos).")
     ap.add_argument("--boost", action="store_true", help="Also choose the query word boost (calibrate.BOOSTS).")
+    ap.add_argument("--shifts", help="Comma-separated shifts to try (default calibrate.SHIFTS).")
+    ap.add_argument("--boosts", help="Comma-separated boosts to try (default calibrate.BOOSTS with --boost).")
     ap.add_argument("--out", type=Path, default=ROOT / "test-artifacts" / "document_shift.jsonl")
     args = ap.parse_args()
+    grid = lambda text: tuple(float(v) for v in text.split(","))  # noqa: E731
+    shifts = grid(args.shifts) if args.shifts else SHIFTS
+    boosts = grid(args.boosts) if args.boosts else (BOOSTS if args.boost else (0.0,))
     torch.set_num_threads(1)
     splits = load_dataset(args.data)
     tok = load_tokenizer()
@@ -88,7 +93,7 @@ def main() -> None:
         base = score_test_split(head, splits["test"], test_tokens, names, not args.no_static)
         for budget in args.budget:
             choice = choose_document_shift(head, splits["val"], val_tokens, args.mode, budget,
-                                           boosts=BOOSTS if args.boost else (0.0,))
+                                           shifts=shifts, boosts=boosts)
             row = {"head": str(path), "budget": budget, "document_shift": choice.shift,
                    "query_word_boost": choice.boost, "val": choice.table,
                    "test": score_test_split(head, splits["test"], test_tokens, names, not args.no_static), "test_no_shift": base,

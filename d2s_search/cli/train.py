@@ -89,9 +89,11 @@ def _tokenizer_option(f):
               help="The images' sparsity weight relative to the captions' (SPLADE's lambda_d / lambda_q); below 1 "
                    "images keep more terms than queries.")
 @click.option("--flops-budget", type=click.FloatRange(0), default=12.0, show_default=True,
-              help="After training, let images keep more words than queries (a document shift) and weigh a query's "
-                   "own words up (a query word boost) while validation FLOPs stay within this budget; the pair with "
-                   "the best validation R@1 is saved in the head. 0 = neither.")
+              help="After training, let images keep more words than queries (a document shift): the shift with the "
+                   "best validation R@1 whose validation FLOPs stay within this budget is saved in the head. 0 = none.")
+@click.option("--query-word-boost", type=click.FloatRange(0, 100), default=2.0, show_default=True,
+              help="Added to a query's own words before the ReLU, so what the user typed is always searched; saved "
+                   "in the head (set, not chosen on validation: docs/training.md). 0 = none.")
 @click.option("--val-images", type=click.IntRange(0), default=1000, show_default=True, help="Validate on the first N val images (0 = all).")
 @click.option("--select-during-warmup", is_flag=True, help="Let epochs that end inside the warm-up (L1 not yet at full weight) be chosen as best.")
 @click.option("--objective", type=click.Choice(["sparse", "joint"]), default="sparse", show_default=True,
@@ -119,7 +121,7 @@ def _tokenizer_option(f):
 @click.pass_context
 def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj, lr_vocab, warmup, schedule,
           vocab_init, freeze_vocab, regularizer, bias_init, lr_bias, norm_gain, output_terms, proj_init, gate_own_words,
-          image_eta_scale, flops_budget, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image,
+          image_eta_scale, flops_budget, query_word_boost, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image,
           joint_w1, joint_w2, joint_lambda1, joint_lambda2, joint_lambda3, joint_tau, joint_max_flops, joint_init_head, seed, device, threads,
           amp, resume, export_onnx_head, tokenizer, as_json) -> int:
     """Train a D2S sparse head on precomputed dense embeddings (docs/training.md).
@@ -147,7 +149,8 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
             expansion=expansion or JointConfig.expansion, schedule=schedule, seed=seed, val_images=val_images,
             select_after_warmup=not select_during_warmup, select_max_flops=joint_max_flops, device=device,
         )
-        return _train_joint(data, out, cfg, vocab_init, joint_init_head, tokenizer, export_onnx_head, flops_budget, as_json)
+        return _train_joint(data, out, cfg, vocab_init, joint_init_head, tokenizer, export_onnx_head, flops_budget,
+                            query_word_boost, as_json)
     expansion, epochs, batch_size = expansion or "c+w", epochs or 200, batch_size or 512
     from d2s_search.train.data import load_dataset
     from d2s_search.train.modeling import build_head
@@ -182,7 +185,10 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
     summary = run_train(head, splits["train"], train_tokens, cfg, out, val, val_tokens,
                         resume=resume, progress=not as_json)
     if flops_budget > 0 and val is not None:
-        summary["document_shift"] = _choose_document_shift(head, val, val_tokens, cfg, flops_budget, Path(out), as_json)
+        summary["document_shift"] = _choose_document_shift(head, val, val_tokens, cfg, flops_budget, query_word_boost,
+                                                           Path(out), as_json)
+    else:
+        _keep_boost(head, query_word_boost, Path(out))
     if export_onnx_head:
         from d2s_search.train.convert import export_head_onnx
 
@@ -198,8 +204,8 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
             row = next(r for r in chosen["tried"]
                        if (r["shift"], r["boost"]) == (chosen["document_shift"], chosen["query_word_boost"]))
             if not row["within_budget"]:
-                click.echo(f"no document shift or query word boost: validation FLOPs {row['FLOPs']:.1f} are over "
-                           f"--flops-budget {flops_budget:g} even without them")
+                click.echo(f"no document shift: validation FLOPs {row['FLOPs']:.1f} are over "
+                           f"--flops-budget {flops_budget:g} even without one")
             else:
                 click.echo(f"document shift {chosen['document_shift']:g}, query word boost "
                            f"{chosen['query_word_boost']:g}: images keep {row['terms_per_image']:.0f} terms, val R@1 "
@@ -207,25 +213,35 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
     return EXIT_OK
 
 
-def _choose_document_shift(head, val, val_tokens, cfg, flops_budget: float, out: Path, as_json: bool) -> dict:
-    """After training (either objective: ``cfg`` is its config): the document shift with the
-    best validation R@1 within the FLOPs budget, saved into the best head
-    (d2s_search.train.calibrate)."""
-    from d2s_search.train.calibrate import BOOSTS, choose_document_shift
+def _choose_document_shift(head, val, val_tokens, cfg, flops_budget: float, boost: float, out: Path,
+                           as_json: bool) -> dict:
+    """After training (either objective: ``cfg`` is its config): with the query word boost
+    set, the document shift with the best validation R@1 within the FLOPs budget, saved into
+    the best head (d2s_search.train.calibrate)."""
+    from d2s_search.train.calibrate import choose_document_shift
     from d2s_search.train.trainer import validation_subset
     from onnx_export.head import save_head
 
     val, val_tokens = validation_subset(val, val_tokens, cfg.val_images)
     if not as_json:
-        click.echo(f"choosing the document shift and query word boost on validation (FLOPs budget {flops_budget:g})",
-                   err=True)
+        click.echo(f"choosing the document shift on validation (FLOPs budget {flops_budget:g})", err=True)
     choice = choose_document_shift(head, val, val_tokens, cfg.expansion, flops_budget, cfg.resolved_device(),
-                                   boosts=BOOSTS)
+                                   boosts=(boost,))
     save_head(head, out / "head.pt")
     return choice.to_json()
 
 
-def _train_joint(data, out, cfg, vocab_init, init_head, tokenizer, export_onnx_head, flops_budget, as_json) -> int:
+def _keep_boost(head, boost: float, out: Path) -> None:
+    """No shift chosen (no budget or no validation split): the head keeps the boost alone."""
+    from onnx_export.head import save_head
+
+    if boost != head.config.query_word_boost:
+        head.config.query_word_boost = boost
+        save_head(head, out / "head.pt")
+
+
+def _train_joint(data, out, cfg, vocab_init, init_head, tokenizer, export_onnx_head, flops_budget, boost,
+                 as_json) -> int:
     """``train --objective joint``: from ``embed --features`` output (img_feats/text_feats,
     projections.safetensors, dataset_meta.json)."""
     from d2s_search.train.data import load_authors_layout
@@ -269,8 +285,10 @@ def _train_joint(data, out, cfg, vocab_init, init_head, tokenizer, export_onnx_h
 
         best = load_head(summary["head"])
         projected = project(JointModel(best, load_projections(summary["projections"]), cfg.tau).eval(), val)
-        summary["document_shift"] = _choose_document_shift(best, projected, val_tokens, cfg, flops_budget, Path(out),
-                                                           as_json)
+        summary["document_shift"] = _choose_document_shift(best, projected, val_tokens, cfg, flops_budget, boost,
+                                                           Path(out), as_json)
+    else:
+        _keep_boost(load_head(summary["head"]), boost, Path(out))
     if export_onnx_head:
         from d2s_search.train.convert import export_head_onnx
 

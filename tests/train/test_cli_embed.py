@@ -162,15 +162,26 @@ def test_no_image_found_names_the_first_reason_and_the_root_option(tmp_path):
 
 
 def test_cli_train_says_when_nothing_fits_the_flops_budget(tmp_path):
-    """A head far over --flops-budget keeps no shift and no boost, and the output says why."""
+    """A head far over --flops-budget keeps no shift (the output says why) and the query word
+    boost it was given; with no budget it keeps the boost alone."""
     data = _word_dataset(tmp_path / "data")
     np.save(tmp_path / "w2.npy", np.random.default_rng(0).standard_normal((30522, 16)).astype(np.float32) * 0.1)
-    res = CliRunner().invoke(train, ["--data", str(data), "--out", str(tmp_path / "run"), "--epochs", "1",
-                                     "--batch-size", "32", "--vocab-init", str(tmp_path / "w2.npy"),
-                                     "--bias-init", "-0.05", "--flops-budget", "0.5"], catch_exceptions=False)
+    common = ["--data", str(data), "--epochs", "1", "--batch-size", "32", "--vocab-init", str(tmp_path / "w2.npy"),
+              "--bias-init", "-0.05"]
+    res = CliRunner().invoke(train, [*common, "--out", str(tmp_path / "run"), "--flops-budget", "0.5"],
+                             catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    assert "no document shift or query word boost: validation FLOPs" in res.output and "over --flops-budget 0.5" in res.output
+    assert "no document shift: validation FLOPs" in res.output and "over --flops-budget 0.5" in res.output
     from onnx_export.head import load_head
 
     head = load_head(tmp_path / "run" / "head.pt")
+    assert (head.config.document_shift, head.config.query_word_boost) == (0.0, 2.0)  # train's default boost
+    res = CliRunner().invoke(train, [*common, "--out", str(tmp_path / "none"), "--flops-budget", "0",
+                                     "--query-word-boost", "0.75"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    head = load_head(tmp_path / "none" / "head.pt")
+    assert (head.config.document_shift, head.config.query_word_boost) == (0.0, 0.75)
+    res = CliRunner().invoke(train, [*common, "--out", str(tmp_path / "off"), "--query-word-boost", "0",
+                                     "--flops-budget", "0.5"], catch_exceptions=False)
+    head = load_head(tmp_path / "off" / "head.pt")
     assert head.config.document_shift == head.config.query_word_boost == 0.0

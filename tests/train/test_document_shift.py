@@ -96,6 +96,10 @@ def test_choice_is_the_best_validation_r1_within_the_budget(synthetic, sparse_st
     pick = max(fits, key=lambda r: r["R@1"])  # the first of equals: smaller shift, then boost
     assert (both.shift, both.boost) == (pick["shift"], pick["boost"]) == (head.config.document_shift,
                                                                           head.config.query_word_boost)
+    # One boost is a setting, not a choice: kept whether or not any shift fits.
+    fixed = choose_document_shift(head, va, vat, "c+w", budget, shifts=shifts[:2], boosts=(1.0,))
+    assert [(r["shift"], r["boost"]) for r in fixed.table] == [(0.0, 1.0), (0.1, 1.0)] and fixed.boost == 1.0
+    assert choose_document_shift(head, va, vat, "c+w", flops[0] / 2, shifts=shifts, boosts=(1.0,)).boost == 1.0
     head.config.query_word_boost = 0.0
     # Documents are encoded with the chosen shift, queries never.
     head.config.document_shift = 0.3
