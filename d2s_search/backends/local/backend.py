@@ -18,7 +18,6 @@ import sqlite3
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -769,36 +768,32 @@ class LocalBackend:
         matched = self._explain(state, rows, query, explain) if (explain and query) else None
         score_list = np.asarray(scores, dtype=np.float64).tolist()
         shard_of = rows // state.shard_rows
-        if shard_of[0] == shard_of[-1] and np.all(shard_of == shard_of[0]):
-            parts = [(None, state.shards[int(shard_of[0])])]
-        else:
-            parts = [(np.flatnonzero(shard_of == j), state.shards[j]) for j in sorted(set(shard_of.tolist()))]
-        hits: list[Hit] = []
-        at: list[int] = []
-        for picked, shard in parts:
-            local = (rows if picked is None else rows[picked]) - shard.start
-            ids = shard.strings("ids", local)
-            paths = shard.strings("paths", local)
-            has_url = shard.arrays["has_url"][local]
-            urls: list[str | None] = [None] * local.size
-            if has_url.any():
-                with_url = np.flatnonzero(has_url)
-                for i, url in zip(with_url.tolist(), shard.strings("urls", local[with_url])):
-                    urls[i] = url
-            if picked is None:
-                part_scores, part_matched = score_list, matched
-            else:
-                positions = picked.tolist()
-                at += positions
-                part_scores = [score_list[i] for i in positions]
-                part_matched = None if matched is None else [matched[i] for i in positions]
-            if part_matched is None:
-                hits += map(Hit, ids, part_scores, paths, urls)
-            else:
-                hits += map(Hit, ids, part_scores, paths, urls, part_matched)
-        if len(parts) > 1:  # back to the order of ``rows``
-            hits = list(itemgetter(*np.argsort(np.asarray(at)).tolist())(hits))  # 2+ rows: a tuple
-        return hits
+        first = int(shard_of[0])
+        if shard_of[-1] == first and np.all(shard_of == first):
+            ids, paths, urls = self._hit_strings(state.shards[first], rows - state.shards[first].start)
+        else:  # several shards: each one's strings put at their places in ``rows`` (object arrays)
+            ids, paths, urls = (np.empty(len(rows), dtype=object) for _ in range(3))
+            for j in sorted(set(shard_of.tolist())):
+                picked = np.flatnonzero(shard_of == j)
+                shard = state.shards[j]
+                ids[picked], paths[picked], urls[picked] = self._hit_strings(shard, rows[picked] - shard.start)
+            ids, paths, urls = ids.tolist(), paths.tolist(), urls.tolist()
+        if matched is None:
+            return list(map(Hit, ids, score_list, paths, urls))
+        return list(map(Hit, ids, score_list, paths, urls, matched))
+
+    @staticmethod
+    def _hit_strings(shard: Shard, local: np.ndarray) -> tuple[list[str], list[str], list[str | None]]:
+        """ids, paths and URLs (None where a document has none) of a shard's rows."""
+        ids = shard.strings("ids", local)
+        paths = shard.strings("paths", local)
+        has_url = shard.arrays["has_url"][local]
+        urls: list[str | None] = [None] * local.size
+        if has_url.any():
+            with_url = np.flatnonzero(has_url)
+            for i, url in zip(with_url.tolist(), shard.strings("urls", local[with_url])):
+                urls[i] = url
+        return ids, paths, urls
 
     def _explain(self, state: Structures, rows: np.ndarray, query: SparseVector, n: int) -> list[list[tuple[str, float]]]:
         """The n terms contributing most to each row's sparse score, largest first (ties by
