@@ -170,3 +170,66 @@ def test_strings_copied_out_in_one_block_equal_one_by_one():
     long = np.frombuffer(b"a" * 500 + b"bc", dtype=np.uint8)
     assert strided_strings(long, np.array([0, 500, 501]), np.array([500, 1, 1])) is None
     assert strided_strings(blob, np.array([2, 2]), np.array([0, 0])) == ["", ""]
+
+
+def numpy_explain(indptr, indices, data, rows, cols, weights, n):
+    saved, kernels._c_kernel = kernels._c_kernel, None
+    try:
+        return kernels.explain_rows(indptr, indices, data, rows, cols, weights, n)
+    finally:
+        kernels._c_kernel = saved
+
+
+def row_wise(indptr, indices, data, rows):
+    """The CSR (row-wise) copy of a CSC shard, as the cache keeps it: int64 pointers, int32 term ids."""
+    cols = np.repeat(np.arange(indptr.size - 1), np.diff(indptr))
+    order = np.lexsort((cols, indices))
+    csr_indptr = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(indices, minlength=rows), out=csr_indptr[1:])
+    return csr_indptr, cols[order].astype(np.int32), data[order]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_explained_words_equal_the_numpy_path(seed):
+    """Each row's n largest query weight * stored weight, largest first, ties by column (the
+    weights come from few values, so ties occur); the query's columns in any order."""
+    rng = np.random.default_rng(seed)
+    rows, n_cols = int(rng.integers(30, 300)), 50
+    indptr, indices, data = random_shard(rng, rows, n_cols, per_row=int(rng.integers(3, 20)))
+    csr = row_wise(indptr, indices, data, rows)
+    for _ in range(10):
+        cols = rng.choice(n_cols + 5, size=int(rng.integers(1, 25)), replace=False).astype(np.int64)
+        weights = rng.choice([0.5, 1.0, 0.3, 2.0], size=cols.size).astype(np.float32)
+        picked = rng.choice(rows, size=int(rng.integers(1, 12)), replace=False)
+        for n in (1, 3, 5, 40):
+            got = kernels.explain_rows(*csr, picked, cols, weights, n)
+            want = numpy_explain(*csr, picked, cols, weights, n)
+            assert got == want
+            assert all(len(terms) <= n for terms in got)
+    assert any(got)  # the queries did match something
+
+
+def test_explanations_by_hand_and_damaged_rows():
+    # row 0: terms 2 (0.5), 7 (1.0), 9 (2.0); row 1: term 7 (0.25); row 2: nothing
+    indptr = np.array([0, 3, 4, 4], dtype=np.int64)
+    indices = np.array([2, 7, 9, 7], dtype=np.int32)
+    data = kernels.encode_weights(np.array([0.5, 1.0, 2.0, 0.25], dtype=np.float32))
+    cols, weights = np.array([9, 2, 7], dtype=np.int64), np.array([0.5, 2.0, 1.0], dtype=np.float32)
+    got = kernels.explain_rows(indptr, indices, data, np.array([0, 1, 2]), cols, weights, 2)
+    # row 0: 9 -> 0.5*2.0 = 1.0, 2 -> 2.0*0.5 = 1.0, 7 -> 1.0: a three-way tie, the smaller columns first
+    assert got == [[(2, 1.0), (7, 1.0)], [(7, 0.25)], []]
+    broken = indptr.copy()
+    broken[2] = 99  # row 1's end past the postings
+    with pytest.raises(kernels.DamagedArrays):
+        kernels.explain_rows(broken, indices, data, np.array([1]), cols, weights, 2)
+    with pytest.raises(kernels.DamagedArrays):
+        kernels.explain_rows(indptr, indices, data, np.array([3]), cols, weights, 2)  # no such row
+
+
+def test_a_query_column_given_twice_is_explained_as_the_numpy_path_does():
+    indptr = np.array([0, 2], dtype=np.int64)
+    indices = np.array([3, 5], dtype=np.int32)
+    data = kernels.encode_weights(np.array([1.0, 2.0], dtype=np.float32))
+    cols, weights = np.array([5, 3, 5], dtype=np.int64), np.array([1.0, 0.5, 4.0], dtype=np.float32)
+    got = kernels.explain_rows(indptr, indices, data, np.array([0]), cols, weights, 3)
+    assert got == numpy_explain(indptr, indices, data, np.array([0]), cols, weights, 3) == [[(5, 2.0), (3, 0.5)]]

@@ -144,3 +144,53 @@ D2S_EXPORT int64_t d2s_top_positive(const float *scores, int64_t n_rows, int64_t
     }
     return n;
 }
+
+/* Why rows matched: for each of the n_sel given rows of a row-wise (CSR) shard, its n largest
+ * products query weight * stored weight over the terms it shares with the query, largest
+ * first, ties by column: kernels.explain_rows's numpy path, product for product (one float32
+ * rounding each). qcols must be ascending and distinct. out_cols / out_vals hold n_sel x n
+ * entries, counts[i] how many row i has (<= n). Returns the number of rows skipped because a
+ * row id or its pointers were out of bounds (their count is 0), or -1, having written nothing,
+ * when qcols is not strictly ascending. */
+D2S_EXPORT int64_t d2s_explain_rows(const int64_t *indptr, int64_t n_rows, const int32_t *indices,
+                                    const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel,
+                                    const int64_t *qcols, const float *qweights, int64_t n_q, int64_t n,
+                                    int64_t *out_cols, float *out_vals, int64_t *counts) {
+    int64_t bad = 0;
+    for (int64_t t = 1; t < n_q; t++)
+        if (qcols[t] <= qcols[t - 1]) return -1;
+    for (int64_t i = 0; i < n_sel; i++) {
+        int64_t *cols = out_cols + i * n;
+        float *vals = out_vals + i * n;
+        int64_t have = 0, row = rows[i];
+        counts[i] = 0;
+        if (row < 0 || row >= n_rows || indptr[row] < 0 || indptr[row] > indptr[row + 1] || indptr[row + 1] > nnz) {
+            bad++;
+            continue;
+        }
+        for (int64_t p = indptr[row]; p < indptr[row + 1]; p++) {
+            int64_t col = indices[p], lo = 0, hi = n_q; /* the query term with this column, if any */
+            while (lo < hi) {
+                int64_t mid = lo + (hi - lo) / 2;
+                if (qcols[mid] < col) lo = mid + 1; else hi = mid;
+            }
+            if (lo == n_q || qcols[lo] != col) continue;
+            float value = qweights[lo] * decode_weight(data[p]);
+            if (!(value > 0.0f)) continue;
+            /* insert into the row's best n, kept ordered: larger value first, then smaller column */
+            int64_t at = have;
+            while (at > 0 && (vals[at - 1] < value || (vals[at - 1] == value && cols[at - 1] > col))) at--;
+            if (at >= n) continue;
+            int64_t last = have < n ? have : n - 1;
+            for (int64_t j = last; j > at; j--) {
+                cols[j] = cols[j - 1];
+                vals[j] = vals[j - 1];
+            }
+            cols[at] = col;
+            vals[at] = value;
+            if (have < n) have++;
+        }
+        counts[i] = have;
+    }
+    return bad;
+}

@@ -804,7 +804,8 @@ class LocalBackend:
             return out
         shard_of = rows // state.shard_rows
         terms = self._terms
-        names = np.asarray([terms[c] if c < len(terms) else "" for c in cols.tolist()], dtype=object)
+        known = len(terms)
+        names = None
         for j in sorted(set(shard_of.tolist())):
             shard = state.shards[j]
             a = shard.arrays
@@ -813,8 +814,10 @@ class LocalBackend:
             if picked.size < EXPLAIN_BY_POSTINGS_FROM:
                 explained = kernels.explain_rows(a["csr_indptr"], a["csr_indices"], a["csr_data"], local, cols, weights, n)
                 for i, pairs in zip(picked.tolist(), explained):
-                    out[i] = [(terms[c], v) for c, v in pairs if c < len(terms)]
+                    out[i] = [(terms[c], v) for c, v in pairs if c < known]
                 continue
+            if names is None:
+                names = np.asarray([terms[c] if c < known else "" for c in cols.tolist()], dtype=object)
             slots, values = kernels.explain_by_postings(a["csc_indptr"], a["csc_indices"], a["csc_data"], local,
                                                         cols, weights, n, a.get("dense_terms"), a.get("dense_columns"))
             counts = (values > 0).sum(axis=1).tolist()
