@@ -4,9 +4,9 @@
 
 Measures p50/p99 latency at k=10 and k=1000 of the full search call (hits with ids, paths,
 URLs; with and without 5 explained words) for sparse (exact), two-phase, dense and hybrid
-through ``LocalBackend`` (one thread), twice: "latency" interleaves every plan query by query
-with a brute-force reference (so each plan runs right after a pass over the whole collection
-has evicted the CPU caches: a cold start per query), "latency_steady" lets each plan answer
+through ``LocalBackend`` (one thread), twice: "latency" interleaves query by query, every plan
+right after a brute-force reference on the same query (so each plan runs after a pass over the
+whole collection has evicted the CPU caches: a cold start per query), "latency_steady" lets each plan answer
 50 different queries back to back, as a running server does (the first 10 of each block not
 timed), plans and references taking turns block by block. The references, measured in the same run: exhaustive doc-at-a-time scoring of every document
 (scipy CSR mat-vec) + full sort for sparse, a numpy mat-vec over all vectors + full sort
@@ -86,19 +86,25 @@ def percentiles(samples: list[float]) -> dict:
     return {"p50_ms": round(float(np.percentile(arr, 50)), 3), "p99_ms": round(float(np.percentile(arr, 99)), 3)}
 
 
-def interleaved(plans: dict, queries: list, warm: int = 10) -> dict:
-    """Every plan on query 1, then every plan on query 2, ... (the order rotates per query),
-    so load changes on the shared machine hit plan and reference alike."""
-    names = list(plans)
+def interleaved(plans: dict, references: dict, queries: list, warm: int = 10) -> dict:
+    """Query by query, every plan right after a brute-force reference on the same query (the
+    references taking turns): each plan starts cold, its postings evicted by a pass over the
+    whole collection, never warmed by another plan that just read the same postings. The plans'
+    order rotates per query, so load changes on the shared machine hit plan and reference alike."""
+    names, refs = list(plans), list(references)
     for q in queries[:warm]:
         for name in names:
             plans[name](q)
-    times: dict[str, list[float]] = {name: [] for name in names}
+    times: dict[str, list[float]] = {name: [] for name in names + refs}
+    turn = 0
     for i, q in enumerate(queries):
         for name in names[i % len(names):] + names[: i % len(names)]:
-            t0 = time.perf_counter()
-            plans[name](q)
-            times[name].append(time.perf_counter() - t0)
+            ref = refs[turn % len(refs)]
+            turn += 1
+            for label, run in ((ref, references[ref]), (name, plans[name])):
+                t0 = time.perf_counter()
+                run(q)
+                times[label].append(time.perf_counter() - t0)
     return {name: percentiles(t) for name, t in times.items()}
 
 
@@ -229,12 +235,14 @@ def main() -> None:
             "two-phase": plan("two-phase", k, 0),
             "dense": plan("dense", k, 0),
             "hybrid, 5 words explained": plan("hybrid", k, 5),
+        }
+        references = {
             "brute-force sparse": lambda q, k=k: brute_sparse(q, k),
             "brute-force dense": lambda q, k=k: brute_dense(q, k),
         }
-        for name, value in interleaved(plans, queries).items():
+        for name, value in interleaved(plans, references, queries).items():
             results[f"{name} @{k}"] = value
-        for name, value in steady(plans, queries).items():
+        for name, value in steady({**plans, **references}, queries).items():
             steady_results[f"{name} @{k}"] = value
     # Correctness alongside speed: the exact plan returns the brute-force top-10.
     ids = [s.string("ids", i) for s in state.shards for i in range(s.rows)]
