@@ -174,9 +174,10 @@ def _accumulate_c(indptr, indices, data, n_rows, cols, weights, out, dense_terms
 
 
 # Above this k the heap's replacements (about k * ln(rows / k), each a sift of log k levels)
-# cost more than numpy's strided bound + partition: 447 vs 99 us at k=1000, 18 vs 24 us at k=10
-# on a 65,536-row shard.
-HEAP_K = 64
+# cost more than numpy's strided bound + partition. On a 65,536-row shard of the 123k benchmark
+# (median of 100 queries' scores): k=10 25 vs 30 us, k=20 30 vs 30, k=32 37 vs 31, k=64 53 vs
+# 33, k=1000 447 vs 99 (the search page asks for 20).
+HEAP_K = 20
 
 
 def shard_top(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows: int,
