@@ -24,11 +24,6 @@ from onnx_export.head import SparseHead
 
 SHIFTS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
 BOOSTS = (0.0, 0.5, 1.0, 2.0)
-# ``train``'s query word boost: set, not chosen on validation. In-domain validation captions
-# cannot see it (every boost within +-0.01 R@1 of the others, the noise of 800 queries, on three
-# heads), while on the COCO test captions it added 0.01-0.03 R@1 and lifted Exact@20 from
-# 0.18 to 0.28 on every head measured (docs/benchmarks.md, "Query word boost").
-QUERY_WORD_BOOST = 2.0
 
 
 @dataclass

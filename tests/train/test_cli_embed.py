@@ -183,5 +183,6 @@ def test_cli_train_says_when_nothing_fits_the_flops_budget(tmp_path):
     assert (head.config.document_shift, head.config.query_word_boost) == (0.0, 0.75)
     res = CliRunner().invoke(train, [*common, "--out", str(tmp_path / "off"), "--query-word-boost", "0",
                                      "--flops-budget", "0.5"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
     head = load_head(tmp_path / "off" / "head.pt")
     assert head.config.document_shift == head.config.query_word_boost == 0.0
