@@ -287,16 +287,12 @@ def main() -> None:
         "latency": results,
         "latency_steady": steady_results,
     }
-    ratios = summary.setdefault("speedup_vs_brute_force_p50", {})
-    for k in ks:
-        for name in ("sparse", "sparse, 5 words explained", "two-phase", "hybrid, 5 words explained"):
-            ratios[f"{name} @{k}"] = round(results[f"brute-force sparse @{k}"]["p50_ms"] / results[f"{name} @{k}"]["p50_ms"], 1)
-        ratios[f"dense @{k}"] = round(results[f"brute-force dense @{k}"]["p50_ms"] / results[f"dense @{k}"]["p50_ms"], 1)
-    steady_ratios = summary.setdefault("speedup_vs_brute_force_p50_steady", {})
-    for k in ks:
-        for name in ("sparse", "sparse, 5 words explained", "two-phase", "hybrid, 5 words explained"):
-            steady_ratios[f"{name} @{k}"] = round(
-                steady_results[f"brute-force sparse @{k}"]["p50_ms"] / steady_results[f"{name} @{k}"]["p50_ms"], 1)
+    for key, timed in (("speedup_vs_brute_force_p50", results), ("speedup_vs_brute_force_p50_steady", steady_results)):
+        ratios = summary.setdefault(key, {})
+        for k in ks:
+            for name in ("sparse", "sparse, 5 words explained", "two-phase", "hybrid, 5 words explained", "dense"):
+                reference = "dense" if name == "dense" else "sparse"
+                ratios[f"{name} @{k}"] = round(timed[f"brute-force {reference} @{k}"]["p50_ms"] / timed[f"{name} @{k}"]["p50_ms"], 1)
     text = json.dumps(summary, indent=2)
     print(text)
     if args.json_out:
