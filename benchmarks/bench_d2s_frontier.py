@@ -67,7 +67,8 @@ def parse_recipe(spec: str) -> tuple[str, dict, dict]:
     return name, train_kw, head_kw
 
 
-def run(spec: str, data_dir: Path, out: Path, threads: int, eval_only: bool = False, all_pairs: bool = False) -> dict:
+def run(spec: str, data_dir: Path, out: Path, threads: int, eval_only: bool = False, all_pairs: bool = False,
+        extra_flickr8k: bool = False) -> dict:
     import torch
     from bench_d2s_minilm import build_caption_dataset
 
@@ -90,7 +91,7 @@ def run(spec: str, data_dir: Path, out: Path, threads: int, eval_only: bool = Fa
 
     torch.set_num_threads(threads)
     name, train_kw, head_kw = parse_recipe(spec)
-    build_caption_dataset(data_dir, all_pairs=all_pairs)
+    build_caption_dataset(data_dir, all_pairs=all_pairs, extra_flickr8k=extra_flickr8k)
     splits = load_dataset(data_dir)
     tok = load_tokenizer()
     toks = {k: tokenize_captions(s.captions, tok) for k, s in splits.items()}
@@ -163,10 +164,12 @@ def main() -> None:
     ap.add_argument("--eval-only", action="store_true", help="Evaluate the best head of an existing (cut-short) run.")
     ap.add_argument("--all-pairs", action="store_true",
                     help="Every training caption plays the document once (5x the pairs; use its own --data folder).")
+    ap.add_argument("--extra-flickr8k", action="store_true",
+                    help="Train also on the flickr8k-800 photos' captions (use its own --data folder).")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for spec in args.recipe:
-        run(spec, args.data, args.out, args.threads, args.eval_only, args.all_pairs)
+        run(spec, args.data, args.out, args.threads, args.eval_only, args.all_pairs, args.extra_flickr8k)
 
 
 if __name__ == "__main__":

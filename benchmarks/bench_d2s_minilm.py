@@ -46,6 +46,7 @@ from d2s_search.train.vocab import (  # noqa: E402
 DATA = next((p / "shared" / "data" for p in ROOT.parents if (p / "shared" / "data").is_dir()),
             ROOT.parent / "shared" / "data")
 CAPS = DATA / "karpathy-captions"
+FLICKR8K_CAPTIONS = DATA / "flickr8k-800" / "captions.txt"
 CLIP = DATA / "flickr8k-100-clip-b32"
 
 
@@ -54,28 +55,47 @@ def read_groups(path: Path, size: int = 5) -> list[list[str]]:
     return [lines[i : i + size] for i in range(0, len(lines), size) if len(lines[i : i + size]) >= 2]
 
 
-def build_caption_dataset(out: Path, n_val: int = 200, seed: int = 0, all_pairs: bool = False) -> dict:
+def flickr8k_groups(path: Path = FLICKR8K_CAPTIONS) -> list[list[str]]:
+    """The 5 captions of each photo of ``../shared/data/flickr8k-800`` (``image,caption`` rows)."""
+    import csv
+
+    groups: dict[str, list[str]] = {}
+    with path.open(encoding="utf-8", newline="") as f:
+        for row in csv.DictReader(f):
+            groups.setdefault(row["image"], []).append(row["caption"].strip())
+    return [g for g in groups.values() if len(g) >= 2]
+
+
+def caption_groups(n_val: int = 200, seed: int = 0, extra_flickr8k: bool = False) -> list[tuple[str, str, list[str]]]:
+    """(source, split, captions) per image: Flickr30k dev+test with ``n_val`` images held out for
+    validation, the flickr8k-800 captions (training only) when asked, COCO dev as the test."""
+    groups = [g for name in ("f30k_precomp_dev_caps.txt", "f30k_precomp_test_caps.txt") for g in read_groups(CAPS / name)]
+    val_set = set(np.random.default_rng(seed).permutation(len(groups))[:n_val].tolist())
+    out = [("f30k", "val" if k in val_set else "train", g) for k, g in enumerate(groups)]
+    if extra_flickr8k:  # drawn after the permutation: the validation images stay the same
+        out += [("f8k", "train", g) for g in flickr8k_groups()]
+    return out + [("coco", "test", g) for g in read_groups(CAPS / "coco_precomp_dev_caps.txt")]
+
+
+def build_caption_dataset(out: Path, n_val: int = 200, seed: int = 0, all_pairs: bool = False,
+                          extra_flickr8k: bool = False) -> dict:
     """Authors' layout: doc captions as 'images', the other captions as their sentences.
 
     ``all_pairs``: in the training split every caption of an image plays the document once
     (5 training "images" per image, the other 4 captions their queries: 5x the pairs from
-    the same text); validation and test keep caption 0 as the document."""
+    the same text); validation and test keep caption 0 as the document.
+    ``extra_flickr8k``: the flickr8k-800 photos' captions join the training split (800 more
+    documents, 3,200 more queries); validation and test are unchanged."""
     if (out / "dataset_meta.json").is_file():
         prep = json.loads((out / "prep.json").read_text())
-        if prep.get("all_pairs", False) != all_pairs:
-            raise SystemExit(f"{out} holds the dataset built with all_pairs={prep.get('all_pairs', False)}: use another --data")
+        for key, wanted in (("all_pairs", all_pairs), ("extra_flickr8k", extra_flickr8k)):
+            if prep.get(key, False) != wanted:
+                raise SystemExit(f"{out} holds the dataset built with {key}={prep.get(key, False)}: use another --data")
         return prep
     from d2s_search.train.minilm import MiniLMEncoder
 
-    groups = []
-    for name in ("f30k_precomp_dev_caps.txt", "f30k_precomp_test_caps.txt"):
-        groups += [("f30k", name, g) for g in read_groups(CAPS / name)]
-    order = np.random.default_rng(seed).permutation(len(groups))
-    val_set = set(order[:n_val].tolist())
-    coco = [("coco", "coco_precomp_dev_caps.txt", g) for g in read_groups(CAPS / "coco_precomp_dev_caps.txt")]
     images, docs, queries, q_ids, doc_ids = [], [], [], [], []
-    for k, (src, _, g) in enumerate(groups + coco):
-        split = "test" if src == "coco" else ("val" if k in val_set else "train")
+    for k, (src, split, g) in enumerate(caption_groups(n_val, seed, extra_flickr8k)):
         roles = range(len(g)) if (all_pairs and split == "train") else [0]
         for d in roles:
             iid = f"{src}-{k:05d}" if d == 0 else f"{src}-{k:05d}-d{d}"
@@ -94,7 +114,8 @@ def build_caption_dataset(out: Path, n_val: int = 200, seed: int = 0, all_pairs:
     write_embeddings(out, "img", doc_ids, embed(docs))
     write_embeddings(out, "text", q_ids, embed(queries))
     (out / "dataset_meta.json").write_text(json.dumps({"images": images}))
-    prep = {"encode_seconds": time.perf_counter() - t0, "texts": len(docs) + len(queries), "all_pairs": all_pairs}
+    prep = {"encode_seconds": time.perf_counter() - t0, "texts": len(docs) + len(queries), "all_pairs": all_pairs,
+            "extra_flickr8k": extra_flickr8k}
     (out / "prep.json").write_text(json.dumps(prep))
     return prep
 

@@ -59,6 +59,17 @@ def score_test_split(head, split, tokens, names, static: bool) -> dict:
             "widest_doc_term": [names[int(np.argmax(share))], round(float(share.max()), 3)]}
 
 
+def test_grid(head, split, tokens, names, shifts) -> list[dict]:
+    """Test R@1 / FLOPs at every shift, the head's boost kept; leaves the chosen shift set."""
+    chosen, rows = head.config.document_shift, []
+    for shift in shifts:
+        head.config.document_shift = shift
+        scored = score_test_split(head, split, tokens, names, False)
+        rows.append({"shift": shift, **{k: scored[k] for k in ("ratio", "FLOPs", "Exact@20")}})
+    head.config.document_shift = chosen
+    return rows
+
+
 def main() -> None:
     import torch
 
@@ -76,6 +87,8 @@ def main() -> None:
     ap.add_argument("--boost", action="store_true", help="Also choose the query word boost (calibrate.BOOSTS).")
     ap.add_argument("--shifts", help="Comma-separated shifts to try (default calibrate.SHIFTS).")
     ap.add_argument("--boosts", help="Comma-separated boosts to try (default calibrate.BOOSTS with --boost).")
+    ap.add_argument("--test-grid", action="store_true",
+                    help="Also score test at every shift (the chosen boost): the curve, apart from the choice.")
     ap.add_argument("--out", type=Path, default=ROOT / "test-artifacts" / "document_shift.jsonl")
     args = ap.parse_args()
     grid = lambda text: tuple(float(v) for v in text.split(","))  # noqa: E731
@@ -91,12 +104,16 @@ def main() -> None:
         head = load_head(path).eval()
         head.config.document_shift = head.config.query_word_boost = 0.0
         base = score_test_split(head, splits["test"], test_tokens, names, not args.no_static)
+        grids: dict[float, list[dict]] = {}  # per boost: the same for every budget
         for budget in args.budget:
             choice = choose_document_shift(head, splits["val"], val_tokens, args.mode, budget,
                                            shifts=shifts, boosts=boosts)
+            if args.test_grid and choice.boost not in grids:
+                grids[choice.boost] = test_grid(head, splits["test"], test_tokens, names, shifts)
             row = {"head": str(path), "budget": budget, "document_shift": choice.shift,
                    "query_word_boost": choice.boost, "val": choice.table,
                    "test": score_test_split(head, splits["test"], test_tokens, names, not args.no_static), "test_no_shift": base,
+                   "test_grid": grids.get(choice.boost),
                    "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"), "load": os.getloadavg()[0]}
             args.out.parent.mkdir(parents=True, exist_ok=True)
             with args.out.open("a") as f:
