@@ -55,7 +55,7 @@ def project(z: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def caption_pairs(run: Path, caption_data: Path):
-    """Flickr30k caption pairs moved into the run's text space (train and val splits)."""
+    """The caption benchmark's pairs (Flickr30k train/val, COCO dev test) moved into the run's text space."""
     from bench_d2s_minilm import build_caption_dataset
 
     from d2s_search.train.data import load_dataset
@@ -116,6 +116,9 @@ def main() -> None:
     ap.add_argument("--sources", choices=("photos", "captions", "both"), default="both")
     ap.add_argument("--recipe", default="", help="key=value,... over the defaults (see bench_d2s_frontier.py)")
     ap.add_argument("--caption-data", type=Path, default=ROOT / "test-artifacts" / "bench-d2s" / "data")
+    ap.add_argument("--caption-splits", default="train,val",
+                    help="Which splits of --caption-data give caption pairs: train,val (Flickr30k) and test "
+                         "(COCO dev: distinct captions the held-out photos never see).")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--flops-budget", type=float, default=12.0,
@@ -132,7 +135,14 @@ def main() -> None:
         parts.append(photos["train"])
     if args.sources in ("captions", "both"):
         caps = caption_pairs(args.run, args.caption_data)
-        parts.append(concat("captions", caps["train"], caps["val"]))
+        unknown = set(args.caption_splits.split(",")) - set(caps)
+        if unknown:
+            raise SystemExit(f"--caption-splits: no split {', '.join(sorted(unknown))} (have {', '.join(caps)})")
+        chosen = [caps[name] for name in args.caption_splits.split(",")]
+        pairs = chosen[0]
+        for more in chosen[1:]:
+            pairs = concat("captions", pairs, more)
+        parts.append(pairs)
     train_split = parts[0] if len(parts) == 1 else concat("train", *parts)
     train_tokens = tokenize_captions(train_split.captions, tok)
     val, test = photos["val"], photos["test"]
