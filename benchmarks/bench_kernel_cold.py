@@ -15,7 +15,6 @@ the cold time is bound by reading them from memory.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import sys
 import time
@@ -32,12 +31,8 @@ from d2s_search.backends.local import kernels  # noqa: E402
 
 
 def load_accumulate(path: str):
-    fn = ctypes.CDLL(path).d2s_accumulate16
-    fn.restype = ctypes.c_int64
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                   ctypes.c_void_p]
-    return fn
+    """The 16-bit-id accumulate of a build of ``_score.c``, declared as the backend declares it."""
+    return kernels.bind_kernel(path)[0][np.dtype(np.uint16)]
 
 
 def score_all(fn, shards, cols: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
@@ -77,8 +72,9 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=123000)
     ap.add_argument("--queries", type=int, default=300)
     args = ap.parse_args()
-    shipped = kernels.__file__.replace("kernels.py", "")
-    shipped = next(str(p) for p in Path(shipped).glob("_score*.so"))
+    shipped = kernels.kernel_path()
+    if shipped is None:
+        raise SystemExit("the compiled kernel is not built: pip install -e . (needs a C compiler)")
     libs = [shipped, *args.variants]
     fns = [load_accumulate(p) for p in libs]
     backend, _ = build_index(ROOT / "benchmarks" / ".cache" / f"local-{args.docs}", args.docs)

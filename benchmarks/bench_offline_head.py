@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import os
 import re
@@ -135,14 +136,11 @@ def main() -> None:
         parts.append(photos["train"])
     if args.sources in ("captions", "both"):
         caps = caption_pairs(args.run, args.caption_data)
-        unknown = set(args.caption_splits.split(",")) - set(caps)
+        wanted = args.caption_splits.split(",")
+        unknown = set(wanted) - set(caps)
         if unknown:
             raise SystemExit(f"--caption-splits: no split {', '.join(sorted(unknown))} (have {', '.join(caps)})")
-        chosen = [caps[name] for name in args.caption_splits.split(",")]
-        pairs = chosen[0]
-        for more in chosen[1:]:
-            pairs = concat("captions", pairs, more)
-        parts.append(pairs)
+        parts.append(functools.reduce(lambda a, b: concat("captions", a, b), [caps[name] for name in wanted]))
     train_split = parts[0] if len(parts) == 1 else concat("train", *parts)
     train_tokens = tokenize_captions(train_split.captions, tok)
     val, test = photos["val"], photos["test"]

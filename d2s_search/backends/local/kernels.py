@@ -46,39 +46,54 @@ def _load_csc_matvec():
 _csc_matvec = _load_csc_matvec()
 
 
+def kernel_path() -> str | None:
+    """The compiled kernel's file (``_score.c``, built by ``pip install``; optional), if built."""
+    import importlib.machinery
+    import os
+
+    folder = os.path.dirname(os.path.abspath(__file__))
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(folder, "_score" + suffix)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def bind_kernel(path: str):
+    """(accumulate by id dtype, top-k, explain) of a build of ``_score.c``, their C signatures
+    declared for ctypes. OSError if it does not load, AttributeError if a function is missing
+    (a build older than this file). The benchmarks bind other builds with it too."""
+    import ctypes
+
+    lib = ctypes.CDLL(path)
+    accumulate32, accumulate16, top_c = lib.d2s_accumulate, lib.d2s_accumulate16, lib.d2s_top_positive
+    explain_c = lib.d2s_explain_rows
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    for fn in (accumulate32, accumulate16):
+        fn.argtypes = [p, i64, p, p, i64, i64, p, p, i64, p, p, i64, p]
+        fn.restype = i64
+    top_c.argtypes = [p, i64, i64, p, p, p]
+    top_c.restype = i64
+    explain_c.argtypes = [p, i64, p, p, i64, p, i64, p, p, i64, i64, p, p, p]
+    explain_c.restype = i64
+    return {np.dtype(np.int32): accumulate32, np.dtype(np.uint16): accumulate16}, top_c, explain_c
+
+
 def _load_c_kernel():
-    """The compiled kernel (``_score.c``, built by ``pip install``; optional), through
-    ctypes: scoring plus top-k of a shard in C, 0.80-0.89x the time of the numpy/scipy path
-    (docs/benchmarks.md).
+    """The compiled kernel through ctypes: scoring plus top-k of a shard in C, 0.80-0.89x the
+    time of the numpy/scipy path (docs/benchmarks.md).
     ``D2S_C_KERNEL=0`` turns it off (tests run both paths and compare them)."""
     import os
 
     if os.environ.get("D2S_C_KERNEL", "1") == "0":
         return None
-    import ctypes
-    import importlib.machinery
-
-    folder = os.path.dirname(os.path.abspath(__file__))
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = os.path.join(folder, "_score" + suffix)
-        if not os.path.isfile(path):
-            continue
-        try:
-            lib = ctypes.CDLL(path)
-            accumulate32, accumulate16, top_c = lib.d2s_accumulate, lib.d2s_accumulate16, lib.d2s_top_positive
-            explain_c = lib.d2s_explain_rows
-        except (OSError, AttributeError):  # AttributeError: a build older than this file
-            return None
-        p, i64 = ctypes.c_void_p, ctypes.c_int64
-        for fn in (accumulate32, accumulate16):
-            fn.argtypes = [p, i64, p, p, i64, i64, p, p, i64, p, p, i64, p]
-            fn.restype = i64
-        top_c.argtypes = [p, i64, i64, p, p, p]
-        top_c.restype = i64
-        explain_c.argtypes = [p, i64, p, p, i64, p, i64, p, p, i64, i64, p, p, p]
-        explain_c.restype = i64
-        return {np.dtype(np.int32): accumulate32, np.dtype(np.uint16): accumulate16}, top_c, explain_c
-    return None
+    path = kernel_path()
+    if path is None:
+        return None
+    try:
+        return bind_kernel(path)
+    except (OSError, AttributeError):  # AttributeError: a build older than this file
+        return None
 
 
 _c_kernel = _load_c_kernel()
