@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -541,13 +542,17 @@ class LocalBackend:
 
     # -- search ---------------------------------------------------------------------------
 
-    def _query_columns(self, query: SparseVector) -> tuple[np.ndarray, np.ndarray]:
+    def _query_columns(self, query: SparseVector | QueryColumns) -> QueryColumns:
+        """The query's known terms as sorted column ids and weights (once per search: the
+        callers below accept either form)."""
+        if isinstance(query, QueryColumns):
+            return query
         pairs = sorted((self._term_ids[t], w) for t, w in query.items() if w > 0 and t in self._term_ids)
         cols = np.fromiter((c for c, _ in pairs), dtype=np.int64, count=len(pairs))
         weights = np.fromiter((w for _, w in pairs), dtype=np.float32, count=len(pairs))
-        return cols, weights
+        return QueryColumns(cols, weights)
 
-    def _sparse_top(self, state: Structures, query: SparseVector, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _sparse_top(self, state: Structures, query: SparseVector | QueryColumns, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Global rows and scores of the exact sparse top-k, shard by shard, merged."""
         cols, weights = self._query_columns(query)
         if cols.size == 0 or state.size == 0:
@@ -593,8 +598,9 @@ class LocalBackend:
     @_db_errors
     def sparse_search(self, query: SparseVector, k: int, explain: int = 5) -> list[Hit]:
         def run(state: Structures) -> list[Hit]:
-            rows, scores = self._sparse_top(state, query, k)
-            return self._hits(state, rows, scores, query, explain)
+            columns = self._query_columns(query)
+            rows, scores = self._sparse_top(state, columns, k)
+            return self._hits(state, rows, scores, columns if query else {}, explain)
 
         return self._searching(run)
 
@@ -606,13 +612,14 @@ class LocalBackend:
             rows, _ = self._sparse_top(state, first, max(window, k))
             if rows.size == 0:
                 return []
-            rescored = self._rescore(state, rows, full)
+            columns = self._query_columns(full)
+            rescored = self._rescore(state, rows, columns)
             order = np.lexsort((np.arange(rows.size), -rescored))[:k]  # ties keep the first pass's order
-            return self._hits(state, rows[order], rescored[order], full, explain)
+            return self._hits(state, rows[order], rescored[order], columns if full else {}, explain)
 
         return self._searching(run)
 
-    def _rescore(self, state: Structures, rows: np.ndarray, query: SparseVector) -> np.ndarray:
+    def _rescore(self, state: Structures, rows: np.ndarray, query: SparseVector | QueryColumns) -> np.ndarray:
         """Exact scores of these rows: from their own postings (row-wise) when the window is
         small, else by scoring the shard's query postings and picking (whichever reads less)."""
         cols, weights = self._query_columns(query)
@@ -665,7 +672,8 @@ class LocalBackend:
         def run(state: Structures) -> list[Hit]:
             if state.size and query.shape[0] != state.dim:
                 raise QueryError(f"query vector has {query.shape[0]} dims, the index {state.dim}")
-            runs = [("sparse", *self._sparse_top(state, sparse, n))]
+            columns = self._query_columns(sparse)
+            runs = [("sparse", *self._sparse_top(state, columns, n))]
             runs.append(("dense", *(self._dense_top(state, query, n) if state.size else (np.zeros(0, np.int64),) * 2)))
             if options.fusion == "rrf":
                 weights = {name: 1.0 / (int(options.rrf_k) + np.arange(1, rows.size + 1)) for name, rows, _ in runs}
@@ -679,14 +687,14 @@ class LocalBackend:
                 at = np.searchsorted(rows, run_rows)
                 totals[at] += weights[name]
                 parts.append((name, at, scores))
-            return self._fused_hits(state, rows, totals, parts, sparse, k, int(options.explain))
+            return self._fused_hits(state, rows, totals, parts, columns if sparse else {}, k, int(options.explain))
 
         hits = self._searching(run)
         self.last_fusion = f"client-{options.fusion}"
         return hits
 
     def _fused_hits(self, state: Structures, rows: np.ndarray, totals: np.ndarray, parts: list,
-                    query: SparseVector, k: int, explain: int) -> list[Hit]:
+                    query: SparseVector | QueryColumns, k: int, explain: int) -> list[Hit]:
         """The k best fused rows, ties by document id (as the client's fusion), as hits."""
         if rows.size == 0:
             return []
@@ -761,7 +769,8 @@ class LocalBackend:
             out.append(row)
         return out
 
-    def _hits(self, state: Structures, rows: np.ndarray, scores: np.ndarray, query: SparseVector, explain: int) -> list[Hit]:
+    def _hits(self, state: Structures, rows: np.ndarray, scores: np.ndarray, query: SparseVector | QueryColumns,
+              explain: int) -> list[Hit]:
         """Hits from the cached arrays (no SQLite): ids, paths, URLs, explained words."""
         if len(rows) == 0:
             return []
@@ -795,7 +804,7 @@ class LocalBackend:
                 urls[i] = url
         return ids, paths, urls
 
-    def _explain(self, state: Structures, rows: np.ndarray, query: SparseVector, n: int) -> list[list[tuple[str, float]]]:
+    def _explain(self, state: Structures, rows: np.ndarray, query: SparseVector | QueryColumns, n: int) -> list[list[tuple[str, float]]]:
         """The n terms contributing most to each row's sparse score, largest first (ties by
         term id). Few rows: read from their own postings; many: from the query's lists."""
         cols, weights = self._query_columns(query)
@@ -824,6 +833,13 @@ class LocalBackend:
             for i, row_names, row_values, count in zip(picked.tolist(), names[slots].tolist(), values.tolist(), counts):
                 out[i] = list(zip(row_names[:count], row_values[:count]))
         return out
+
+
+class QueryColumns(NamedTuple):
+    """A sparse query as the index's sorted column ids and their weights."""
+
+    cols: np.ndarray
+    weights: np.ndarray
 
 
 class _Retry(Exception):
