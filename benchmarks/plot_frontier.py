@@ -9,7 +9,8 @@ the dense line at 1, the issue's targets (0.90 at <= 12 FLOPs, 0.95 at <= 40) as
         --shifted test-artifacts/document_shift.jsonl --boosted test-artifacts/document_shift_boost.jsonl
 
 ``--shifted``: ``bench_document_shift.py``'s rows; per head, a line from its unshifted point
-through the document shifts chosen on validation for each FLOPs budget.
+through the document shifts chosen on validation for each FLOPs budget. ``--grid``: the same
+script's rows written with ``--test-grid``; per head, its test curve over every shift.
 """
 
 from __future__ import annotations
@@ -77,11 +78,14 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("runs", type=Path, nargs="+")
+    ap.add_argument("runs", type=Path, nargs="*")
     ap.add_argument("--out", type=Path, default=Path("docs/frontier.png"))
     ap.add_argument("--table", action="store_true", help="Also print the runs as a markdown table.")
     ap.add_argument("--shifted", type=Path, help="bench_document_shift.py's JSON lines (caption-benchmark heads).")
     ap.add_argument("--boosted", type=Path, help="The same with --boost (shift and query word boost chosen together).")
+    ap.add_argument("--grid", type=Path, action="append", default=[],
+                    help="bench_document_shift.py --test-grid rows: each head's test curve over the shifts.")
+    ap.add_argument("--no-references", action="store_true", help="Leave out the earlier sessions' reference lines.")
     ap.add_argument("--title", default="D2S on MiniLM captions (train Flickr30k, test COCO dev): R@1 vs FLOPs")
     args = ap.parse_args()
     rows = [json.loads(line) for p in args.runs for line in p.read_text().splitlines() if line.strip()]
@@ -107,7 +111,16 @@ def main() -> None:
                          | {(r["test"]["FLOPs"], r["test"]["ratio"]) for r in rs})
             ax.plot([x for x, _ in pts], [y for _, y in pts], marker=marker, linestyle="-.",
                     label=f"{name} + {what} (chosen on val)")
-    for name, pts in REFERENCE_LINES.items():
+    curves: dict[str, list[tuple[float, float]]] = {}
+    for path in args.grid:
+        for line in path.read_text().splitlines():
+            row = json.loads(line) if line.strip() else None
+            if row and row.get("test_grid"):  # one curve per head (every budget's row carries the same grid)
+                curves[Path(row["head"]).parent.name] = sorted((g["FLOPs"], g["ratio"]) for g in row["test_grid"])
+    for name, pts in sorted(curves.items()):
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=4,
+                linestyle="--" if name.startswith("base") else "-", label=f"{name}: test over shifts 0-4")
+    for name, pts in ({} if args.no_references else REFERENCE_LINES).items():
         ax.plot([p[0] for p in pts], [p[1] / REFERENCE_DENSE for p in pts], marker="x", linestyle="--",
                 linewidth=1, label=name)
     px = [v[0] for v in PAPER_BLIP_COCO.values()]

@@ -88,6 +88,11 @@ def _tokenizer_option(f):
 @click.option("--image-eta-scale", type=click.FloatRange(0), default=1.0, show_default=True,
               help="The images' sparsity weight relative to the captions' (SPLADE's lambda_d / lambda_q); below 1 "
                    "images keep more terms than queries.")
+@click.option("--mix", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Share of each batch's pairs replaced by a mix with another pair (caption with caption, image with "
+                   "image): a label-free augmentation, the dense teacher scores the mixes. 0 = off.")
+@click.option("--mix-most", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True,
+              help="The largest weight of the other pair in a mix (drawn uniformly up to it).")
 @click.option("--flops-budget", type=click.FloatRange(0), default=12.0, show_default=True,
               help="After training, let images keep more words than queries (a document shift): the shift with the "
                    "best validation R@1 whose validation FLOPs stay within this budget is saved in the head. 0 = none.")
@@ -125,7 +130,7 @@ def _tokenizer_option(f):
 @click.pass_context
 def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj, lr_vocab, warmup, schedule,
           vocab_init, freeze_vocab, regularizer, bias_init, lr_bias, norm_gain, output_terms, proj_init, gate_own_words,
-          image_eta_scale, flops_budget, query_word_boost, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image,
+          image_eta_scale, mix, mix_most, flops_budget, query_word_boost, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image,
           joint_w1, joint_w2, joint_lambda1, joint_lambda2, joint_lambda3, joint_tau, joint_max_flops, joint_init_head, seed, device, threads,
           amp, resume, export_onnx_head, tokenizer, as_json) -> int:
     """Train a D2S sparse head on precomputed dense embeddings (docs/training.md).
@@ -145,6 +150,9 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
         torch.set_num_threads(threads)
     if objective == "joint":
         from d2s_search.train.joint import JointConfig
+
+        if mix > 0:
+            raise click.UsageError("--mix applies to the sparse objective; joint training does not mix pairs")
 
         cfg = JointConfig(
             lr=joint_lr, eta_text=joint_eta_text, eta_image=joint_eta_image, w1=joint_w1, w2=joint_w2,
@@ -184,7 +192,7 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
         lr_proj=lr_proj, lr_vocab=lr_vocab, warmup=warmup, schedule=schedule, seed=seed,
         amp="auto" if amp else "off", device=device, val_images=val_images,
         select_after_warmup=not select_during_warmup, regularizer=regularizer, gate_own_words=gate_own_words,
-        lr_bias=lr_bias, image_eta_scale=image_eta_scale,
+        lr_bias=lr_bias, image_eta_scale=image_eta_scale, mix=mix, mix_most=mix_most,
     )
     summary = run_train(head, splits["train"], train_tokens, cfg, out, val, val_tokens,
                         resume=resume, progress=not as_json)

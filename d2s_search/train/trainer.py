@@ -25,6 +25,7 @@ import torch
 
 from d2s_search import metrics as M
 from d2s_search.errors import D2SError
+from d2s_search.train.augment import PairMixer, join_rows, mix_vectors
 from d2s_search.train.data import PairSplit
 from d2s_search.train.losses import d2s_loss
 from d2s_search.train.modeling import encode_sparse
@@ -65,6 +66,10 @@ class TrainConfig:
     lexical: float = 0.0
     # The images' sparsity weight relative to the captions' (SPLADE's lambda_d / lambda_q).
     image_eta_scale: float = 1.0
+    # Share of each batch's pairs replaced by a mix with another pair (augment.PairMixer): a
+    # label-free augmentation, the dense teacher scores the mixes. 0 = off.
+    mix: float = 0.0
+    mix_most: float = 1.0  # the partner's largest weight in a mix (drawn uniformly up to it)
     notes: dict = field(default_factory=dict)
 
     def resolved_device(self) -> torch.device:
@@ -79,6 +84,9 @@ class TrainConfig:
             d.pop(k)
         if d["image_eta_scale"] == 1.0:  # what runs from before the option recorded
             d.pop("image_eta_scale")
+        if d["mix"] == 0.0 and d["mix_most"] == 1.0:
+            d.pop("mix")
+            d.pop("mix_most")
         return d
 
 
@@ -231,6 +239,7 @@ def train(
     pec = PEC(config.expansion, train_tokens, df, config.epochs, config.schedule, config.seed,
               gate_own_words=config.gate_own_words)
     order_rng = np.random.default_rng(config.seed)
+    mixer = PairMixer(config.mix, config.seed, config.mix_most) if config.mix > 0 else None
 
     val, val_tokens = validation_subset(val_split, val_tokens, config.val_images)
 
@@ -255,6 +264,8 @@ def train(
         scaler.load_state_dict(ckpt["scaler"])
         pec.load_state_dict(ckpt["pec"])
         order_rng.bit_generator.state = ckpt["order_rng"]
+        if mixer is not None:
+            mixer.load_state_dict(ckpt["mixer"])
         torch.set_rng_state(ckpt["torch_rng"])
         state = ckpt["state"]
     (out / "config.json").write_text(json.dumps({**asdict(config), "head": asdict(head.config)}, indent=2))
@@ -279,6 +290,10 @@ def train(
                 zc = z_txt[rows_t].to(device)
                 zi = z_img_all[cap_img[rows_t]].to(device)
                 mask, e_c = pec.draw(rows, epoch, device=device)
+                if mixer is not None:
+                    mixed, partner, weight = mixer.draw(len(rows))
+                    zc, zi = mix_vectors(zc, mixed, partner, weight), mix_vectors(zi, mixed, partner, weight)
+                    mask = join_rows(mask, mixed, partner)
                 with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
                     s_cap = head(zc)
                     if mask is not None:
@@ -287,6 +302,8 @@ def train(
                 words = None
                 if image_words is not None:
                     words = _word_matrix(image_words, cap_img[rows_t].numpy(), s_img.shape[1], device)
+                    if mixer is not None:
+                        words = join_rows(words, mixed, partner)
                 parts = d2s_loss(
                     s_img, s_cap, zi, zc, config.tau, config.eta, config.lam, state["step"], warmup,
                     config.regularizer, config.lexical, words, config.image_eta_scale,
@@ -330,7 +347,7 @@ def train(
                 head.config.notes = {**head.config.notes, "best_epoch": epoch + 1, "val": metrics}
                 save_head(head, out / "head.pt")
             state["epoch"] = epoch + 1
-            _save_state(last, head, opt, sched, scaler, pec, order_rng, config, state)
+            _save_state(last, head, opt, sched, scaler, pec, order_rng, config, state, mixer)
             (out / "history.json").write_text(json.dumps(state["history"], indent=2))
             if bar:
                 bar.console.log(_epoch_line(entry))
@@ -353,7 +370,7 @@ def train(
     }
 
 
-def _save_state(path, head, opt, sched, scaler, pec, order_rng, config, state) -> None:
+def _save_state(path, head, opt, sched, scaler, pec, order_rng, config, state, mixer=None) -> None:
     payload = {
         "head": {k: v.detach().cpu() for k, v in head.state_dict().items()},
         "optimizer": opt.state_dict(),
@@ -365,6 +382,8 @@ def _save_state(path, head, opt, sched, scaler, pec, order_rng, config, state) -
         "config": config.identity(),
         "state": state,
     }
+    if mixer is not None:
+        payload["mixer"] = mixer.state_dict()
     tmp = path.with_suffix(".tmp")
     torch.save(payload, tmp)
     tmp.replace(path)

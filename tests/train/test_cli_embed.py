@@ -47,10 +47,13 @@ def test_cli_train_evaluate_export(tmp_path):
     res = runner.invoke(train, ["--data", str(data), "--out", str(out), "--epochs", "2", "--batch-size", "32",
                                 "--vocab-init", str(tmp_path / "w2.npy"), "--export-onnx-head", "--json",
                                 # the recipe options: the ONNX head must compute what was trained
-                                "--regularizer", "flops", "--bias-init", "-0.05", "--output-terms", "words"],
+                                "--regularizer", "flops", "--bias-init", "-0.05", "--output-terms", "words",
+                                "--mix", "0.5", "--mix-most", "0.25"],
                         catch_exceptions=False)
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output)
+    run_config = json.loads((out / "config.json").read_text())
+    assert (run_config["mix"], run_config["mix_most"]) == (0.5, 0.25)
     assert Path(summary["head"]).is_file() and Path(summary["head_onnx"]).is_file()
     assert len(summary["history"]) == 2 and "R@1" in summary["best_val"]
     from onnx_export.head import load_head

@@ -77,6 +77,8 @@ def test_cli_joint_objective(tmp_path):
                        for i, (s, w) in enumerate(zip("abc", ["dogs", "cats", "cars"]))]}
     (tmp_path / "dataset_meta.json").write_text(json.dumps(meta))
     save_file(_projections(10, 8), str(tmp_path / "projections.safetensors"))
+    res = CliRunner().invoke(train, ["--data", str(tmp_path), "--objective", "joint", "--mix", "0.5"])
+    assert res.exit_code == 2 and "--mix applies to the sparse objective" in res.output
     res = CliRunner().invoke(train, ["--data", str(tmp_path), "--objective", "joint", "--epochs", "1",
                                      "--vocab-init", "random", "--out", str(tmp_path / "run"), "--json"],
                              catch_exceptions=False)

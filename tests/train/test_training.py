@@ -63,9 +63,10 @@ def test_no_checkpoint_from_before_the_l1_ramp(synthetic, tmp_path):
     assert summary["best_epoch"] >= 2
 
 
-def test_resume_continues_exactly(synthetic, tmp_path):
+@pytest.mark.parametrize("mix", [0.0, 0.5])
+def test_resume_continues_exactly(synthetic, tmp_path, mix):
     (tr, trt, _), (va, vat, _), _ = synthetic
-    cfg = TrainConfig(expansion="c+w", **{**FAST, "epochs": 4})
+    cfg = TrainConfig(expansion="c+w", mix=mix, **{**FAST, "epochs": 4})
 
     def fresh():
         return build_head(tr.dim, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=32, seed=0)
