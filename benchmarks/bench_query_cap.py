@@ -21,35 +21,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def own_words(shape: tuple[int, int], rows: list[np.ndarray]) -> sp.csr_matrix:
-    """0/1 (queries, vocab): each query's own tokens."""
-    cols = [r[r < shape[1]] for r in rows]
-    indptr = np.concatenate([[0], np.cumsum([c.size for c in cols])])
-    data = np.ones(int(indptr[-1]), dtype=np.float32)
-    m = sp.csr_matrix((data, np.concatenate(cols) if cols else [], indptr), shape=shape)
-    m.sum_duplicates()
-    m.data[:] = 1.0
-    return m
-
-
-def foreign_share(q: sp.csr_matrix, own: sp.csr_matrix) -> np.ndarray:
-    """Per term, the share of queries where it is active without being their own word."""
-    active = (q > 0).astype(np.float32)
-    return np.asarray((active - active.multiply(own)).mean(axis=0)).ravel()
-
-
-def capped(q: sp.csr_matrix, own: sp.csr_matrix, terms: np.ndarray) -> sp.csr_matrix:
+def capped(q: sp.csr_matrix, query_tokens: list[np.ndarray], terms: np.ndarray) -> sp.csr_matrix:
     """``q`` without ``terms`` wherever they are not the query's own word."""
     q = q.tocsr(copy=True)
-    rows = np.repeat(np.arange(q.shape[0]), np.diff(q.indptr))
-    hit = np.flatnonzero(np.isin(q.indices, terms))
-    is_own = np.asarray(own[rows[hit], q.indices[hit]]).ravel() > 0
-    q.data[hit[~is_own]] = 0
+    for row, own in enumerate(query_tokens):
+        s, e = q.indptr[row], q.indptr[row + 1]
+        idx = q.indices[s:e]
+        q.data[s:e][np.isin(idx, terms) & ~np.isin(idx, own)] = 0
     q.eliminate_zeros()
     return q
 
 
 def main() -> None:
+    from d2s_search import metrics as M
     from d2s_search.evaluate import EvalData, EvalOptions, SparseVectors, boost_own_words, evaluate
     from d2s_search.train.data import load_dataset
     from d2s_search.train.modeling import encode_sparse
@@ -73,16 +57,15 @@ def main() -> None:
             tokens = tokenize_captions(split.captions, tok)
             rows = [tokens.row(i) for i in range(len(tokens))]
             q = boost_own_words(encode_sparse(head, split.text_emb), rows, allowed, 2.0).tocsr()
-            return q, rows, own_words(q.shape, rows)
+            return q, rows
 
-        qv, _, own_v = queries(splits["val"])
-        share = foreign_share(qv, own_v)
+        share = M.foreign_active_share(*queries(splits["val"]))
         ev = EvalData.from_split(splits["test"], "test")
-        qt, rows_t, own_t = queries(splits["test"])
+        qt, rows_t = queries(splits["test"])
         docs = encode_sparse(head, ev.doc_emb, document=True)
         for limit in map(float, args.limits.split(",")):
             terms = np.flatnonzero(share > limit)
-            q = capped(qt, own_t, terms) if terms.size else qt
+            q = capped(qt, rows_t, terms) if terms.size else qt
             res = evaluate(ev, SparseVectors(q, docs), rows_t, None, EvalOptions(runs=("dense", "sparse")), names)
             s, co = res["runs"]["sparse"], res["coactivation"]
             print(f"{name} shift {shift} limit {limit}: capped {[names[c] for c in terms][:8]} "

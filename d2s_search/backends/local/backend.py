@@ -600,7 +600,7 @@ class LocalBackend:
         def run(state: Structures) -> list[Hit]:
             columns = self._query_columns(query)
             rows, scores = self._sparse_top(state, columns, k)
-            return self._hits(state, rows, scores, columns if query else {}, explain)
+            return self._hits(state, rows, scores, columns, explain)
 
         return self._searching(run)
 
@@ -615,7 +615,7 @@ class LocalBackend:
             columns = self._query_columns(full)
             rescored = self._rescore(state, rows, columns)
             order = np.lexsort((np.arange(rows.size), -rescored))[:k]  # ties keep the first pass's order
-            return self._hits(state, rows[order], rescored[order], columns if full else {}, explain)
+            return self._hits(state, rows[order], rescored[order], columns, explain)
 
         return self._searching(run)
 
@@ -687,7 +687,7 @@ class LocalBackend:
                 at = np.searchsorted(rows, run_rows)
                 totals[at] += weights[name]
                 parts.append((name, at, scores))
-            return self._fused_hits(state, rows, totals, parts, columns if sparse else {}, k, int(options.explain))
+            return self._fused_hits(state, rows, totals, parts, columns, k, int(options.explain))
 
         hits = self._searching(run)
         self.last_fusion = f"client-{options.fusion}"
