@@ -17,23 +17,41 @@ from __future__ import annotations
 
 import torch
 
+# Which side of each pair is mixed: both (a new pair), only the images (documents: a caption
+# against a blend of its image and another), only the captions (queries).
+MIX_SIDES = ("both", "images", "captions")
+
 
 class PairMixer:
     """Replaces a share of each batch's pairs by mixes with another pair of the batch."""
 
-    def __init__(self, share: float, seed: int, most: float = 1.0) -> None:
+    def __init__(self, share: float, seed: int, most: float = 1.0, neighbours: int = 0) -> None:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"the mixed share must be in [0, 1], got {share}")
         if not 0.0 < most <= 1.0:
             raise ValueError(f"the partner's largest weight must be in (0, 1], got {most}")
-        self.share, self.most = share, most
+        if neighbours < 0:
+            raise ValueError(f"the number of neighbours must be >= 0, got {neighbours}")
+        self.share, self.most, self.neighbours = share, most, neighbours
         self.generator = torch.Generator().manual_seed(seed)
 
-    def draw(self, batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per row: whether it is mixed, its partner row and its own weight (in [1 - most, 1])."""
+    def draw(self, batch: int, z: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row: whether it is mixed, its partner row and its own weight (in [1 - most, 1]).
+        With ``neighbours`` > 0 the partner is one of the row's most similar rows of ``z``
+        (cosine), drawn uniformly; else any other row."""
         mixed = torch.rand(batch, generator=self.generator) < self.share
         # A partner other than the row itself (a row mixed with itself is not a new point).
         partner = (torch.arange(batch) + torch.randint(1, max(batch, 2), (batch,), generator=self.generator)) % batch
+        if self.neighbours and batch > 1:
+            if z is None:
+                raise ValueError("neighbour mixing needs the batch's vectors")
+            unit = torch.nn.functional.normalize(z.detach().float().cpu(), dim=1)
+            sim = unit @ unit.T
+            sim.fill_diagonal_(-float("inf"))
+            m = min(self.neighbours, batch - 1)
+            near = sim.topk(m, dim=1).indices  # ties: torch's order, deterministic on CPU
+            pick = torch.randint(0, m, (batch,), generator=self.generator)
+            partner = near[torch.arange(batch), pick]
         u = torch.rand(batch, generator=self.generator)
         weight = u if self.most == 1.0 else 1.0 - self.most * u  # U(1 - most, 1); most 1: the draws as first measured
         if batch < 2:
@@ -64,3 +82,17 @@ def join_rows(m: torch.Tensor | None, mixed: torch.Tensor, partner: torch.Tensor
         return None
     mixed, partner = mixed.to(m.device), partner.to(m.device)
     return torch.where(mixed.unsqueeze(1), torch.maximum(m, m[partner]), m)
+
+
+def mix_pairs(zc: torch.Tensor, zi: torch.Tensor, mask: torch.Tensor | None, draw: tuple[torch.Tensor, ...],
+              side: str = "both") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A batch's captions, images and caption PEC mask with ``draw`` (:meth:`PairMixer.draw`)
+    applied to the ``side`` of :data:`MIX_SIDES` asked for."""
+    if side not in MIX_SIDES:
+        raise ValueError(f"the mixed side must be one of {', '.join(MIX_SIDES)}, got {side!r}")
+    if side != "images":
+        zc, mask = mix_vectors(zc, *draw), join_rows(mask, *draw[:2])
+    if side != "captions":
+        zi = mix_vectors(zi, *draw)
+    return zc, zi, mask
+

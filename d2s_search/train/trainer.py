@@ -25,7 +25,7 @@ import torch
 
 from d2s_search import metrics as M
 from d2s_search.errors import D2SError
-from d2s_search.train.augment import PairMixer, join_rows, mix_vectors
+from d2s_search.train.augment import MIX_SIDES, PairMixer, join_rows, mix_pairs
 from d2s_search.train.data import PairSplit
 from d2s_search.train.losses import d2s_loss
 from d2s_search.train.modeling import encode_sparse
@@ -70,6 +70,8 @@ class TrainConfig:
     # label-free augmentation, the dense teacher scores the mixes. 0 = off.
     mix: float = 0.0
     mix_most: float = 1.0  # the partner's largest weight in a mix (drawn uniformly up to it)
+    mix_side: str = "both"  # which side is mixed: "both", "images" (documents) or "captions" (queries)
+    mix_neighbours: int = 0  # > 0: a row's partner is one of its most similar rows in the batch
     notes: dict = field(default_factory=dict)
 
     def resolved_device(self) -> torch.device:
@@ -87,6 +89,10 @@ class TrainConfig:
         if d["mix"] == 0.0 and d["mix_most"] == 1.0:
             d.pop("mix")
             d.pop("mix_most")
+        if d["mix_side"] == "both":
+            d.pop("mix_side")
+        if d["mix_neighbours"] == 0:
+            d.pop("mix_neighbours")
         return d
 
 
@@ -239,7 +245,9 @@ def train(
     pec = PEC(config.expansion, train_tokens, df, config.epochs, config.schedule, config.seed,
               gate_own_words=config.gate_own_words)
     order_rng = np.random.default_rng(config.seed)
-    mixer = PairMixer(config.mix, config.seed, config.mix_most) if config.mix > 0 else None
+    if config.mix_side not in MIX_SIDES:  # before any work: mix_pairs would say it only at the first step
+        raise ValueError(f"mix_side must be one of {', '.join(MIX_SIDES)}, got {config.mix_side!r}")
+    mixer = PairMixer(config.mix, config.seed, config.mix_most, config.mix_neighbours) if config.mix > 0 else None
 
     val, val_tokens = validation_subset(val_split, val_tokens, config.val_images)
 
@@ -291,9 +299,8 @@ def train(
                 zi = z_img_all[cap_img[rows_t]].to(device)
                 mask, e_c = pec.draw(rows, epoch, device=device)
                 if mixer is not None:
-                    mixed, partner, weight = mixer.draw(len(rows))
-                    zc, zi = mix_vectors(zc, mixed, partner, weight), mix_vectors(zi, mixed, partner, weight)
-                    mask = join_rows(mask, mixed, partner)
+                    draw = mixer.draw(len(rows), zc)
+                    zc, zi, mask = mix_pairs(zc, zi, mask, draw, config.mix_side)
                 with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
                     s_cap = head(zc)
                     if mask is not None:
@@ -302,8 +309,8 @@ def train(
                 words = None
                 if image_words is not None:
                     words = _word_matrix(image_words, cap_img[rows_t].numpy(), s_img.shape[1], device)
-                    if mixer is not None:
-                        words = join_rows(words, mixed, partner)
+                    if mixer is not None and config.mix_side != "captions":
+                        words = join_rows(words, *draw[:2])  # a mixed image may show both images' words
                 parts = d2s_loss(
                     s_img, s_cap, zi, zc, config.tau, config.eta, config.lam, state["step"], warmup,
                     config.regularizer, config.lexical, words, config.image_eta_scale,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from d2s_search.train.augment import PairMixer, join_rows, mix_vectors
+from d2s_search.train.augment import PairMixer, join_rows, mix_pairs, mix_vectors
 
 
 def test_a_mix_is_the_weighted_sum_at_the_mean_length():
@@ -43,3 +43,42 @@ def test_the_mixer_draws_other_rows_its_share_and_repeats_from_its_state():
         PairMixer(1.5, 0)
     with pytest.raises(ValueError):
         PairMixer(1.0, 0, most=0)
+
+
+def test_each_side_is_mixed_only_when_asked():
+    zc = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    zi = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
+    mask = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    draw = (torch.tensor([True, False]), torch.tensor([1, 0]), torch.tensor([0.5, 0.5]))
+    both = mix_pairs(zc, zi, mask, draw)
+    half = 2**-0.5
+    torch.testing.assert_close(both[0][0], torch.tensor([half, half]))
+    torch.testing.assert_close(both[1][0], torch.tensor([2 * half, 2 * half]))
+    assert both[2].tolist() == [[1.0, 1.0], [0.0, 1.0]]
+    images = mix_pairs(zc, zi, mask, draw, "images")
+    assert torch.equal(images[0], zc) and torch.equal(images[2], mask)
+    torch.testing.assert_close(images[1], both[1])
+    captions = mix_pairs(zc, zi, mask, draw, "captions")
+    assert torch.equal(captions[1], zi)
+    torch.testing.assert_close(captions[0], both[0])
+    with pytest.raises(ValueError, match="mixed side"):
+        mix_pairs(zc, zi, mask, draw, "queries")
+
+
+def test_neighbour_partners_are_among_the_most_similar_rows():
+    # Two tight clusters: every row's nearest other row is in its own cluster.
+    g = torch.Generator().manual_seed(0)
+    centres = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    z = centres.repeat_interleave(6, dim=0) + 0.01 * torch.randn(12, 3, generator=g)
+    _, partner, _ = PairMixer(1.0, seed=1, neighbours=3).draw(12, z)
+    cluster = torch.arange(12) // 6
+    assert (cluster[partner] == cluster).all() and (partner != torch.arange(12)).all()
+    # One neighbour: the brute-force nearest other row.
+    sim = torch.nn.functional.normalize(z, dim=1) @ torch.nn.functional.normalize(z, dim=1).T
+    sim.fill_diagonal_(-2.0)
+    _, nearest, _ = PairMixer(1.0, seed=1, neighbours=1).draw(12, z)
+    assert torch.equal(nearest, sim.argmax(dim=1))
+    with pytest.raises(ValueError, match="needs the batch"):
+        PairMixer(1.0, seed=1, neighbours=2).draw(4)
+    with pytest.raises(ValueError):
+        PairMixer(1.0, 0, neighbours=-1)
