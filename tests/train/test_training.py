@@ -63,10 +63,10 @@ def test_no_checkpoint_from_before_the_l1_ramp(synthetic, tmp_path):
     assert summary["best_epoch"] >= 2
 
 
-@pytest.mark.parametrize("mix", [0.0, 0.5])
-def test_resume_continues_exactly(synthetic, tmp_path, mix):
+@pytest.mark.parametrize(("mix", "side", "neighbours"), [(0.0, "both", 0), (0.5, "both", 0), (0.5, "images", 3)])
+def test_resume_continues_exactly(synthetic, tmp_path, mix, side, neighbours):
     (tr, trt, _), (va, vat, _), _ = synthetic
-    cfg = TrainConfig(expansion="c+w", mix=mix, **{**FAST, "epochs": 4})
+    cfg = TrainConfig(expansion="c+w", mix=mix, mix_side=side, mix_neighbours=neighbours, **{**FAST, "epochs": 4})
 
     def fresh():
         return build_head(tr.dim, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=32, seed=0)
@@ -94,6 +94,14 @@ def test_resume_continues_exactly(synthetic, tmp_path, mix):
     other = TrainConfig(expansion="1", **{**FAST, "epochs": 4})
     with pytest.raises(TrainingError):
         train(fresh(), tr, trt, other, tmp_path / "b", va, vat, resume=True, progress=False)
+
+
+def test_an_unknown_mixed_side_is_refused_before_training(synthetic, tmp_path):
+    (tr, trt, _), _, _ = synthetic
+    head = build_head(tr.dim, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=32, seed=0)
+    with pytest.raises(ValueError, match="mix_side must be one of both, images, captions"):
+        train(head, tr, trt, TrainConfig(mix=0.5, mix_side="queries", **FAST), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "last.pt").exists()
 
 
 def test_exp0_heads_are_evaluated_with_masked_queries(synthetic, tmp_path):
