@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,14 @@ def brute_force_dense(docs, vector: np.ndarray) -> list[tuple[str, float]]:
     scores = matrix @ np.asarray(vector, dtype=np.float64)
     order = np.lexsort((np.arange(len(docs)), -scores))
     return [(docs[i].id, float(scores[i])) for i in order]
+
+
+def interruptible() -> dict:
+    """``subprocess.Popen`` keyword arguments that give the child the default SIGINT handling,
+    for tests that stop it with Ctrl+C: a test run started in the background by a
+    non-interactive shell ignores SIGINT, children inherit that, and Python then installs no
+    KeyboardInterrupt handler (the child would never see the signal)."""
+    return {"preexec_fn": lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)}
 
 
 def clean_env(tmp_path: Path) -> dict:

@@ -20,7 +20,7 @@ import httpx
 
 from d2s_search import settings
 from d2s_search.backends.local import LocalBackend
-from tests.helpers import clean_env, run_cli, run_cli_json, write_image
+from tests.helpers import clean_env, interruptible, run_cli, run_cli_json, write_image
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_CLI = "import sys; from d2s_search.cli import main; main(sys.argv[1:])"
@@ -441,7 +441,8 @@ def test_serve_json_says_when_ready_and_the_address_is_printed_once(tmp_path, ti
     env = clean_env(tmp_path)
     base = [sys.executable, "-c", RUN_CLI, "serve", "--index", str(index), "--port", "0",
             "--thumbnail-dir", str(tmp_path / "thumbs")]
-    proc = subprocess.Popen([*base, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([*base, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            **interruptible())
     try:
         ready = json.loads(_read_line(proc.stdout, proc, 90))
         assert ready["ready"] is True and ready["index"] == str(index)
@@ -452,7 +453,7 @@ def test_serve_json_says_when_ready_and_the_address_is_printed_once(tmp_path, ti
     assert code == 0 and out == ""  # one JSON line on stdout, nothing else
     assert "http://" not in err and "Uvicorn" not in err  # the address once, in the JSON line
 
-    proc = subprocess.Popen(base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **interruptible())
     try:
         line = _read_line(proc.stderr, proc, 90)
         address = re.search(r"http://127\.0\.0\.1:\d+/", line).group(0)
@@ -466,7 +467,7 @@ def test_serve_images_json_says_when_ready(tmp_path):
     photos = make_photos(tmp_path / "photos", range(2))
     proc = subprocess.Popen([sys.executable, "-c", RUN_CLI, "serve-images", str(tmp_path / "photos"), "--port", "0",
                              "--quiet", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=clean_env(tmp_path))
+                            env=clean_env(tmp_path), **interruptible())
     try:
         ready = json.loads(_read_line(proc.stdout, proc, 60))
         assert ready["ready"] is True and ready["root"] == str((tmp_path / "photos").resolve())

@@ -15,7 +15,15 @@ import numpy as np
 from PIL import Image
 
 from d2s_search.backends.local import LocalBackend
-from tests.helpers import clean_env, jpeg_bytes, pattern_image, run_cli, run_cli_json, write_image
+from tests.helpers import (
+    clean_env,
+    interruptible,
+    jpeg_bytes,
+    pattern_image,
+    run_cli,
+    run_cli_json,
+    write_image,
+)
 
 
 def stored_paths(index: Path) -> list[str]:
@@ -258,7 +266,8 @@ def test_ctrl_c_keeps_finished_batches_and_says_how_to_continue(tmp_path, tiny_b
     index = tmp_path / "idx"
     cmd = [sys.executable, "-m", "d2s_search.cli", "ingest", str(folder), "--bundle", str(tiny_blip_bundle),
            "--index", str(index), "--batch-size", "4", "--workers", "1"]
-    proc = subprocess.Popen(cmd, env=clean_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=clean_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            **interruptible())
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         try:

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from d2s_search.serve import discovery
-from tests.helpers import clean_env, run_cli, run_cli_json
+from tests.helpers import clean_env, interruptible, run_cli, run_cli_json
 from tests.serve.test_serve_cli import RUN_CLI, _wait_for_address
 
 
@@ -22,7 +22,8 @@ def running_serve(tmp_path, tiny_blip_bundle, serve_index, monkeypatch):
     monkeypatch.setenv("D2S_CONFIG_DIR", env["D2S_CONFIG_DIR"])
     args = ["serve", "--bundle", str(tiny_blip_bundle), "--index", str(serve_index), "--port", "0",
             "--thumbnail-dir", str(tmp_path / "thumbs")]
-    proc = subprocess.Popen([sys.executable, "-c", RUN_CLI, *args], stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-c", RUN_CLI, *args], stderr=subprocess.PIPE, text=True, env=env,
+                            **interruptible())
     try:
         yield proc, _wait_for_address(proc, timeout=90)
     finally:

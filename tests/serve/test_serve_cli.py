@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.helpers import clean_env, run_cli
+from tests.helpers import clean_env, interruptible, run_cli
 
 # `d2s-search serve` exactly as the console script runs it.
 RUN_CLI = "import sys; from d2s_search.cli import main; main(sys.argv[1:])"
@@ -37,7 +37,7 @@ def test_serve_runs_until_interrupted(tmp_path, tiny_blip_bundle, serve_index):
     args = ["serve", "--bundle", str(tiny_blip_bundle), "--index", str(serve_index), "--port", "0",
             "--thumbnail-dir", str(tmp_path / "thumbs"), "--log-level", "warning"]
     proc = subprocess.Popen([sys.executable, "-c", RUN_CLI, *args], stderr=subprocess.PIPE, text=True,
-                            env=clean_env(tmp_path))
+                            env=clean_env(tmp_path), **interruptible())
     try:
         url = _wait_for_address(proc, timeout=60)
         assert url.startswith("http://127.0.0.1:")
