@@ -84,15 +84,20 @@ def join_rows(m: torch.Tensor | None, mixed: torch.Tensor, partner: torch.Tensor
     return torch.where(mixed.unsqueeze(1), torch.maximum(m, m[partner]), m)
 
 
-def mix_pairs(zc: torch.Tensor, zi: torch.Tensor, mask: torch.Tensor | None, draw: tuple[torch.Tensor, ...],
-              side: str = "both") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """A batch's captions, images and caption PEC mask with ``draw`` (:meth:`PairMixer.draw`)
-    applied to the ``side`` of :data:`MIX_SIDES` asked for."""
+def check_mix_side(side: str) -> None:
     if side not in MIX_SIDES:
-        raise ValueError(f"the mixed side must be one of {', '.join(MIX_SIDES)}, got {side!r}")
+        raise ValueError(f"mix_side must be one of {', '.join(MIX_SIDES)} (the mixed side), got {side!r}")
+
+
+def mix_pairs(zc: torch.Tensor, zi: torch.Tensor, mask: torch.Tensor | None, draw: tuple[torch.Tensor, ...],
+              side: str = "both", words: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """A batch's captions, images, caption PEC mask and images' caption words (0/1 rows, or
+    None) with ``draw`` (:meth:`PairMixer.draw`) applied to the ``side`` of :data:`MIX_SIDES`
+    asked for: a mixed image may show both images' words."""
+    check_mix_side(side)
     if side != "images":
         zc, mask = mix_vectors(zc, *draw), join_rows(mask, *draw[:2])
     if side != "captions":
-        zi = mix_vectors(zi, *draw)
-    return zc, zi, mask
+        zi, words = mix_vectors(zi, *draw), join_rows(words, *draw[:2])
+    return zc, zi, mask, words
 

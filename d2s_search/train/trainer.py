@@ -25,7 +25,7 @@ import torch
 
 from d2s_search import metrics as M
 from d2s_search.errors import D2SError
-from d2s_search.train.augment import MIX_SIDES, PairMixer, join_rows, mix_pairs
+from d2s_search.train.augment import PairMixer, check_mix_side, mix_pairs
 from d2s_search.train.data import PairSplit
 from d2s_search.train.losses import d2s_loss
 from d2s_search.train.modeling import encode_sparse
@@ -245,8 +245,7 @@ def train(
     pec = PEC(config.expansion, train_tokens, df, config.epochs, config.schedule, config.seed,
               gate_own_words=config.gate_own_words)
     order_rng = np.random.default_rng(config.seed)
-    if config.mix_side not in MIX_SIDES:  # before any work: mix_pairs would say it only at the first step
-        raise ValueError(f"mix_side must be one of {', '.join(MIX_SIDES)}, got {config.mix_side!r}")
+    check_mix_side(config.mix_side)  # before any work, not at the first step
     mixer = PairMixer(config.mix, config.seed, config.mix_most, config.mix_neighbours) if config.mix > 0 else None
 
     val, val_tokens = validation_subset(val_split, val_tokens, config.val_images)
@@ -298,19 +297,16 @@ def train(
                 zc = z_txt[rows_t].to(device)
                 zi = z_img_all[cap_img[rows_t]].to(device)
                 mask, e_c = pec.draw(rows, epoch, device=device)
+                words = None
+                if image_words is not None:
+                    words = _word_matrix(image_words, cap_img[rows_t].numpy(), head.config.vocab_size, device)
                 if mixer is not None:
-                    draw = mixer.draw(len(rows), zc)
-                    zc, zi, mask = mix_pairs(zc, zi, mask, draw, config.mix_side)
+                    zc, zi, mask, words = mix_pairs(zc, zi, mask, mixer.draw(len(rows), zc), config.mix_side, words)
                 with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
                     s_cap = head(zc)
                     if mask is not None:
                         s_cap = s_cap * mask
                     s_img = head(zi, document=True)  # images are never masked; they carry the document shift
-                words = None
-                if image_words is not None:
-                    words = _word_matrix(image_words, cap_img[rows_t].numpy(), s_img.shape[1], device)
-                    if mixer is not None and config.mix_side != "captions":
-                        words = join_rows(words, *draw[:2])  # a mixed image may show both images' words
                 parts = d2s_loss(
                     s_img, s_cap, zi, zc, config.tau, config.eta, config.lam, state["step"], warmup,
                     config.regularizer, config.lexical, words, config.image_eta_scale,

@@ -50,17 +50,21 @@ def test_each_side_is_mixed_only_when_asked():
     zi = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
     mask = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     draw = (torch.tensor([True, False]), torch.tensor([1, 0]), torch.tensor([0.5, 0.5]))
-    both = mix_pairs(zc, zi, mask, draw)
+    words = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    both = mix_pairs(zc, zi, mask, draw, words=words)
     half = 2**-0.5
     torch.testing.assert_close(both[0][0], torch.tensor([half, half]))
     torch.testing.assert_close(both[1][0], torch.tensor([2 * half, 2 * half]))
     assert both[2].tolist() == [[1.0, 1.0], [0.0, 1.0]]
-    images = mix_pairs(zc, zi, mask, draw, "images")
+    assert both[3].tolist() == [[1.0, 1.0], [1.0, 0.0]]  # a mixed image shows both images' words
+    images = mix_pairs(zc, zi, mask, draw, "images", words)
     assert torch.equal(images[0], zc) and torch.equal(images[2], mask)
     torch.testing.assert_close(images[1], both[1])
-    captions = mix_pairs(zc, zi, mask, draw, "captions")
-    assert torch.equal(captions[1], zi)
+    assert torch.equal(images[3], both[3])
+    captions = mix_pairs(zc, zi, mask, draw, "captions", words)
+    assert torch.equal(captions[1], zi) and torch.equal(captions[3], words)
     torch.testing.assert_close(captions[0], both[0])
+    assert mix_pairs(zc, zi, None, draw)[2:] == (None, None)
     with pytest.raises(ValueError, match="mixed side"):
         mix_pairs(zc, zi, mask, draw, "queries")
 
