@@ -81,18 +81,28 @@ def concat(name: str, a, b):
     )
 
 
-def image_term_precision(docs, split, names, k: int = 10) -> float:
-    """Mean share of each photo's top-k terms that occur as whole words in its captions."""
+def caption_word_sets(split) -> list[set[str]]:
+    """Per photo, the whole words of its captions."""
     words: list[set[str]] = [set() for _ in split.image_ids]
     for cap, img in zip(split.captions, split.caption_image, strict=True):
         words[int(img)].update(WORD.findall(cap.lower()))
-    vals = []
+    return words
+
+
+def word_precision(top_words: list[list[str]], words: list[set[str]]) -> float:
+    """Mean share of each photo's listed words that occur in its captions (0 for no words)."""
+    return float(np.mean([np.mean([w in words[i] for w in top]) if len(top) else 0.0
+                          for i, top in enumerate(top_words)]))
+
+
+def image_term_precision(docs, split, names, k: int = 10) -> float:
+    """Mean share of each photo's top-k terms that occur as whole words in its captions."""
+    top_words = []
     for i in range(docs.shape[0]):
         s, e = docs.indptr[i], docs.indptr[i + 1]
         idx, val = docs.indices[s:e], docs.data[s:e]
-        top = idx[np.argsort(-val, kind="stable")[:k]]
-        vals.append(np.mean([names[t] in words[i] for t in top]) if len(top) else 0.0)
-    return float(np.mean(vals))
+        top_words.append([names[t] for t in idx[np.argsort(-val, kind="stable")[:k]]])
+    return word_precision(top_words, caption_word_sets(split))
 
 
 def main() -> None:

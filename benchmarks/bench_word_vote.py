@@ -36,10 +36,6 @@ def caption_words(split, allowed: set[str]) -> list[Counter]:
     return words
 
 
-def precision(top: list[list[str]], truth: list[Counter]) -> float:
-    return float(np.mean([np.mean([w in t for w in words]) if words else 0.0 for words, t in zip(top, truth, strict=True)]))
-
-
 def vote(similarity: np.ndarray, train_words: list[Counter], k: int, idf: dict[str, float] | None) -> list[list[str]]:
     top = []
     for row in similarity:
@@ -65,20 +61,22 @@ def main() -> None:
     names = id_to_token(load_tokenizer())
     allowed_ids = np.flatnonzero(load_head(args.head).allowed.numpy() > 0)
     allowed = {names[i] for i in allowed_ids}
+    from bench_offline_head import caption_word_sets, word_precision
+
     train, test = splits["train"], splits["test"]
-    train_words, test_words = caption_words(train, allowed), caption_words(test, allowed)
+    train_words, test_words = caption_words(train, allowed), caption_word_sets(test)
     unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
     similarity = unit(test.image_emb) @ unit(train.image_emb).T
     df = Counter(w for words in train_words for w in words)
     idf = {w: float(np.log(len(train_words) / n)) for w, n in df.items()}
     prior = [w for w, _ in df.most_common(10)]
     out = {"test_photos": len(test_words), "train_photos": len(train_words),
-           "caption_words_per_photo": round(float(np.mean([len(w) for w in test_words])), 1),
-           "prior": {"words": prior, "precision@10": round(precision([prior] * len(test_words), test_words), 3)},
+           "caption_words_per_photo": round(float(np.mean([len(w & allowed) for w in test_words])), 1),
+           "prior": {"words": prior, "precision@10": round(word_precision([prior] * len(test_words), test_words), 3)},
            "vote": []}
     for k in (int(v) for v in args.neighbours.split(",")):
         for weighted in (False, True):
-            p = precision(vote(similarity, train_words, k, idf if weighted else None), test_words)
+            p = word_precision(vote(similarity, train_words, k, idf if weighted else None), test_words)
             out["vote"].append({"neighbours": k, "idf": weighted, "precision@10": round(p, 3)})
     print(json.dumps(out, indent=1))
 
