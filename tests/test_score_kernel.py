@@ -62,6 +62,50 @@ def test_c_kernel_equals_the_numpy_path_bit_for_bit(seed, id_type):
                 assert np.all(got_top > 0)
 
 
+def large_shard(rng: np.random.Generator, rows: int, cols: int, per_row: int):
+    """A CSC shard of many rows, built vectorised: ids ascending in every list, as the cache
+    stores them; ten terms on ~70% of the rows (dense columns) and Zipf-like popularity for the
+    rest; few distinct weights, so that scores tie."""
+    popularity = 1.0 / np.arange(1, cols + 1)
+    popularity /= popularity.sum()
+    row_of = np.repeat(np.arange(rows), per_row)
+    col_of = rng.choice(cols, size=row_of.size, p=popularity)
+    common = np.flatnonzero(rng.random((rows, 10)) < 0.7)  # terms 0-9 on ~70% of rows: dense columns
+    row_of, col_of = np.concatenate([row_of, common // 10]), np.concatenate([col_of, common % 10])
+    keys = np.unique(col_of.astype(np.int64) * rows + row_of)  # sorted by column, then row
+    col_of, row_of = keys // rows, keys % rows
+    indptr = np.zeros(cols + 1, dtype=np.int32)
+    np.cumsum(np.bincount(col_of, minlength=cols), out=indptr[1:])
+    weights = rng.choice(np.array([0.25, 0.3, 0.5, 1.0, 1.7], dtype=np.float32), size=keys.size)
+    return indptr, row_of.astype(np.int32), kernels.encode_weights(weights)
+
+
+@pytest.mark.parametrize("id_type", [np.uint16, np.int32])
+@pytest.mark.parametrize("rows", [4097, 13_001])  # vector loops with a scalar tail
+def test_c_kernel_equals_the_numpy_path_on_larger_shards(rows, id_type):
+    """Thousands of rows, up to 150 query terms, runs of up to ten dense columns: whichever
+    instruction set the kernel runs with (AVX2 when the CPU has it), every row's products are
+    rounded and added in the query's term order, as the numpy path does (bit-identical)."""
+    rng = np.random.default_rng(rows)
+    n_cols = 300
+    indptr, indices, data = large_shard(rng, rows, n_cols, per_row=12)
+    indices = indices.astype(id_type)
+    terms, columns = dense_columns(indptr, indices, data, rows)
+    assert terms.size >= 10  # the common terms have dense columns
+    for size in (1, 5, 24, 65, 150):
+        common = rng.choice(10, size=min(size, int(rng.integers(1, 11))), replace=False)  # dense runs of 1-10
+        rest = rng.choice(np.arange(10, n_cols + 5), size=size - common.size, replace=False)
+        cols = np.sort(np.concatenate([common, rest])).astype(np.int64)
+        weights = rng.choice([0.5, 1.0, 0.3, 2.0], size=cols.size).astype(np.float32)
+        for t, c in ((None, None), (terms, columns)):
+            want_scores, want_rows, want_top = numpy_path(indptr, indices, data, rows, cols, weights, 10, t, c)
+            buffer = np.full(rows + 3, 7.0, dtype=np.float32)
+            got_rows, got_top = kernels.shard_top(indptr, indices, data, rows, cols, weights, buffer, 10, t, c)
+            assert np.array_equal(buffer[:rows], want_scores)
+            assert np.all(buffer[rows:] == 7.0)
+            assert got_rows.tolist() == want_rows.tolist() and np.array_equal(got_top, want_top)
+
+
 def test_top_k_keeps_the_earliest_row_among_equal_scores():
     indptr = np.array([0, 6], dtype=np.int32)
     indices = np.array([0, 1, 2, 3, 4, 5], dtype=np.int32)

@@ -62,13 +62,22 @@ static void sift_up(entry *heap, int64_t i) {
     }
 }
 
+/* AVX2 where the CPU has it (glibc's ifunc picks the clone when the library loads), SSE2
+ * otherwise: the same IEEE products and sums either way (no FMA: -ffp-contract=off, and "avx2"
+ * does not enable "fma"). The dense columns' loop is the one that gains (docs/benchmarks.md). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
+#define D2S_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define D2S_CLONES
+#endif
+
 /* Accumulate the query's postings into scores[0:n_rows]. Returns the number of postings or
  * pointers found out of bounds (0 for a sound shard). dense_slots[t] >= 0 names a dense
  * column (n_rows weights at dense_columns + slot * n_rows) used instead of the postings.
  * Two instantiations: int32 ids, and the cache's 16-bit in-shard ids (with 16-bit weights,
  * 4 bytes read per posting instead of 8: the loop is bound by reading postings). */
 #define D2S_ACCUMULATE(NAME, ID_T)                                                                \
-    D2S_EXPORT int64_t NAME(const int32_t *indptr, int64_t n_cols, const ID_T *indices,           \
+    D2S_EXPORT D2S_CLONES int64_t NAME(const int32_t *indptr, int64_t n_cols, const ID_T *indices, \
                             const uint16_t *data, int64_t nnz, int64_t n_rows, const int64_t *cols, \
                             const float *weights, int64_t n_terms, const int64_t *dense_slots,    \
                             const uint16_t *dense_columns, int64_t n_dense, float *scores) {      \
