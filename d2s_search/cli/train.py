@@ -69,9 +69,9 @@ def _tokenizer_option(f):
 @click.option("--lambda", "lam", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="Mix of distillation (1-lambda) and L1 (lambda); 0.5 = the authors' loss / 2.")
 @click.option("--tau", type=float, default=1e-3, show_default=True, help="Teacher temperature on dense scores.")
 @click.option("--epochs", type=click.IntRange(1), default=None,
-              help="Passes over the training captions [default: 200; joint: 20].")
+              help="Passes over the training captions [default: 30 below 50,000 training captions (the measured recipe), else 200 (the paper's); joint: 20].")
 @click.option("--batch-size", type=click.IntRange(2), default=None,
-              help="Captions per step, the other images of the batch are the negatives [default: 512; joint: 256].")
+              help="Captions per step, the other images of the batch are the negatives [default: 128 below 50,000 training captions, else 512; joint: 256].")
 @click.option("--lr-proj", type=float, default=3e-3, show_default=True, help="Learning rate of W1 (the paper: 1e-3).")
 @click.option("--lr-vocab", type=float, default=2e-3, show_default=True, help="Learning rate of LayerNorm, W2 and the per-term bias (the paper: 5e-5 over 200 epochs).")
 @click.option("--warmup", type=click.FloatRange(0, 1), default=0.2, show_default=True, help="Share of steps for lr warm-up and the L1 ramp.")
@@ -163,16 +163,23 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
         )
         return _train_joint(data, out, cfg, vocab_init, joint_init_head, tokenizer, export_onnx_head, flops_budget,
                             query_word_boost, as_json)
-    expansion, epochs, batch_size = expansion or "c+w", epochs or 200, batch_size or 512
+    expansion = expansion or "c+w"
     from d2s_search.train.data import load_dataset
     from d2s_search.train.modeling import build_head
-    from d2s_search.train.trainer import TrainConfig, TrainingError
+    from d2s_search.train.trainer import TrainConfig, TrainingError, default_schedule
     from d2s_search.train.trainer import train as run_train
     from d2s_search.train.vocab import excluded_token_ids, load_tokenizer, tokenize_captions
 
     splits = load_dataset(data)
     if "train" not in splits:
         raise TrainingError(f"{data} has no training split")
+    if epochs is None or batch_size is None:
+        n_captions = len(splits["train"].caption_ids)
+        auto_epochs, auto_batch = default_schedule(n_captions)
+        epochs, batch_size = epochs or auto_epochs, batch_size or auto_batch
+        if not as_json:
+            click.echo(f"{n_captions:,} training captions: {epochs} epochs of batch {batch_size} "
+                       "(--epochs / --batch-size to change)", err=True)
     tok = load_tokenizer(tokenizer)
     train_tokens = tokenize_captions(splits["train"].captions, tok)
     val = splits.get("val")

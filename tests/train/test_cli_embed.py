@@ -189,3 +189,28 @@ def test_cli_train_says_when_nothing_fits_the_flops_budget(tmp_path):
     assert res.exit_code == 0, res.output
     head = load_head(tmp_path / "off" / "head.pt")
     assert head.config.document_shift == head.config.query_word_boost == 0.0
+
+
+def test_cli_train_schedule_follows_the_dataset_size_unless_given(tmp_path):
+    """Without --epochs / --batch-size a small training split gets the measured recipe's 30
+    epochs of batch 128, not the paper's 200 x 512 (hours on a CPU); given values win."""
+    from d2s_search.train.trainer import SMALL_DATASET_CAPTIONS, default_schedule
+
+    assert default_schedule(7_000) == default_schedule(SMALL_DATASET_CAPTIONS - 1) == (30, 128)
+    assert default_schedule(SMALL_DATASET_CAPTIONS) == default_schedule(566_000) == (200, 512)
+    data = _word_dataset(tmp_path / "data")
+    np.save(tmp_path / "w2.npy", np.random.default_rng(0).standard_normal((30522, 16)).astype(np.float32) * 0.1)
+    common = ["--data", str(data), "--vocab-init", str(tmp_path / "w2.npy"), "--flops-budget", "0"]
+    res = CliRunner().invoke(train, [*common, "--out", str(tmp_path / "auto")], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "80 training captions: 30 epochs of batch 128" in res.stderr
+    config = json.loads((tmp_path / "auto" / "config.json").read_text())
+    assert (config["epochs"], config["batch_size"]) == (30, 128)
+    assert len(json.loads((tmp_path / "auto" / "history.json").read_text())) == 30
+    res = CliRunner().invoke(train, [*common, "--out", str(tmp_path / "given"), "--epochs", "2", "--json"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    config = json.loads((tmp_path / "given" / "config.json").read_text())
+    assert (config["epochs"], config["batch_size"]) == (2, 128)  # the unset one still follows the size
+    assert "training captions" not in res.output  # --json: stdout is the JSON alone
+    json.loads(res.stdout)
