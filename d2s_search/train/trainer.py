@@ -50,6 +50,19 @@ def default_schedule(n_captions: int) -> tuple[int, int]:
     return (30, 128) if n_captions < SMALL_DATASET_CAPTIONS else (200, 512)
 
 
+def _settings_differ(stored, now: dict) -> str:
+    """" (epochs 200 there, 30 now; ...)": the first settings a resumed run would change. The
+    stored side was read back from disk, so anything but a dict names nothing."""
+    if not isinstance(stored, dict):
+        return ""
+    def value(d: dict, k: str) -> str:  # identity() leaves out settings at their old defaults
+        return repr(d[k]) if k in d else "default"
+
+    keys = sorted(k for k in set(stored) | set(now) if stored.get(k, value) != now.get(k, value))
+    shown = "; ".join(f"{k} {value(stored, k)} there, {value(now, k)} now" for k in keys[:3])
+    return f" ({shown}{'; ...' if len(keys) > 3 else ''})" if keys else ""
+
+
 @dataclass
 class TrainConfig:
     expansion: str = "c+w"
@@ -275,7 +288,8 @@ def train(
         ckpt = torch.load(last, map_location="cpu", weights_only=False)
         if ckpt["config"] != config.identity():
             raise TrainingError(
-                f"{last} was written with other settings; use another --out or drop --resume"
+                f"{last} was written with other settings{_settings_differ(ckpt['config'], config.identity())}; "
+                "use another --out or drop --resume (or give the run's settings again)"
             )
         head.load_state_dict(ckpt["head"])
         opt.load_state_dict(ckpt["optimizer"])

@@ -92,8 +92,9 @@ def test_resume_continues_exactly(synthetic, tmp_path, mix, side, neighbours):
         torch.testing.assert_close(last_b[k], last_a[k], rtol=0, atol=1e-6)
     # resuming with other settings is refused
     other = TrainConfig(expansion="1", **{**FAST, "epochs": 4})
-    with pytest.raises(TrainingError):
+    with pytest.raises(TrainingError, match=r"other settings \(expansion 'c\+w' there, '1' now[;)]") as err:
         train(fresh(), tr, trt, other, tmp_path / "b", va, vat, resume=True, progress=False)
+    assert "\n" not in str(err.value)
 
 
 def test_an_unknown_mixed_side_is_refused_before_training(synthetic, tmp_path):
