@@ -54,7 +54,8 @@ def parse_recipe(spec: str) -> tuple[str, dict, dict]:
     types = {"eta": float, "lam": float, "tau": float, "epochs": int, "batch_size": int, "lr_proj": float,
              "lr_vocab": float, "warmup": float, "seed": int, "val_images": int, "gate_own_words": bool,
              "select_after_warmup": bool, "lr_bias": "float | None", "lexical": float,
-             "image_eta_scale": float, "mix": float, "mix_most": float, "mix_neighbours": int, "mix_side": str}
+             "image_eta_scale": float, "mix": float, "mix_most": float, "mix_neighbours": int, "mix_side": str,
+             "cluster_images": int}
     train_kw, head_kw = {}, {}
     for item in filter(None, body.split(",")):
         k, _, v = item.partition("=")

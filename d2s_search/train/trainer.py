@@ -26,6 +26,7 @@ import torch
 from d2s_search import metrics as M
 from d2s_search.errors import D2SError
 from d2s_search.train.augment import PairMixer, check_mix_side, mix_pairs
+from d2s_search.train.batching import clustered_order, image_clusters
 from d2s_search.train.data import PairSplit
 from d2s_search.train.losses import d2s_loss
 from d2s_search.train.modeling import encode_sparse
@@ -52,15 +53,18 @@ def default_schedule(n_captions: int) -> tuple[int, int]:
 
 def _settings_differ(stored, now: dict) -> str:
     """" (epochs 200 there, 30 now; ...)": the first settings a resumed run would change. The
-    stored side was read back from disk, so anything but a dict names nothing."""
+    stored side was read back from disk, so anything but a dict names nothing. A key missing on
+    one side is a setting at its old default (``identity()`` leaves those out)."""
     if not isinstance(stored, dict):
         return ""
-    def value(d: dict, k: str) -> str:  # identity() leaves out settings at their old defaults
-        return repr(d[k]) if k in d else "default"
+    missing = object()
 
-    keys = sorted(k for k in set(stored) | set(now) if stored.get(k, value) != now.get(k, value))
-    shown = "; ".join(f"{k} {value(stored, k)} there, {value(now, k)} now" for k in keys[:3])
-    return f" ({shown}{'; ...' if len(keys) > 3 else ''})" if keys else ""
+    def shown(d: dict, k: str) -> str:
+        return repr(d[k])[:40] if k in d else "default"
+
+    keys = sorted((k for k in set(stored) | set(now) if stored.get(k, missing) != now.get(k, missing)), key=str)
+    parts = "; ".join(f"{k} {shown(stored, k)} there, {shown(now, k)} now" for k in keys[:3])
+    return f" ({parts}{'; ...' if len(keys) > 3 else ''})" if keys else ""
 
 
 @dataclass
@@ -97,6 +101,9 @@ class TrainConfig:
     mix_most: float = 1.0  # the partner's largest weight in a mix (drawn uniformly up to it)
     mix_side: str = "both"  # which side is mixed: "both", "images" (documents) or "captions" (queries)
     mix_neighbours: int = 0  # > 0: a row's partner is one of its most similar rows in the batch
+    # > 0: batches are cut from k-means clusters of similar training images, about this many
+    # images per cluster (batching.py: topic-aware sampling). 0 = random batches.
+    cluster_images: int = 0
     notes: dict = field(default_factory=dict)
 
     def resolved_device(self) -> torch.device:
@@ -118,6 +125,8 @@ class TrainConfig:
             d.pop("mix_side")
         if d["mix_neighbours"] == 0:
             d.pop("mix_neighbours")
+        if d["cluster_images"] == 0:
+            d.pop("cluster_images")
         return d
 
 
@@ -273,6 +282,10 @@ def train(
     check_mix_side(config.mix_side)  # before any work, not at the first step
     mixer = PairMixer(config.mix, config.seed, config.mix_most, config.mix_neighbours) if config.mix > 0 else None
 
+    if config.cluster_images < 0:
+        raise TrainingError(f"images per cluster must be >= 0, got {config.cluster_images}")
+    row_cluster = (image_clusters(train_split.image_emb, train_split.caption_image, config.cluster_images, config.seed)
+                   if config.cluster_images > 0 else None)
     val, val_tokens = validation_subset(val_split, val_tokens, config.val_images)
 
     head.config.notes = {
@@ -315,7 +328,7 @@ def train(
             bar.start()
         for epoch in range(state["epoch"], config.epochs):
             t0 = time.perf_counter()
-            perm = order_rng.permutation(n)
+            perm = order_rng.permutation(n) if row_cluster is None else clustered_order(order_rng, row_cluster)
             sums = {"loss": 0.0, "ce": 0.0, "l1_img": 0.0, "l1_cap": 0.0, "expanded": 0.0}
             for b in range(steps_per_epoch):
                 rows = perm[b * config.batch_size : (b + 1) * config.batch_size]

@@ -63,10 +63,12 @@ def test_no_checkpoint_from_before_the_l1_ramp(synthetic, tmp_path):
     assert summary["best_epoch"] >= 2
 
 
-@pytest.mark.parametrize(("mix", "side", "neighbours"), [(0.0, "both", 0), (0.5, "both", 0), (0.5, "images", 3)])
-def test_resume_continues_exactly(synthetic, tmp_path, mix, side, neighbours):
+@pytest.mark.parametrize(("mix", "side", "neighbours", "clusters"),
+                         [(0.0, "both", 0, 0), (0.5, "both", 0, 0), (0.5, "images", 3, 0), (0.0, "both", 0, 5)])
+def test_resume_continues_exactly(synthetic, tmp_path, mix, side, neighbours, clusters):
     (tr, trt, _), (va, vat, _), _ = synthetic
-    cfg = TrainConfig(expansion="c+w", mix=mix, mix_side=side, mix_neighbours=neighbours, **{**FAST, "epochs": 4})
+    cfg = TrainConfig(expansion="c+w", mix=mix, mix_side=side, mix_neighbours=neighbours, cluster_images=clusters,
+                      **{**FAST, "epochs": 4})
 
     def fresh():
         return build_head(tr.dim, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=32, seed=0)
@@ -92,7 +94,7 @@ def test_resume_continues_exactly(synthetic, tmp_path, mix, side, neighbours):
         torch.testing.assert_close(last_b[k], last_a[k], rtol=0, atol=1e-6)
     # resuming with other settings is refused
     other = TrainConfig(expansion="1", **{**FAST, "epochs": 4})
-    with pytest.raises(TrainingError, match=r"other settings \(expansion 'c\+w' there, '1' now[;)]") as err:
+    with pytest.raises(TrainingError, match=r"other settings \((cluster_images 5 there, default now; )?expansion 'c\+w' there, '1' now[;)]") as err:
         train(fresh(), tr, trt, other, tmp_path / "b", va, vat, resume=True, progress=False)
     assert "\n" not in str(err.value)
 
