@@ -16,6 +16,7 @@ import math
 import random
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,7 @@ import torch
 from d2s_search import metrics as M
 from d2s_search.errors import D2SError
 from d2s_search.train.augment import PairMixer, check_mix_side, mix_pairs
+from d2s_search.train.averaging import WeightAverage
 from d2s_search.train.batching import clustered_order, image_clusters
 from d2s_search.train.data import PairSplit
 from d2s_search.train.losses import d2s_loss
@@ -104,6 +106,9 @@ class TrainConfig:
     # > 0: batches are cut from k-means clusters of similar training images, about this many
     # images per cluster (batching.py: topic-aware sampling). 0 = random batches.
     cluster_images: int = 0
+    # > 0: validate and save an exponential moving average of the weights with this decay per
+    # step (averaging.py). 0 = the live weights.
+    average_decay: float = 0.0
     notes: dict = field(default_factory=dict)
 
     def resolved_device(self) -> torch.device:
@@ -127,6 +132,8 @@ class TrainConfig:
             d.pop("mix_neighbours")
         if d["cluster_images"] == 0:
             d.pop("cluster_images")
+        if d["average_decay"] == 0.0:
+            d.pop("average_decay")
         return d
 
 
@@ -286,6 +293,9 @@ def train(
         raise TrainingError(f"images per cluster must be >= 0, got {config.cluster_images}")
     row_cluster = (image_clusters(train_split.image_emb, train_split.caption_image, config.cluster_images, config.seed)
                    if config.cluster_images > 0 else None)
+    if not 0.0 <= config.average_decay < 1.0:
+        raise TrainingError(f"the weight average's decay must be in [0, 1), got {config.average_decay}")
+    average = WeightAverage(head, config.average_decay) if config.average_decay > 0 else None
     val, val_tokens = validation_subset(val_split, val_tokens, config.val_images)
 
     head.config.notes = {
@@ -312,6 +322,11 @@ def train(
         order_rng.bit_generator.state = ckpt["order_rng"]
         if mixer is not None:
             mixer.load_state_dict(ckpt["mixer"])
+        if average is not None:
+            try:
+                average.load_state_dict(ckpt.get("average", {}))
+            except (ValueError, KeyError, TypeError, RuntimeError) as err:
+                raise TrainingError(f"{last}: {err}; use another --out or drop --resume") from None
         torch.set_rng_state(ckpt["torch_rng"])
         state = ckpt["state"]
     (out / "config.json").write_text(json.dumps({**asdict(config), "head": asdict(head.config)}, indent=2))
@@ -355,6 +370,8 @@ def train(
                 scaler.step(opt)
                 scaler.update()
                 sched.step()
+                if average is not None:
+                    average.update(head)
                 state["step"] += 1
                 sums["loss"] += float(parts.total.detach())
                 sums["ce"] += (parts.ce_i2c + parts.ce_c2i) / 2
@@ -363,11 +380,12 @@ def train(
                 sums["expanded"] += e_c
                 if bar:
                     bar.update(task, advance=1, info=f"epoch {epoch + 1}/{config.epochs} loss {float(parts.total.detach()):.4f}")
-            metrics = (
-                validate(head, val, val_tokens, config.expansion, device, config.eval_batch)
-                if val is not None
-                else {}
-            )
+            with average.applied(head) if average is not None else nullcontext():
+                metrics = (
+                    validate(head, val, val_tokens, config.expansion, device, config.eval_batch)
+                    if val is not None
+                    else {}
+                )
             entry = EpochLog(
                 epoch + 1,
                 sums["loss"] / steps_per_epoch,
@@ -387,9 +405,10 @@ def train(
                 state["best_r1"], state["best_epoch"] = r1, epoch + 1
                 head.config.trained = True
                 head.config.notes = {**head.config.notes, "best_epoch": epoch + 1, "val": metrics}
-                save_head(head, out / "head.pt")
+                with average.applied(head) if average is not None else nullcontext():
+                    save_head(head, out / "head.pt")
             state["epoch"] = epoch + 1
-            _save_state(last, head, opt, sched, scaler, pec, order_rng, config, state, mixer)
+            _save_state(last, head, opt, sched, scaler, pec, order_rng, config, state, mixer, average)
             (out / "history.json").write_text(json.dumps(state["history"], indent=2))
             if bar:
                 bar.console.log(_epoch_line(entry))
@@ -412,7 +431,7 @@ def train(
     }
 
 
-def _save_state(path, head, opt, sched, scaler, pec, order_rng, config, state, mixer=None) -> None:
+def _save_state(path, head, opt, sched, scaler, pec, order_rng, config, state, mixer=None, average=None) -> None:
     payload = {
         "head": {k: v.detach().cpu() for k, v in head.state_dict().items()},
         "optimizer": opt.state_dict(),
@@ -426,6 +445,8 @@ def _save_state(path, head, opt, sched, scaler, pec, order_rng, config, state, m
     }
     if mixer is not None:
         payload["mixer"] = mixer.state_dict()
+    if average is not None:
+        payload["average"] = average.state_dict()
     tmp = path.with_suffix(".tmp")
     torch.save(payload, tmp)
     tmp.replace(path)

@@ -63,12 +63,13 @@ def test_no_checkpoint_from_before_the_l1_ramp(synthetic, tmp_path):
     assert summary["best_epoch"] >= 2
 
 
-@pytest.mark.parametrize(("mix", "side", "neighbours", "clusters"),
-                         [(0.0, "both", 0, 0), (0.5, "both", 0, 0), (0.5, "images", 3, 0), (0.0, "both", 0, 5)])
-def test_resume_continues_exactly(synthetic, tmp_path, mix, side, neighbours, clusters):
+@pytest.mark.parametrize(("mix", "side", "neighbours", "clusters", "decay"),
+                         [(0.0, "both", 0, 0, 0.0), (0.5, "both", 0, 0, 0.0), (0.5, "images", 3, 0, 0.0),
+                          (0.0, "both", 0, 5, 0.0), (0.0, "both", 0, 0, 0.9)])
+def test_resume_continues_exactly(synthetic, tmp_path, mix, side, neighbours, clusters, decay):
     (tr, trt, _), (va, vat, _), _ = synthetic
     cfg = TrainConfig(expansion="c+w", mix=mix, mix_side=side, mix_neighbours=neighbours, cluster_images=clusters,
-                      **{**FAST, "epochs": 4})
+                      average_decay=decay, **{**FAST, "epochs": 4})
 
     def fresh():
         return build_head(tr.dim, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=32, seed=0)
@@ -92,11 +93,33 @@ def test_resume_continues_exactly(synthetic, tmp_path, mix, side, neighbours, cl
     last_b = torch.load(tmp_path / "b" / "last.pt", weights_only=False)["head"]
     for k in last_a:
         torch.testing.assert_close(last_b[k], last_a[k], rtol=0, atol=1e-6)
+    if decay:  # the weight average resumes exactly too
+        avg_a, avg_b = (torch.load(tmp_path / n / "last.pt", weights_only=False)["average"] for n in "ab")
+        assert avg_a["updates"] == avg_b["updates"] == 40
+        for k in avg_a["shadow"]:
+            torch.testing.assert_close(avg_b["shadow"][k], avg_a["shadow"][k], rtol=0, atol=1e-6)
     # resuming with other settings is refused
     other = TrainConfig(expansion="1", **{**FAST, "epochs": 4})
-    with pytest.raises(TrainingError, match=r"other settings \((cluster_images 5 there, default now; )?expansion 'c\+w' there, '1' now[;)]") as err:
+    with pytest.raises(TrainingError, match=r"other settings \(((average_decay|cluster_images) [0-9.]+ there, default now; )?expansion 'c\+w' there, '1' now[;)]") as err:
         train(fresh(), tr, trt, other, tmp_path / "b", va, vat, resume=True, progress=False)
     assert "\n" not in str(err.value)
+
+
+def test_the_saved_head_is_the_weight_average(synthetic, tmp_path):
+    (tr, trt, _), (va, vat, _), _ = synthetic
+    head = build_head(tr.dim, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=32, seed=0)
+    cfg = TrainConfig(expansion="c+w", average_decay=0.9, **{**FAST, "epochs": 1})
+    summary = train(head, tr, trt, cfg, tmp_path / "avg", va, vat, progress=False)
+    assert summary["best_epoch"] == 1  # the last epoch is always eligible
+    saved = load_head(tmp_path / "avg" / "head.pt").state_dict()
+    ckpt = torch.load(tmp_path / "avg" / "last.pt", weights_only=False)
+    assert ckpt["average"]["updates"] == summary["steps"] == 10
+    for k in saved:
+        assert torch.equal(saved[k], ckpt["average"]["shadow"][k])  # the average was saved...
+        assert torch.equal(head.state_dict()[k], saved[k])  # ...and returned
+    assert any(not torch.equal(saved[k], ckpt["head"][k]) for k in saved)  # not the live weights
+    with pytest.raises(TrainingError, match=r"decay must be in \[0, 1\)"):
+        train(head, tr, trt, TrainConfig(average_decay=1.0, **FAST), tmp_path / "bad", va, vat, progress=False)
 
 
 def test_an_unknown_mixed_side_is_refused_before_training(synthetic, tmp_path):
