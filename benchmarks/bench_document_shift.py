@@ -73,7 +73,7 @@ def test_grid(head, split, tokens, names, shifts) -> list[dict]:
 def main() -> None:
     import torch
 
-    from d2s_search.train.calibrate import BOOSTS, SHIFTS, choose_document_shift
+    from d2s_search.train.calibrate import BOOSTS, SHIFTS, choose_document_shift, pick_distractors
     from d2s_search.train.data import load_dataset
     from d2s_search.train.vocab import id_to_token, load_tokenizer, tokenize_captions
     from onnx_export.head import load_head
@@ -89,6 +89,9 @@ def main() -> None:
     ap.add_argument("--boosts", help="Comma-separated boosts to try (default calibrate.BOOSTS with --boost).")
     ap.add_argument("--test-grid", action="store_true",
                     help="Also score test at every shift (the chosen boost): the curve, apart from the choice.")
+    ap.add_argument("--distractors", type=int, default=0,
+                    help="Validation R@1 against this many training images too (train's default: 4000; 0 = "
+                         "the validation images alone, as before session 12).")
     ap.add_argument("--out", type=Path, default=ROOT / "test-artifacts" / "document_shift.jsonl")
     args = ap.parse_args()
     grid = lambda text: tuple(float(v) for v in text.split(","))  # noqa: E731
@@ -100,6 +103,7 @@ def main() -> None:
     names = id_to_token(tok)
     val_tokens = tokenize_captions(splits["val"].captions, tok)
     test_tokens = tokenize_captions(splits["test"].captions, tok)
+    distractors = pick_distractors(splits["train"].image_emb, splits["train"].caption_image, args.distractors)
     for path in args.heads:
         head = load_head(path).eval()
         head.config.document_shift = head.config.query_word_boost = 0.0
@@ -107,11 +111,11 @@ def main() -> None:
         grids: dict[float, list[dict]] = {}  # per boost: the same for every budget
         for budget in args.budget:
             choice = choose_document_shift(head, splits["val"], val_tokens, args.mode, budget,
-                                           shifts=shifts, boosts=boosts)
+                                           shifts=shifts, boosts=boosts, distractors=distractors)
             if args.test_grid and choice.boost not in grids:
                 grids[choice.boost] = test_grid(head, splits["test"], test_tokens, names, shifts)
             row = {"head": str(path), "budget": budget, "document_shift": choice.shift,
-                   "query_word_boost": choice.boost, "val": choice.table,
+                   "query_word_boost": choice.boost, "distractors": choice.distractors, "val": choice.table,
                    "test": score_test_split(head, splits["test"], test_tokens, names, not args.no_static), "test_no_shift": base,
                    "test_grid": grids.get(choice.boost),
                    "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"), "load": os.getloadavg()[0]}

@@ -103,6 +103,9 @@ def _tokenizer_option(f):
 @click.option("--query-word-boost", type=click.FloatRange(0, 100), default=2.0, show_default=True,
               help="Added to a query's own words before the ReLU, so what the user typed is always searched; saved "
                    "in the head (set, not chosen on validation: docs/training.md). 0 = none.")
+@click.option("--calibration-distractors", type=click.IntRange(0), default=4000, show_default=True,
+              help="Choose the document shift by validation R@1 against the validation images plus up to this many "
+                   "training images: a few hundred validation images alone saturate R@1 (docs/training.md). 0 = none.")
 @click.option("--val-images", type=click.IntRange(0), default=1000, show_default=True, help="Validate on the first N val images (0 = all).")
 @click.option("--select-during-warmup", is_flag=True, help="Let epochs that end inside the warm-up (L1 not yet at full weight) be chosen as best.")
 @click.option("--objective", type=click.Choice(["sparse", "joint"]), default="sparse", show_default=True,
@@ -130,7 +133,7 @@ def _tokenizer_option(f):
 @click.pass_context
 def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj, lr_vocab, warmup, schedule,
           vocab_init, freeze_vocab, regularizer, bias_init, lr_bias, norm_gain, output_terms, proj_init, gate_own_words,
-          image_eta_scale, mix, mix_most, flops_budget, query_word_boost, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image,
+          image_eta_scale, mix, mix_most, flops_budget, query_word_boost, calibration_distractors, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image,
           joint_w1, joint_w2, joint_lambda1, joint_lambda2, joint_lambda3, joint_tau, joint_max_flops, joint_init_head, seed, device, threads,
           amp, resume, export_onnx_head, tokenizer, as_json) -> int:
     """Train a D2S sparse head on precomputed dense embeddings (docs/training.md).
@@ -162,7 +165,7 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
             select_after_warmup=not select_during_warmup, select_max_flops=joint_max_flops, device=device,
         )
         return _train_joint(data, out, cfg, vocab_init, joint_init_head, tokenizer, export_onnx_head, flops_budget,
-                            query_word_boost, as_json)
+                            query_word_boost, calibration_distractors, as_json)
     expansion = expansion or "c+w"
     from d2s_search.train.data import load_dataset
     from d2s_search.train.modeling import build_head
@@ -205,7 +208,7 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
                         resume=resume, progress=not as_json)
     if flops_budget > 0 and val is not None:
         summary["document_shift"] = _choose_document_shift(head, val, val_tokens, cfg, flops_budget, query_word_boost,
-                                                           Path(out), as_json)
+                                                           Path(out), as_json, splits["train"], calibration_distractors)
     else:
         _keep_boost(head, query_word_boost, Path(out))
     if export_onnx_head:
@@ -233,19 +236,21 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
 
 
 def _choose_document_shift(head, val, val_tokens, cfg, flops_budget: float, boost: float, out: Path,
-                           as_json: bool) -> dict:
+                           as_json: bool, train_split, distractors: int) -> dict:
     """After training (either objective: ``cfg`` is its config): with the query word boost
-    set, the document shift with the best validation R@1 within the FLOPs budget, saved into
-    the best head (d2s_search.train.calibrate)."""
-    from d2s_search.train.calibrate import choose_document_shift
+    set, the document shift with the best validation R@1 (against the validation images and up
+    to ``distractors`` of ``train_split``'s) within the FLOPs budget, saved into the best head
+    (d2s_search.train.calibrate)."""
+    from d2s_search.train.calibrate import choose_document_shift, pick_distractors
     from d2s_search.train.trainer import validation_subset
     from onnx_export.head import save_head
 
     val, val_tokens = validation_subset(val, val_tokens, cfg.val_images)
     if not as_json:
         click.echo(f"choosing the document shift on validation (FLOPs budget {flops_budget:g})", err=True)
+    extra = pick_distractors(train_split.image_emb, train_split.caption_image, distractors, cfg.seed)
     choice = choose_document_shift(head, val, val_tokens, cfg.expansion, flops_budget, cfg.resolved_device(),
-                                   boosts=(boost,))
+                                   boosts=(boost,), distractors=extra)
     save_head(head, out / "head.pt")
     return choice.to_json()
 
@@ -260,7 +265,7 @@ def _keep_boost(head, boost: float, out: Path) -> None:
 
 
 def _train_joint(data, out, cfg, vocab_init, init_head, tokenizer, export_onnx_head, flops_budget, boost,
-                 as_json) -> int:
+                 distractors, as_json) -> int:
     """``train --objective joint``: from ``embed --features`` output (img_feats/text_feats,
     projections.safetensors, dataset_meta.json)."""
     from d2s_search.train.data import load_authors_layout
@@ -303,9 +308,10 @@ def _train_joint(data, out, cfg, vocab_init, init_head, tokenizer, export_onnx_h
         from d2s_search.train.joint import JointModel, project
 
         best = load_head(summary["head"])
-        projected = project(JointModel(best, load_projections(summary["projections"]), cfg.tau).eval(), val)
-        summary["document_shift"] = _choose_document_shift(best, projected, val_tokens, cfg, flops_budget, boost,
-                                                           Path(out), as_json)
+        model = JointModel(best, load_projections(summary["projections"]), cfg.tau).eval()
+        summary["document_shift"] = _choose_document_shift(best, project(model, val), val_tokens, cfg, flops_budget,
+                                                           boost, Path(out), as_json, project(model, feats["train"]),
+                                                           distractors)
     else:
         _keep_boost(load_head(summary["head"]), boost, Path(out))
     if export_onnx_head:

@@ -62,6 +62,8 @@ def test_cli_train_evaluate_export(tmp_path):
     assert trained.config.output_bias and trained.config.notes["output_terms"] == "words"
     # After training, the document shift is chosen on val within --flops-budget (12) and saved.
     tried = summary["document_shift"]["tried"]
+    # ... by R@1 against the validation images plus the 40 training images (train's default)
+    assert summary["document_shift"]["distractors"] == 40 and all("R@1_own" in r for r in tried)
     fits = [r for r in tried if r["within_budget"]]
     assert [r["shift"] for r in tried] == sorted(r["shift"] for r in tried) and all(r["FLOPs"] <= 12 for r in fits)
     assert trained.config.document_shift == summary["document_shift"]["document_shift"] == (
@@ -189,6 +191,12 @@ def test_cli_train_says_when_nothing_fits_the_flops_budget(tmp_path):
     assert res.exit_code == 0, res.output
     head = load_head(tmp_path / "off" / "head.pt")
     assert head.config.document_shift == head.config.query_word_boost == 0.0
+    # without distractors the choice reads the validation images alone
+    res = CliRunner().invoke(train, [*common, "--out", str(tmp_path / "alone"), "--calibration-distractors", "0",
+                                     "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    chosen = json.loads(res.stdout)["document_shift"]
+    assert chosen["distractors"] == 0 and not any("R@1_own" in r for r in chosen["tried"])
 
 
 def test_cli_train_schedule_follows_the_dataset_size_unless_given(tmp_path):

@@ -183,3 +183,50 @@ def test_damaged_boost_metadata_of_an_onnx_head_is_refused_in_one_line(tmp_path)
         with pytest.raises(ModelError, match="damaged d2s_head metadata") as err:
             OnnxHead(tmp_path / "bad.onnx")
         assert "\n" not in str(err.value)
+
+
+def test_distractors_make_a_larger_collection_of_the_same_judgements(synthetic):
+    from d2s_search.train.calibrate import pick_distractors, with_distractors
+
+    (tr, _, _), (va, _, _), _ = synthetic
+    extra = pick_distractors(tr.image_emb, tr.caption_image, limit=10**6)
+    used = np.unique(tr.caption_image)
+    assert np.array_equal(extra, tr.image_emb[used])  # below the limit: every training image a caption uses
+    few = pick_distractors(tr.image_emb, tr.caption_image, limit=5, seed=1)
+    assert few.shape == (5, tr.dim) and np.array_equal(few, pick_distractors(tr.image_emb, tr.caption_image, 5, 1))
+    assert all(any(np.array_equal(row, img) for img in tr.image_emb[used]) for row in few)
+    assert pick_distractors(tr.image_emb, tr.caption_image, limit=0).shape == (0, tr.dim)
+    pool = with_distractors(va, extra)
+    assert len(pool.image_ids) == len(va.image_ids) + len(extra) == len(set(pool.image_ids))
+    assert np.array_equal(pool.image_emb[: len(va.image_ids)], va.image_emb)
+    assert [q.tolist() for q in pool.qrels()] == [q.tolist() for q in va.qrels()]  # no caption points to them
+    with pytest.raises(ValueError, match="distractors must be"):
+        with_distractors(va, extra[:, :-1])
+
+
+def test_with_distractors_the_choice_follows_r1_over_the_larger_collection(synthetic, sparse_start_head):
+    from d2s_search.train.calibrate import pick_distractors, with_distractors
+    from d2s_search.train.trainer import (
+        validation_documents,
+        validation_metrics,
+        validation_queries,
+    )
+
+    (tr, _, _), (va, vat, _), _ = synthetic
+    head = sparse_start_head
+    shifts = (0.0, 0.1, 0.2, 0.3)
+    extra = pick_distractors(tr.image_emb, tr.caption_image)
+    pool = with_distractors(va, extra)
+    alone = choose_document_shift(head, va, vat, "c+w", 1e9, shifts=shifts)
+    choice = choose_document_shift(head, va, vat, "c+w", 1e9, shifts=shifts, distractors=extra)
+    assert choice.distractors == len(extra) > 0 and alone.distractors == 0
+    q = validation_queries(head, va, vat, "c+w", torch.device("cpu"))
+    for row, own in zip(choice.table, alone.table, strict=True):
+        head.config.document_shift = row["shift"]  # the reference, by hand over the larger collection
+        docs = validation_documents(head, pool, torch.device("cpu"))
+        assert row["R@1"] == validation_metrics(q, docs, pool)["R@1"]
+        assert row["R@1_own"] == own["R@1"] and row["FLOPs"] == own["FLOPs"]  # the budget: validation images
+    assert min(r["R@1"] for r in choice.table) < min(r["R@1"] for r in alone.table)  # a harder collection
+    best = max(choice.table, key=lambda r: (r["R@1"], -r["shift"]))
+    assert choice.shift == best["shift"] == head.config.document_shift
+    head.config.document_shift = 0.0

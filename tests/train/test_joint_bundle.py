@@ -49,6 +49,7 @@ def test_joint_bundle_round_trip(tmp_path, tiny_blip_bundle, capsys):
                                   "--out", run, "--select-during-warmup"], capsys)
     assert code == 0 and summary["best_epoch"] >= 1
     assert summary["steps"] == 3 * 4  # 12 train images x 2 captions: 2 rounds of 12, each cut 8 + 4
+    assert summary["document_shift"]["distractors"] == 12  # the fine-tuned training images beside validation
 
     code, exported = run_cli_json(["export-onnx", "--model", "tiny-blip", "--head", run / "head.pt",
                                    "--projections", run / "projections.safetensors", "--out", tmp_path / "jb"], capsys)
