@@ -55,7 +55,7 @@ def parse_recipe(spec: str) -> tuple[str, dict, dict]:
              "lr_vocab": float, "warmup": float, "seed": int, "val_images": int, "gate_own_words": bool,
              "select_after_warmup": bool, "lr_bias": "float | None", "lexical": float,
              "image_eta_scale": float, "mix": float, "mix_most": float, "mix_neighbours": int, "mix_side": str,
-             "cluster_images": int, "average_decay": float}
+             "cluster_images": int, "average_decay": float, "val_distractors": int}
     train_kw, head_kw = {}, {}
     for item in filter(None, body.split(",")):
         k, _, v = item.partition("=")
@@ -123,7 +123,8 @@ def run(spec: str, data_dir: Path, out: Path, threads: int, eval_only: bool = Fa
     else:
         summary = train(head, splits["train"], toks["train"], cfg, run_dir, splits["val"], toks["val"], progress=False,
                         log=lambda e: print(f"  [{name}] epoch {e.epoch}: ce {e.ce:.3f} l1 {e.l1_img:.0f}/{e.l1_cap:.0f} "
-                                            f"val R@1 {e.val.get('R@1', 0):.3f} FLOPs {e.val.get('FLOPs', 0):.1f} "
+                                            f"val R@1 {e.val.get('R@1', 0):.3f} (pool {e.val.get('R@1_pool', 0):.3f}) "
+                                            f"FLOPs {e.val.get('FLOPs', 0):.1f} "
                                             f"({e.seconds:.0f}s)", flush=True))
         train_s = time.perf_counter() - t0
     test = splits["test"]

@@ -109,6 +109,9 @@ class TrainConfig:
     # > 0: validate and save an exponential moving average of the weights with this decay per
     # step (averaging.py). 0 = the live weights.
     average_decay: float = 0.0
+    # > 0: the best epoch is the one with the best validation R@1 against the validation images
+    # plus up to this many training images (calibrate.pick_distractors); 0 = the images alone.
+    val_distractors: int = 0
     notes: dict = field(default_factory=dict)
 
     def resolved_device(self) -> torch.device:
@@ -134,6 +137,8 @@ class TrainConfig:
             d.pop("cluster_images")
         if d["average_decay"] == 0.0:
             d.pop("average_decay")
+        if d["val_distractors"] == 0:
+            d.pop("val_distractors")
         return d
 
 
@@ -172,10 +177,18 @@ def validate(
     mode: str,
     device: torch.device,
     batch_size: int = 1024,
+    distractors: np.ndarray | None = None,
 ) -> dict:
-    """Sparse text->image R@1/R@5/R@10/MRR@10 and FLOPs on a split."""
-    return validation_metrics(validation_queries(head, split, tokens, mode, device, batch_size),
-                              validation_documents(head, split, device, batch_size), split)
+    """Sparse text->image R@1/R@5/R@10/MRR@10 and FLOPs on a split; with ``distractors``
+    (dense image vectors) also ``R@1_pool``, against the split's images and them."""
+    q = validation_queries(head, split, tokens, mode, device, batch_size)
+    metrics = validation_metrics(q, validation_documents(head, split, device, batch_size), split)
+    if distractors is not None and len(distractors):
+        from d2s_search.train.calibrate import with_distractors
+
+        pool = with_distractors(split, distractors)
+        metrics["R@1_pool"] = validation_metrics(q, validation_documents(head, pool, device, batch_size), pool)["R@1"]
+    return metrics
 
 
 def validation_queries(head: SparseHead, split: PairSplit, tokens: CaptionTokens | None, mode: str,
@@ -297,6 +310,14 @@ def train(
         raise TrainingError(f"the weight average's decay must be in [0, 1), got {config.average_decay}")
     average = WeightAverage(head, config.average_decay) if config.average_decay > 0 else None
     val, val_tokens = validation_subset(val_split, val_tokens, config.val_images)
+    if config.val_distractors < 0:
+        raise TrainingError(f"validation distractors must be >= 0, got {config.val_distractors}")
+    val_extra = None
+    if config.val_distractors > 0 and val is not None:
+        from d2s_search.train.calibrate import pick_distractors
+
+        val_extra = pick_distractors(train_split.image_emb, train_split.caption_image, config.val_distractors,
+                                     config.seed)
 
     head.config.notes = {
         **head.config.notes,
@@ -382,7 +403,7 @@ def train(
                     bar.update(task, advance=1, info=f"epoch {epoch + 1}/{config.epochs} loss {float(parts.total.detach()):.4f}")
             with average.applied(head) if average is not None else nullcontext():
                 metrics = (
-                    validate(head, val, val_tokens, config.expansion, device, config.eval_batch)
+                    validate(head, val, val_tokens, config.expansion, device, config.eval_batch, val_extra)
                     if val is not None
                     else {}
                 )
@@ -400,7 +421,8 @@ def train(
                           or epoch == config.epochs - 1),
             )
             state["history"].append(asdict(entry))
-            r1 = metrics.get("R@1", -entry.loss)  # no validation: lowest training loss wins
+            # R@1 over the larger collection when there is one; no validation: lowest training loss wins
+            r1 = metrics.get("R@1_pool", metrics.get("R@1", -entry.loss))
             if entry.eligible and r1 > state["best_r1"]:
                 state["best_r1"], state["best_epoch"] = r1, epoch + 1
                 head.config.trained = True
@@ -454,7 +476,8 @@ def _save_state(path, head, opt, sched, scaler, pec, order_rng, config, state, m
 
 def _epoch_line(e: EpochLog) -> str:
     v = e.val
-    val = f" val R@1 {v['R@1']:.4f} FLOPs {v['FLOPs']:.1f}" if v else ""
+    pool = f" (with distractors {v['R@1_pool']:.4f})" if "R@1_pool" in v else ""
+    val = f" val R@1 {v['R@1']:.4f}{pool} FLOPs {v['FLOPs']:.1f}" if v else ""
     return (
         f"epoch {e.epoch}: loss {e.loss:.4f} ce {e.ce:.4f} l1 img/cap {e.l1_img:.1f}/{e.l1_cap:.1f}"
         f" p_c {e.p_c:.2f}{val} ({e.seconds:.1f}s)"

@@ -55,6 +55,26 @@ def test_best_checkpoint_is_the_best_validation_epoch(synthetic, tmp_path):
         assert torch.equal(v, head.state_dict()[k])
 
 
+def test_with_distractors_the_best_epoch_is_the_best_r1_over_the_larger_collection(synthetic, tmp_path):
+    from d2s_search.train.calibrate import pick_distractors, with_distractors
+    from d2s_search.train.trainer import validate
+
+    (tr, _, _), (va, vat, _), _ = synthetic
+    summary, head = _run(synthetic, tmp_path, "c", epochs=5, val_distractors=4000)
+    hist = summary["history"]
+    pooled = [h["val"]["R@1_pool"] if h["eligible"] else -1 for h in hist]
+    assert summary["best_epoch"] == int(np.argmax(pooled)) + 1
+    assert all(h["val"]["R@1_pool"] <= h["val"]["R@1"] for h in hist)  # more images, never easier
+    # the saved head's numbers, by hand: R@1 over the validation images and every training image
+    extra = pick_distractors(tr.image_emb, tr.caption_image)
+    alone = validate(head, va, vat, "c", torch.device("cpu"))
+    pool = validate(head, with_distractors(va, extra), vat, "c", torch.device("cpu"))
+    assert validate(head, va, vat, "c", torch.device("cpu"), distractors=extra) == {**alone, "R@1_pool": pool["R@1"]}
+    assert hist[summary["best_epoch"] - 1]["val"]["R@1_pool"] == pool["R@1"]
+    with pytest.raises(TrainingError, match="distractors must be >= 0"):
+        _run(synthetic, tmp_path / "bad", "c", epochs=1, val_distractors=-1)
+
+
 def test_no_checkpoint_from_before_the_l1_ramp(synthetic, tmp_path):
     # 4 epochs of 10 steps, warm-up 50% = 20 steps: epochs 1 (step 10) is not eligible
     summary, _ = _run(synthetic, tmp_path, "1", epochs=4, warmup=0.5)
