@@ -299,19 +299,13 @@ def train(
     pec = PEC(config.expansion, train_tokens, df, config.epochs, config.schedule, config.seed,
               gate_own_words=config.gate_own_words)
     order_rng = np.random.default_rng(config.seed)
-    check_mix_side(config.mix_side)  # before any work, not at the first step
+    _refuse_bad_settings(config)  # before any work, not at the first step
     mixer = PairMixer(config.mix, config.seed, config.mix_most, config.mix_neighbours) if config.mix > 0 else None
 
-    if config.cluster_images < 0:
-        raise TrainingError(f"images per cluster must be >= 0, got {config.cluster_images}")
     row_cluster = (image_clusters(train_split.image_emb, train_split.caption_image, config.cluster_images, config.seed)
                    if config.cluster_images > 0 else None)
-    if not 0.0 <= config.average_decay < 1.0:
-        raise TrainingError(f"the weight average's decay must be in [0, 1), got {config.average_decay}")
     average = WeightAverage(head, config.average_decay) if config.average_decay > 0 else None
     val, val_tokens = validation_subset(val_split, val_tokens, config.val_images)
-    if config.val_distractors < 0:
-        raise TrainingError(f"validation distractors must be >= 0, got {config.val_distractors}")
     val_extra = None
     if config.val_distractors > 0 and val is not None:
         from d2s_search.train.calibrate import pick_distractors
@@ -451,6 +445,16 @@ def train(
         "steps": state["step"],
         "history": state["history"],
     }
+
+
+def _refuse_bad_settings(config: TrainConfig) -> None:
+    check_mix_side(config.mix_side)
+    if config.cluster_images < 0:
+        raise TrainingError(f"images per cluster must be >= 0, got {config.cluster_images}")
+    if not 0.0 <= config.average_decay < 1.0:
+        raise TrainingError(f"the weight average's decay must be in [0, 1), got {config.average_decay}")
+    if config.val_distractors < 0:
+        raise TrainingError(f"validation distractors must be >= 0, got {config.val_distractors}")
 
 
 def _save_state(path, head, opt, sched, scaler, pec, order_rng, config, state, mixer=None, average=None) -> None:
