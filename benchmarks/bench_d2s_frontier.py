@@ -55,7 +55,8 @@ def parse_recipe(spec: str) -> tuple[str, dict, dict]:
              "lr_vocab": float, "warmup": float, "seed": int, "val_images": int, "gate_own_words": bool,
              "select_after_warmup": bool, "lr_bias": "float | None", "lexical": float,
              "image_eta_scale": float, "mix": float, "mix_most": float, "mix_neighbours": int, "mix_side": str,
-             "cluster_images": int, "average_decay": float, "val_distractors": int}
+             "cluster_images": int, "average_decay": float, "val_distractors": int,
+             "select_flops_budget": float, "select_boost": float}
     train_kw, head_kw = {}, {}
     for item in filter(None, body.split(",")):
         k, _, v = item.partition("=")

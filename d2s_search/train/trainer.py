@@ -112,6 +112,11 @@ class TrainConfig:
     # > 0: the best epoch is the one with the best validation R@1 against the validation images
     # plus up to this many training images (calibrate.pick_distractors); 0 = the images alone.
     val_distractors: int = 0
+    # > 0: the best epoch is the one whose best validation R@1 over the document shifts within
+    # this FLOPs budget is highest (calibrate.choose_document_shift per epoch, queries boosted by
+    # select_boost): epochs compared as the product will use them. 0 = the head alone.
+    select_flops_budget: float = 0.0
+    select_boost: float = 2.0
     notes: dict = field(default_factory=dict)
 
     def resolved_device(self) -> torch.device:
@@ -139,6 +144,9 @@ class TrainConfig:
             d.pop("average_decay")
         if d["val_distractors"] == 0:
             d.pop("val_distractors")
+        if d["select_flops_budget"] == 0.0:
+            d.pop("select_flops_budget")
+            d.pop("select_boost")
         return d
 
 
@@ -401,6 +409,9 @@ def train(
                     if val is not None
                     else {}
                 )
+                if val is not None and config.select_flops_budget > 0:
+                    metrics["R@1_within_budget"] = _best_r1_within_budget(head, val, val_tokens, config, device,
+                                                                         val_extra)
             entry = EpochLog(
                 epoch + 1,
                 sums["loss"] / steps_per_epoch,
@@ -416,7 +427,7 @@ def train(
             )
             state["history"].append(asdict(entry))
             # R@1 over the larger collection when there is one; no validation: lowest training loss wins
-            r1 = metrics.get("R@1_pool", metrics.get("R@1", -entry.loss))
+            r1 = metrics.get("R@1_within_budget", metrics.get("R@1_pool", metrics.get("R@1", -entry.loss)))
             if entry.eligible and r1 > state["best_r1"]:
                 state["best_r1"], state["best_epoch"] = r1, epoch + 1
                 head.config.trained = True
@@ -447,6 +458,23 @@ def train(
     }
 
 
+def _best_r1_within_budget(head: SparseHead, val: PairSplit, tokens, config: TrainConfig, device,
+                           distractors: np.ndarray | None) -> float:
+    """The best validation R@1 (over the larger collection with ``distractors``) among the
+    document shifts whose validation FLOPs fit ``config.select_flops_budget``; -1 if none fits.
+    The head's own shift and boost are put back."""
+    from d2s_search.train.calibrate import choose_document_shift
+
+    kept = head.config.document_shift, head.config.query_word_boost
+    try:
+        choice = choose_document_shift(head, val, tokens, config.expansion, config.select_flops_budget, device,
+                                       batch_size=config.eval_batch, boosts=(config.select_boost,),
+                                       distractors=distractors)
+    finally:
+        head.config.document_shift, head.config.query_word_boost = kept
+    return max((r["R@1"] for r in choice.table if r["within_budget"]), default=-1.0)
+
+
 def _refuse_bad_settings(config: TrainConfig) -> None:
     check_mix_side(config.mix_side)
     if config.cluster_images < 0:
@@ -455,6 +483,8 @@ def _refuse_bad_settings(config: TrainConfig) -> None:
         raise TrainingError(f"the weight average's decay must be in [0, 1), got {config.average_decay}")
     if config.val_distractors < 0:
         raise TrainingError(f"validation distractors must be >= 0, got {config.val_distractors}")
+    if config.select_flops_budget < 0 or config.select_boost < 0:
+        raise TrainingError("the selection's FLOPs budget and boost must be >= 0")
 
 
 def _save_state(path, head, opt, sched, scaler, pec, order_rng, config, state, mixer=None, average=None) -> None:

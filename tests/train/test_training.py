@@ -75,6 +75,29 @@ def test_with_distractors_the_best_epoch_is_the_best_r1_over_the_larger_collecti
         _run(synthetic, tmp_path / "bad", "c", epochs=1, val_distractors=-1)
 
 
+def test_with_a_selection_budget_epochs_compete_at_their_best_shift_within_it(synthetic, tmp_path):
+    from d2s_search.train.calibrate import choose_document_shift, pick_distractors
+
+    (tr, _, _), (va, vat, _), _ = synthetic
+    summary, head = _run(synthetic, tmp_path, "c+w", epochs=4, val_distractors=4000, select_flops_budget=1e6,
+                         select_boost=1.0)
+    hist = summary["history"]
+    scores = [h["val"]["R@1_within_budget"] if h["eligible"] else -2 for h in hist]
+    assert summary["best_epoch"] == int(np.argmax(scores)) + 1
+    saved = load_head(tmp_path / "c+w" / "head.pt")
+    assert saved.config.document_shift == saved.config.query_word_boost == 0.0  # put back after each epoch
+    # by hand: the saved head's best R@1 over the larger collection among shifts within the budget
+    choice = choose_document_shift(saved, va, vat, "c+w", 1e6, boosts=(1.0,),
+                                   distractors=pick_distractors(tr.image_emb, tr.caption_image))
+    fits = [r["R@1"] for r in choice.table if r["within_budget"]]
+    assert fits and max(fits) == hist[summary["best_epoch"] - 1]["val"]["R@1_within_budget"]
+    # a budget nothing fits: every epoch scores -1, the first eligible one is kept
+    summary, _ = _run(synthetic, tmp_path / "none", "c+w", epochs=2, select_flops_budget=1e-9)
+    assert [h["val"]["R@1_within_budget"] for h in summary["history"]] == [-1.0, -1.0]
+    with pytest.raises(TrainingError, match="selection's FLOPs budget"):
+        _run(synthetic, tmp_path / "bad", "c", epochs=1, select_flops_budget=-1.0)
+
+
 def test_no_checkpoint_from_before_the_l1_ramp(synthetic, tmp_path):
     # 4 epochs of 10 steps, warm-up 50% = 20 steps: epochs 1 (step 10) is not eligible
     summary, _ = _run(synthetic, tmp_path, "1", epochs=4, warmup=0.5)
