@@ -26,38 +26,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from d2s_search.train.validation import (  # noqa: F401  (pick_distractors, with_distractors: used from here too)
+    MAX_DISTRACTORS,
+    pick_distractors,
+    validation_documents,
+    validation_metrics,
+    validation_queries,
+    with_distractors,
+)
 from onnx_export.head import SparseHead
 
 SHIFTS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
 BOOSTS = (0.0, 0.5, 1.0, 2.0)
-MAX_DISTRACTORS = 4000  # bounds the calibration's cost on large training sets (8 shifts x the pool)
-
-
-def pick_distractors(image_emb: np.ndarray, caption_image: np.ndarray, limit: int = MAX_DISTRACTORS,
-                     seed: int = 0) -> np.ndarray:
-    """Up to ``limit`` of the images the training captions use (all of them below the limit,
-    else a seeded sample), as extra documents for calibration."""
-    used = np.unique(caption_image)
-    if limit <= 0:
-        return np.empty((0, image_emb.shape[1]), dtype=image_emb.dtype)
-    if len(used) > limit:
-        used = np.sort(np.random.default_rng(seed).choice(used, size=limit, replace=False))
-    return np.asarray(image_emb)[used]
-
-
-def with_distractors(split, distractors: np.ndarray):
-    """The split's captions against its own images followed by ``distractors`` (image vectors no
-    caption points to): the same relevance judgements over a larger collection."""
-    from d2s_search.train.data import PairSplit
-
-    if distractors.ndim != 2 or distractors.shape[1] != split.image_emb.shape[1]:
-        raise ValueError(f"distractors must be (n, {split.image_emb.shape[1]}) vectors, got {distractors.shape}")
-    ids = list(split.image_ids) + [f"distractor:{i}" for i in range(len(distractors))]
-    images = np.concatenate([split.image_emb, distractors.astype(split.image_emb.dtype, copy=False)])
-    return PairSplit(split.name, split.caption_ids, split.captions, split.text_emb, ids, images,
-                     split.caption_image)
-
-
 @dataclass
 class ShiftChoice:
     shift: float
@@ -82,12 +62,6 @@ def choose_document_shift(head: SparseHead, split, tokens, mode: str, flops_budg
     the validation images and them (each row's ``R@1``; ``R@1_own``: the validation images
     alone); FLOPs always on the validation images. Returns the choice and what every pair
     measured."""
-    from d2s_search.train.trainer import (
-        validation_documents,
-        validation_metrics,
-        validation_queries,
-    )
-
     device = torch.device(device)
     shifts = sorted(set(float(s) for s in shifts) | {0.0})
     boosts = sorted(set(float(b) for b in boosts)) or [0.0]

@@ -21,18 +21,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 
-from d2s_search import metrics as M
 from d2s_search.errors import D2SError
 from d2s_search.train.augment import PairMixer, check_mix_side, mix_pairs
 from d2s_search.train.averaging import WeightAverage
 from d2s_search.train.batching import clustered_order, image_clusters
 from d2s_search.train.data import PairSplit
 from d2s_search.train.losses import d2s_loss
-from d2s_search.train.modeling import encode_sparse
 from d2s_search.train.pec import PEC
+from d2s_search.train.validation import (  # noqa: F401  (re-exported: joint, cli and tests use them from here)
+    pick_distractors,
+    query_mask_for,
+    validate,
+    validation_documents,
+    validation_metrics,
+    validation_queries,
+    validation_subset,
+)
 from d2s_search.train.vocab import CaptionTokens, document_frequency
 from onnx_export.head import SparseHead, load_head, save_head
 
@@ -173,73 +179,6 @@ def _lr_lambda(total: int, warmup: int) -> Callable[[int], float]:
     return f
 
 
-def query_mask_for(mode: str) -> str:
-    """How queries must be encoded at search time for a head trained with ``mode``."""
-    return "own_tokens" if mode == "0" else "none"
-
-
-def validate(
-    head: SparseHead,
-    split: PairSplit,
-    tokens: CaptionTokens | None,
-    mode: str,
-    device: torch.device,
-    batch_size: int = 1024,
-    distractors: np.ndarray | None = None,
-) -> dict:
-    """Sparse text->image R@1/R@5/R@10/MRR@10 and FLOPs on a split; with ``distractors``
-    (dense image vectors) also ``R@1_pool``, against the split's images and them."""
-    q = validation_queries(head, split, tokens, mode, device, batch_size)
-    metrics = validation_metrics(q, validation_documents(head, split, device, batch_size), split)
-    if distractors is not None and len(distractors):
-        from d2s_search.train.calibrate import with_distractors
-
-        pool = with_distractors(split, distractors)
-        metrics["R@1_pool"] = validation_metrics(q, validation_documents(head, pool, device, batch_size), pool)["R@1"]
-    return metrics
-
-
-def validation_queries(head: SparseHead, split: PairSplit, tokens: CaptionTokens | None, mode: str,
-                       device: torch.device, batch_size: int = 1024) -> sp.csr_matrix:
-    """The split's captions as the head encodes queries (masked for exp=0, own words boosted)."""
-    mask = tokens if query_mask_for(mode) == "own_tokens" else None
-    q = encode_sparse(head, split.text_emb, batch_size, mask_tokens=mask, device=device)
-    if head.config.query_word_boost and tokens is not None:
-        from d2s_search.evaluate import boost_own_words
-
-        q = boost_own_words(q, [tokens.row(i) for i in range(len(tokens))], head.allowed.cpu().numpy() > 0,
-                            head.config.query_word_boost)
-    return q
-
-
-def validation_documents(head: SparseHead, split: PairSplit, device: torch.device,
-                         batch_size: int = 1024) -> sp.csr_matrix:
-    """The split's images as the head encodes documents (with its document shift)."""
-    return encode_sparse(head, split.image_emb, batch_size, device=device, document=True)
-
-
-def validation_metrics(q: sp.csr_matrix, d: sp.csr_matrix, split: PairSplit) -> dict:
-    """R@1/R@5/R@10/MRR@10, FLOPs and terms per vector of encoded queries against documents."""
-    dt = d.T.tocsc()
-    _, _, per_q = M.evaluate_scores(
-        lambda a, b: np.asarray((q[a:b] @ dt).todense()), split.qrels(), q.shape[0], split.image_ids
-    )
-    out = M.aggregate(per_q)
-    out["FLOPs"] = M.flops(q, d)
-    out["terms_per_query"] = M.terms_per_vector(q)
-    out["terms_per_image"] = M.terms_per_vector(d)
-    return out
-
-
-def validation_subset(split: PairSplit | None, tokens: CaptionTokens | None,
-                      images: int) -> tuple[PairSplit | None, CaptionTokens | None]:
-    """The first ``images`` images of a validation split and their captions' tokens (0: all)."""
-    if split is None or not images or len(split.image_ids) <= images:
-        return split, tokens
-    keep = split.caption_image < images
-    return split.head(images), tokens.subset(np.flatnonzero(keep)) if tokens is not None else None
-
-
 def _image_word_sets(tokens: CaptionTokens, caption_image: np.ndarray) -> list[np.ndarray]:
     """Per image, the token ids of all its captions (the words a photo may be said with)."""
     caption_image = np.asarray(caption_image, dtype=np.int64)
@@ -316,8 +255,6 @@ def train(
     val, val_tokens = validation_subset(val_split, val_tokens, config.val_images)
     val_extra = None
     if config.val_distractors > 0 and val is not None:
-        from d2s_search.train.calibrate import pick_distractors
-
         val_extra = pick_distractors(train_split.image_emb, train_split.caption_image, config.val_distractors,
                                      config.seed)
 
