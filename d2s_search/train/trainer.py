@@ -364,7 +364,10 @@ def train(
             )
             state["history"].append(asdict(entry))
             # R@1 over the larger collection when there is one; no validation: lowest training loss wins
-            r1 = metrics.get("R@1_within_budget", metrics.get("R@1_pool", metrics.get("R@1", -entry.loss)))
+            r1 = metrics.get("R@1_pool", metrics.get("R@1", -entry.loss))
+            if "R@1_within_budget" in metrics:  # an epoch with a shift within the budget beats any without;
+                within = metrics["R@1_within_budget"]  # among those without, R@1 of the head alone decides
+                r1 = within if within >= 0 else metrics["R@1"] - 2.0
             if entry.eligible and r1 > state["best_r1"]:
                 state["best_r1"], state["best_epoch"] = r1, epoch + 1
                 head.config.trained = True

@@ -54,6 +54,9 @@ def test_cli_train_evaluate_export(tmp_path):
     summary = json.loads(res.output)
     run_config = json.loads((out / "config.json").read_text())
     assert (run_config["mix"], run_config["mix_most"]) == (0.5, 0.25)
+    # epochs compete at their best shift within --flops-budget, over the validation plus training images
+    assert (run_config["select_flops_budget"], run_config["select_boost"], run_config["val_distractors"]) == (12, 2, 4000)
+    assert all("R@1_within_budget" in h["val"] and "R@1_pool" in h["val"] for h in summary["history"])
     assert Path(summary["head"]).is_file() and Path(summary["head_onnx"]).is_file()
     assert len(summary["history"]) == 2 and "R@1" in summary["best_val"]
     from onnx_export.head import load_head
