@@ -105,8 +105,9 @@ def _tokenizer_option(f):
               help="Added to a query's own words before the ReLU, so what the user typed is always searched; saved "
                    "in the head (set, not chosen on validation: docs/training.md). 0 = none.")
 @click.option("--calibration-distractors", type=click.IntRange(0), default=4000, show_default=True,
-              help="Choose the document shift by validation R@1 against the validation images plus up to this many "
-                   "training images: a few hundred validation images alone saturate R@1 (docs/training.md). 0 = none.")
+              help="Score the epochs and choose the document shift by validation R@1 against the validation images "
+                   "plus up to this many training images: a few hundred validation images alone saturate R@1 "
+                   "(docs/training.md). 0 = none.")
 @click.option("--val-images", type=click.IntRange(0), default=1000, show_default=True, help="Validate on the first N val images (0 = all).")
 @click.option("--select-during-warmup", is_flag=True, help="Let epochs that end inside the warm-up (L1 not yet at full weight) be chosen as best.")
 @click.option("--objective", type=click.Choice(["sparse", "joint"]), default="sparse", show_default=True,

@@ -38,6 +38,8 @@ from onnx_export.head import SparseHead
 
 SHIFTS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
 BOOSTS = (0.0, 0.5, 1.0, 2.0)
+
+
 @dataclass
 class ShiftChoice:
     shift: float
