@@ -247,8 +247,9 @@ def _choose_document_shift(head, val, val_tokens, cfg, flops_budget: float, boos
     set, the document shift with the best validation R@1 (against the validation images and up
     to ``distractors`` of ``train_split``'s) within the FLOPs budget, saved into the best head
     (d2s_search.train.calibrate)."""
-    from d2s_search.train.calibrate import choose_document_shift, pick_distractors
+    from d2s_search.train.calibrate import choose_document_shift
     from d2s_search.train.trainer import validation_subset
+    from d2s_search.train.validation import pick_distractors
     from onnx_export.head import save_head
 
     val, val_tokens = validation_subset(val, val_tokens, cfg.val_images)

@@ -26,9 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from d2s_search.train.validation import (  # noqa: F401  (pick_distractors, with_distractors: used from here too)
-    MAX_DISTRACTORS,
-    pick_distractors,
+from d2s_search.train.validation import (
+    pool_documents,
     validation_documents,
     validation_metrics,
     validation_queries,
@@ -78,7 +77,7 @@ def choose_document_shift(head: SparseHead, split, tokens, mode: str, flops_budg
     for shift in shifts:
         head.config.document_shift = shift
         docs = validation_documents(head, split, device, batch_size)
-        pool_docs = validation_documents(head, pool, device, batch_size) if pool is not None else None
+        pool_docs = pool_documents(head, docs, distractors, device, batch_size) if pool is not None else None
         for boost in boosts:
             m = validation_metrics(queries[boost], docs, split)
             row = {"shift": shift, "boost": boost, "R@1": m["R@1"], "FLOPs": m["FLOPs"],

@@ -116,7 +116,7 @@ class TrainConfig:
     # step (averaging.py). 0 = the live weights.
     average_decay: float = 0.0
     # > 0: the best epoch is the one with the best validation R@1 against the validation images
-    # plus up to this many training images (calibrate.pick_distractors); 0 = the images alone.
+    # plus up to this many training images (validation.pick_distractors); 0 = the images alone.
     val_distractors: int = 0
     # > 0: the best epoch is the one whose best validation R@1 over the document shifts within
     # this FLOPs budget is highest (calibrate.choose_document_shift per epoch, queries boosted by

@@ -42,6 +42,15 @@ def with_distractors(split: PairSplit, distractors: np.ndarray) -> PairSplit:
                      split.caption_image)
 
 
+def pool_documents(head: SparseHead, docs: sp.csr_matrix, distractors: np.ndarray, device: torch.device,
+                   batch_size: int = 1024) -> sp.csr_matrix:
+    """The documents of :func:`with_distractors`' collection: the split's images, already encoded
+    as ``docs``, over the distractors encoded as documents (the split's images are not encoded
+    twice)."""
+    extra = encode_sparse(head, np.asarray(distractors, dtype=np.float32), batch_size, device=device, document=True)
+    return sp.vstack([docs, extra], format="csr")
+
+
 def query_mask_for(mode: str) -> str:
     """How queries must be encoded at search time for a head trained with ``mode``."""
     return "own_tokens" if mode == "0" else "none"
@@ -59,10 +68,12 @@ def validate(
     """Sparse text->image R@1/R@5/R@10/MRR@10 and FLOPs on a split; with ``distractors``
     (dense image vectors) also ``R@1_pool``, against the split's images and them."""
     q = validation_queries(head, split, tokens, mode, device, batch_size)
-    metrics = validation_metrics(q, validation_documents(head, split, device, batch_size), split)
+    docs = validation_documents(head, split, device, batch_size)
+    metrics = validation_metrics(q, docs, split)
     if distractors is not None and len(distractors):
         pool = with_distractors(split, distractors)
-        metrics["R@1_pool"] = validation_metrics(q, validation_documents(head, pool, device, batch_size), pool)["R@1"]
+        metrics["R@1_pool"] = validation_metrics(q, pool_documents(head, docs, distractors, device, batch_size),
+                                                 pool)["R@1"]
     return metrics
 
 

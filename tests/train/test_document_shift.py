@@ -186,7 +186,7 @@ def test_damaged_boost_metadata_of_an_onnx_head_is_refused_in_one_line(tmp_path)
 
 
 def test_distractors_make_a_larger_collection_of_the_same_judgements(synthetic):
-    from d2s_search.train.calibrate import pick_distractors, with_distractors
+    from d2s_search.train.validation import pick_distractors, with_distractors
 
     (tr, _, _), (va, _, _), _ = synthetic
     extra = pick_distractors(tr.image_emb, tr.caption_image, limit=10**6)
@@ -205,12 +205,12 @@ def test_distractors_make_a_larger_collection_of_the_same_judgements(synthetic):
 
 
 def test_with_distractors_the_choice_follows_r1_over_the_larger_collection(synthetic, sparse_start_head):
-    from d2s_search.train.calibrate import pick_distractors, with_distractors
     from d2s_search.train.trainer import (
         validation_documents,
         validation_metrics,
         validation_queries,
     )
+    from d2s_search.train.validation import pick_distractors, with_distractors
 
     (tr, _, _), (va, vat, _), _ = synthetic
     head = sparse_start_head

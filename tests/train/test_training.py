@@ -56,8 +56,8 @@ def test_best_checkpoint_is_the_best_validation_epoch(synthetic, tmp_path):
 
 
 def test_with_distractors_the_best_epoch_is_the_best_r1_over_the_larger_collection(synthetic, tmp_path):
-    from d2s_search.train.calibrate import pick_distractors, with_distractors
     from d2s_search.train.trainer import validate
+    from d2s_search.train.validation import pick_distractors, with_distractors
 
     (tr, _, _), (va, vat, _), _ = synthetic
     summary, head = _run(synthetic, tmp_path, "c", epochs=5, val_distractors=4000)
@@ -76,7 +76,8 @@ def test_with_distractors_the_best_epoch_is_the_best_r1_over_the_larger_collecti
 
 
 def test_with_a_selection_budget_epochs_compete_at_their_best_shift_within_it(synthetic, tmp_path):
-    from d2s_search.train.calibrate import choose_document_shift, pick_distractors
+    from d2s_search.train.calibrate import choose_document_shift
+    from d2s_search.train.validation import pick_distractors
 
     (tr, _, _), (va, vat, _), _ = synthetic
     summary, head = _run(synthetic, tmp_path, "c+w", epochs=4, val_distractors=4000, select_flops_budget=1e6,
