@@ -124,7 +124,8 @@ def run(spec: str, data_dir: Path, out: Path, threads: int, eval_only: bool = Fa
     else:
         summary = train(head, splits["train"], toks["train"], cfg, run_dir, splits["val"], toks["val"], progress=False,
                         log=lambda e: print(f"  [{name}] epoch {e.epoch}: ce {e.ce:.3f} l1 {e.l1_img:.0f}/{e.l1_cap:.0f} "
-                                            f"val R@1 {e.val.get('R@1', 0):.3f} (pool {e.val.get('R@1_pool', 0):.3f}) "
+                                            f"val R@1 {e.val.get('R@1', 0):.3f}"
+                                            + (f" (pool {e.val['R@1_pool']:.3f})" if "R@1_pool" in e.val else "") + " "
                                             f"FLOPs {e.val.get('FLOPs', 0):.1f} "
                                             f"({e.seconds:.0f}s)", flush=True))
         train_s = time.perf_counter() - t0
