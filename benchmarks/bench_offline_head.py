@@ -135,6 +135,9 @@ def main() -> None:
     ap.add_argument("--flops-budget", type=float, default=12.0,
                     help="As `train --flops-budget`: the document shift and query word boost chosen on the val photos "
                          "and saved in head.pt (0 = neither).")
+    ap.add_argument("--calibration-distractors", type=int, default=0,
+                    help="As `train --calibration-distractors`: the shift is chosen by R@1 against the val photos "
+                         "plus up to this many training photos (not caption pairs); 0 = the val photos alone.")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -170,15 +173,18 @@ def main() -> None:
     defaults = {"epochs": 30, "batch_size": 64, "lr_proj": 5e-3, "lr_vocab": 1e-2, "val_images": 0}
     cfg = TrainConfig(**{**defaults, **train_kw})
     head.config.notes = {**head.config.notes, "sources": args.sources}
+    photo_distractors = photos["train"].image_emb[: max(args.calibration_distractors, cfg.val_distractors)]
     summary = train(head, train_split, train_tokens, cfg, args.out, val, val_tokens, progress=False,
-                    log=lambda e: print(f"  epoch {e.epoch}: ce {e.ce:.3f} val R@1 {e.val['R@1']:.3f} "
+                    distractors=photo_distractors, log=lambda e: print(f"  epoch {e.epoch}: ce {e.ce:.3f} val R@1 {e.val['R@1']:.3f} "
                                         f"FLOPs {e.val['FLOPs']:.1f} ({e.seconds:.0f}s)", flush=True))
     shift = None
     if args.flops_budget > 0:  # as `train` does after training: what `align ship` then ships
         from d2s_search.train.calibrate import BOOSTS, choose_document_shift
         from onnx_export.head import save_head
 
-        shift = choose_document_shift(head, val, val_tokens, cfg.expansion, args.flops_budget, boosts=BOOSTS).to_json()
+        extra = photo_distractors[: args.calibration_distractors]
+        shift = choose_document_shift(head, val, val_tokens, cfg.expansion, args.flops_budget, boosts=BOOSTS,
+                                      distractors=extra if len(extra) else None).to_json()
         save_head(head, args.out / "head.pt")
     ev = EvalData.from_split(test, "flickr8k-800/test")
     ct = tokenize_captions(test.captions, tok)

@@ -73,18 +73,15 @@ class _BlipTextTower(ProjectedTower):
 def _build_blip(name: str, config: dict) -> DenseDualEncoder:
     from transformers import BlipConfig, BlipForImageTextRetrieval
 
-    if config.get("random_init"):
-        tokenizer, vocab_source = bert_base_uncased_tokenizer()
-        torch.manual_seed(config.get("seed", 0))
-        vocab = tokenizer.get_vocab()
+    def random_model(vocab: dict[str, int], vocab_size: int):
         text_config = dict(
             config["text_config"],
-            vocab_size=tokenizer.get_vocab_size(),
+            vocab_size=vocab_size,
             bos_token_id=vocab["[CLS]"],
             pad_token_id=vocab["[PAD]"],
             sep_token_id=vocab["[SEP]"],
         )
-        model = BlipForImageTextRetrieval(
+        return BlipForImageTextRetrieval(
             BlipConfig(
                 text_config=text_config,
                 vision_config=config["vision_config"],
@@ -92,13 +89,8 @@ def _build_blip(name: str, config: dict) -> DenseDualEncoder:
                 image_text_hidden_size=config["image_text_hidden_size"],
             )
         )
-        source = {"model": name, "weights": f"random (seed {config.get('seed', 0)})", "vocabulary": vocab_source}
-    else:
-        hub_id = config["hub_id"]
-        model = _from_pretrained(BlipForImageTextRetrieval, hub_id)
-        tokenizer = _hub_tokenizer(hub_id)
-        source = {"model": name, "weights": hub_id, "vocabulary": f"{hub_id} tokenizer"}
-    model.eval()
+
+    model, tokenizer, source = _random_or_hub(name, config, random_model, BlipForImageTextRetrieval)
     return DenseDualEncoder(
         name=name,
         kind="blip",
@@ -111,6 +103,23 @@ def _build_blip(name: str, config: dict) -> DenseDualEncoder:
         max_text_length=config["max_text_length"],
         source=source,
     )
+
+
+def _random_or_hub(name: str, config: dict, random_model, model_cls):
+    """The model in eval mode, its tokenizer and where both came from: built from the config
+    with random weights over bert-base-uncased's vocabulary (``random_init``: tests, offline),
+    or loaded from the hub (``hub_id``)."""
+    if config.get("random_init"):
+        tokenizer, vocab_source = bert_base_uncased_tokenizer()
+        torch.manual_seed(config.get("seed", 0))
+        model = random_model(tokenizer.get_vocab(), tokenizer.get_vocab_size())
+        source = {"model": name, "weights": f"random (seed {config.get('seed', 0)})", "vocabulary": vocab_source}
+    else:
+        hub_id = config["hub_id"]
+        model = _from_pretrained(model_cls, hub_id)
+        tokenizer = _hub_tokenizer(hub_id)
+        source = {"model": name, "weights": hub_id, "vocabulary": f"{hub_id} tokenizer"}
+    return model.eval(), tokenizer, source
 
 
 def _hub_tokenizer(hub_id: str) -> Tokenizer:
@@ -152,28 +161,20 @@ class _ClipTextTower(ProjectedTower):
 def _build_clip(name: str, config: dict) -> DenseDualEncoder:
     from transformers import CLIPConfig, CLIPModel
 
-    if config.get("random_init"):
-        tokenizer, vocab_source = bert_base_uncased_tokenizer()
-        vocab = tokenizer.get_vocab()
-        torch.manual_seed(config.get("seed", 0))
+    def random_model(vocab: dict[str, int], vocab_size: int):
         # With a WordPiece vocabulary the pooled token is [SEP] (CLIP pools at its end token).
         text_config = dict(
             config["text_config"],
-            vocab_size=tokenizer.get_vocab_size(),
+            vocab_size=vocab_size,
             eos_token_id=vocab["[SEP]"],
             bos_token_id=vocab["[CLS]"],
             pad_token_id=vocab["[PAD]"],
         )
-        model = CLIPModel(
+        return CLIPModel(
             CLIPConfig(text_config=text_config, vision_config=config["vision_config"], projection_dim=config["projection_dim"])
         )
-        source = {"model": name, "weights": f"random (seed {config.get('seed', 0)})", "vocabulary": vocab_source}
-    else:
-        hub_id = config["hub_id"]
-        model = _from_pretrained(CLIPModel, hub_id)
-        tokenizer = _hub_tokenizer(hub_id)
-        source = {"model": name, "weights": hub_id, "vocabulary": f"{hub_id} tokenizer"}
-    model.eval()
+
+    model, tokenizer, source = _random_or_hub(name, config, random_model, CLIPModel)
     return DenseDualEncoder(
         name=name,
         kind="clip",

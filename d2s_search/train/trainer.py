@@ -215,8 +215,14 @@ def train(
     resume: bool = False,
     progress: bool = True,
     log: Callable[[EpochLog], None] | None = None,
+    distractors: np.ndarray | None = None,
 ) -> dict:
-    """Train ``head`` in place; returns a summary (best epoch, validation metrics, files)."""
+    """Train ``head`` in place; returns a summary (best epoch, validation metrics, files).
+
+    With ``config.val_distractors``, validation also searches a larger collection: the
+    validation images plus ``distractors`` (dense image vectors) when given, else up to that
+    many of the training images (when the training rows are not all images, e.g. caption pairs
+    beside photos, pass the photos)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if len(train_tokens) != len(train_split.caption_ids):
@@ -255,8 +261,13 @@ def train(
     val, val_tokens = validation_subset(val_split, val_tokens, config.val_images)
     val_extra = None
     if config.val_distractors > 0 and val is not None:
-        val_extra = pick_distractors(train_split.image_emb, train_split.caption_image, config.val_distractors,
-                                     config.seed)
+        if distractors is not None:
+            if distractors.ndim != 2 or distractors.shape[1] != train_split.dim:
+                raise TrainingError(f"distractors must be (n, {train_split.dim}) vectors, got {distractors.shape}")
+            val_extra = np.asarray(distractors)[: config.val_distractors]
+        else:
+            val_extra = pick_distractors(train_split.image_emb, train_split.caption_image, config.val_distractors,
+                                         config.seed)
 
     head.config.notes = {
         **head.config.notes,

@@ -75,6 +75,23 @@ def test_with_distractors_the_best_epoch_is_the_best_r1_over_the_larger_collecti
         _run(synthetic, tmp_path / "bad", "c", epochs=1, val_distractors=-1)
 
 
+def test_given_distractors_replace_the_training_images_in_the_larger_collection(synthetic, tmp_path):
+    """Rows that are not all images (caption pairs beside photos) pass the images to search among."""
+    from d2s_search.train.trainer import validate
+    from d2s_search.train.validation import with_distractors
+
+    (tr, trt, _), (va, vat, _), _ = synthetic
+    extra = np.random.default_rng(5).standard_normal((40, tr.dim)).astype(np.float32)
+    head = build_head(tr.dim, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=64, seed=0)
+    cfg = TrainConfig(expansion="c", **{**FAST, "epochs": 2, "val_distractors": 30})
+    summary = train(head, tr, trt, cfg, tmp_path / "given", va, vat, progress=False, distractors=extra)
+    best = load_head(tmp_path / "given" / "head.pt")
+    pool = validate(best, with_distractors(va, extra[:30]), vat, "c", torch.device("cpu"))  # the limit holds
+    assert summary["history"][summary["best_epoch"] - 1]["val"]["R@1_pool"] == pool["R@1"]
+    with pytest.raises(TrainingError, match=r"distractors must be \(n, "):
+        train(head, tr, trt, cfg, tmp_path / "bad", va, vat, progress=False, distractors=extra[:, :3])
+
+
 def test_with_a_selection_budget_epochs_compete_at_their_best_shift_within_it(synthetic, tmp_path):
     from d2s_search.train.calibrate import choose_document_shift
     from d2s_search.train.validation import pick_distractors
