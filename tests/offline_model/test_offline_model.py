@@ -68,8 +68,10 @@ def test_onnx_encoders_match_torch_on_real_photos(offline_export, heldout_photos
     with torch.no_grad():
         t_img = encoder.image_tower(torch.from_numpy(pixels))
         t_txt = encoder.text_tower(torch.from_numpy(ids), torch.from_numpy(mask))
-        t_img_sparse, t_txt_sparse = head(t_img, document=True).numpy(), head(t_txt).numpy()
+        t_img_sparse = head(t_img, document=True).numpy()
+        t_txt_sparse = head.with_own_words(head(t_txt), torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
         unshifted = head(t_img).numpy()
+        unboosted = head(t_txt).numpy()
     o_dense, o_sparse = enc.encode_pixels(pixels)
     text = enc.encode_texts(texts)
     assert np.abs(o_dense - t_img.numpy()).max() < 1e-4
@@ -83,6 +85,11 @@ def test_onnx_encoders_match_torch_on_real_photos(offline_export, heldout_photos
     for shifted, plain in zip(o_sparse, unshifted):
         top = np.argsort(-plain, kind="stable")[:10]
         assert list(np.argsort(-shifted, kind="stable")[:10]) == list(top)
+    # The shipped query word boost is in the text graph only: a query's own allowed words gain it.
+    boost = load_config(MODEL)["query_word_boost"]
+    assert head.config.query_word_boost == boost > 0
+    dog = enc.tokenizer.token_to_id("dog")
+    assert text.sparse[len(photos), dog] == pytest.approx(unboosted[len(photos), dog] + boost, abs=1e-4)
 
 
 def test_features_are_the_inputs_of_the_projections(offline_export):
@@ -166,9 +173,10 @@ def test_dogs_in_a_car_keeps_its_words_and_no_term_fires_on_most_photos(offline_
     """Issue 12: the query keeps `dogs`/`dog` and `car`, and no term fires on nearly every photo.
 
     Measured with the shipped head: without the document shift the most widespread photo term
-    is on 34.5% of the 200 held-out photos (`man`); the shipped shift (1.5, chosen on val within
-    12 FLOPs: sparse R@1 0.166 -> 0.203) keeps more, weaker terms per photo, and `leg` is active
-    on 57.5% of these 40 (`man` on 58% of the 200). The issue's target is 30%, not met; this
+    is on 34.5% of the 200 held-out photos (`man`); the shipped shift (2, chosen within 12
+    FLOPs on the val photos plus the training photos as distractors: sparse R@1 0.166 -> 0.210)
+    keeps more, weaker terms per photo, and `girl` is active on 67.5% of these 40 (`man` on 68%
+    of the 200; with the earlier shift 1.5, 58%). The issue's target is 30%, not met; this
     guards against a regression to terms on (nearly) every photo, as `amp` once was."""
     from onnx_export.offline_mini.align_data import open_rgb
 
@@ -179,7 +187,7 @@ def test_dogs_in_a_car_keeps_its_words_and_no_term_fires_on_most_photos(offline_
     pixels = np.stack([enc.preprocess(open_rgb(p.path)) for p in heldout_photos])
     _, sparse = enc.encode_pixels(pixels)
     share = M.active_share(sparse)
-    assert share.max() <= 0.65, (enc.bundle.terms[int(share.argmax())], share.max())
+    assert share.max() <= 0.75, (enc.bundle.terms[int(share.argmax())], share.max())
 
 
 def _tampered_config(tmp_path, file: str) -> dict:
