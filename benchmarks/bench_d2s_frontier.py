@@ -56,7 +56,7 @@ def parse_recipe(spec: str) -> tuple[str, dict, dict]:
              "select_after_warmup": bool, "lr_bias": "float | None", "lexical": float,
              "image_eta_scale": float, "mix": float, "mix_most": float, "mix_neighbours": int, "mix_side": str,
              "cluster_images": int, "average_decay": float, "val_distractors": int,
-             "select_flops_budget": float, "select_boost": float}
+             "select_flops_budget": float, "select_boost": float, "select_tolerance": float}
     train_kw, head_kw = {}, {}
     for item in filter(None, body.split(",")):
         k, _, v = item.partition("=")

@@ -123,6 +123,11 @@ class TrainConfig:
     # select_boost): epochs compared as the product will use them. 0 = the head alone.
     select_flops_budget: float = 0.0
     select_boost: float = 2.0
+    # The epoch kept is the *latest* whose validation score is within this much of the best
+    # (later epochs are more settled: sparser, fewer wide expansions; differences below the
+    # noise say nothing). -1 = one standard error of the score, sqrt(p(1-p)/queries);
+    # 0 = the best epoch strictly. Without validation (the training loss decides): 0.
+    select_tolerance: float = -1.0
     notes: dict = field(default_factory=dict)
 
     def resolved_device(self) -> torch.device:
@@ -153,6 +158,8 @@ class TrainConfig:
         if d["select_flops_budget"] == 0.0:
             d.pop("select_flops_budget")
             d.pop("select_boost")
+        if d["select_tolerance"] == -1.0:
+            d.pop("select_tolerance")
         return d
 
 
@@ -379,7 +386,9 @@ def train(
             if "R@1_within_budget" in metrics:  # an epoch with a shift within the budget beats any without;
                 within = metrics["R@1_within_budget"]  # among those without, R@1 of the head alone decides
                 r1 = within if within >= 0 else metrics["R@1"] - 2.0
-            if entry.eligible and r1 > state["best_r1"]:
+            if entry.eligible:
+                state["top_r1"] = max(state.get("top_r1", state["best_r1"]), r1)
+            if entry.eligible and r1 >= state["top_r1"] - _tolerance(config, state["top_r1"], val):
                 state["best_r1"], state["best_epoch"] = r1, epoch + 1
                 head.config.trained = True
                 head.config.notes = {**head.config.notes, "best_epoch": epoch + 1, "val": metrics}
@@ -409,6 +418,16 @@ def train(
     }
 
 
+def _tolerance(config: TrainConfig, top: float, val: PairSplit | None) -> float:
+    """How far below the best validation score a later epoch may be and still be kept."""
+    if val is None:
+        return 0.0
+    if config.select_tolerance >= 0:
+        return config.select_tolerance
+    p = min(max(top, 0.0), 1.0)  # epochs without a shift within the budget score R@1 - 2
+    return math.sqrt(p * (1.0 - p) / max(len(val.caption_ids), 1))
+
+
 def _best_r1_within_budget(head: SparseHead, val: PairSplit, tokens, config: TrainConfig, device,
                            distractors: np.ndarray | None) -> float:
     """The best validation R@1 (over the larger collection with ``distractors``) among the
@@ -436,6 +455,9 @@ def _refuse_bad_settings(config: TrainConfig) -> None:
         raise TrainingError(f"validation distractors must be >= 0, got {config.val_distractors}")
     if config.select_flops_budget < 0 or config.select_boost < 0:
         raise TrainingError("the selection's FLOPs budget and boost must be >= 0")
+    if not (config.select_tolerance == -1.0 or 0.0 <= config.select_tolerance < math.inf):
+        raise TrainingError(f"the selection's tolerance must be -1 (one standard error) or >= 0, "
+                            f"got {config.select_tolerance}")
 
 
 def _save_state(path, head, opt, sched, scaler, pec, order_rng, config, state, mixer=None, average=None) -> None:
