@@ -175,7 +175,8 @@ def main() -> None:
     head.config.notes = {**head.config.notes, "sources": args.sources}
     photo_distractors = photos["train"].image_emb[: max(args.calibration_distractors, cfg.val_distractors)]
     summary = train(head, train_split, train_tokens, cfg, args.out, val, val_tokens, progress=False,
-                    distractors=photo_distractors, log=lambda e: print(f"  epoch {e.epoch}: ce {e.ce:.3f} val R@1 {e.val['R@1']:.3f} "
+                    distractors=photo_distractors,
+                    log=lambda e: print(f"  epoch {e.epoch}: ce {e.ce:.3f} val R@1 {e.val['R@1']:.3f} "
                                         f"FLOPs {e.val['FLOPs']:.1f} ({e.seconds:.0f}s)", flush=True))
     shift = None
     if args.flops_budget > 0:  # as `train` does after training: what `align ship` then ships

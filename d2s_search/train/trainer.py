@@ -31,6 +31,7 @@ from d2s_search.train.data import PairSplit
 from d2s_search.train.losses import d2s_loss
 from d2s_search.train.pec import PEC
 from d2s_search.train.validation import (  # noqa: F401  (re-exported: joint, cli and tests use them from here)
+    check_distractors,
     pick_distractors,
     query_mask_for,
     validate,
@@ -269,8 +270,7 @@ def train(
     val_extra = None
     if config.val_distractors > 0 and val is not None:
         if distractors is not None:
-            if distractors.ndim != 2 or distractors.shape[1] != train_split.dim:
-                raise TrainingError(f"distractors must be (n, {train_split.dim}) vectors, got {distractors.shape}")
+            check_distractors(distractors, train_split.dim, TrainingError)  # before any training, not after an epoch
             val_extra = np.asarray(distractors)[: config.val_distractors]
         else:
             val_extra = pick_distractors(train_split.image_emb, train_split.caption_image, config.val_distractors,

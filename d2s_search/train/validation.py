@@ -31,11 +31,16 @@ def pick_distractors(image_emb: np.ndarray, caption_image: np.ndarray, limit: in
     return np.asarray(image_emb)[used]
 
 
+def check_distractors(distractors: np.ndarray, dim: int, error: type[Exception] = ValueError) -> None:
+    """Refuse distractors that are not a matrix of ``dim``-d image vectors."""
+    if distractors.ndim != 2 or distractors.shape[1] != dim:
+        raise error(f"distractors must be (n, {dim}) vectors, got {distractors.shape}")
+
+
 def with_distractors(split: PairSplit, distractors: np.ndarray) -> PairSplit:
     """The split's captions against its own images followed by ``distractors`` (image vectors no
     caption points to): the same relevance judgements over a larger collection."""
-    if distractors.ndim != 2 or distractors.shape[1] != split.image_emb.shape[1]:
-        raise ValueError(f"distractors must be (n, {split.image_emb.shape[1]}) vectors, got {distractors.shape}")
+    check_distractors(distractors, split.image_emb.shape[1])
     ids = list(split.image_ids) + [f"distractor:{i}" for i in range(len(distractors))]
     images = np.concatenate([split.image_emb, distractors.astype(split.image_emb.dtype, copy=False)])
     return PairSplit(split.name, split.caption_ids, split.captions, split.text_emb, ids, images,
