@@ -60,6 +60,14 @@ def test_c_kernel_equals_the_numpy_path_bit_for_bit(seed, id_type):
                 assert got_rows.tolist() == want_rows.tolist()
                 assert np.array_equal(got_top, want_top)
                 assert np.all(got_top > 0)
+                # the backend's path: the shard bound once, the query's buffers shared by its shards
+                bound = kernels.BoundShard.bind(indptr, indices, data, rows, t, c)
+                scratch = kernels.QueryScratch(cols, weights, rows + 3, 3, k)
+                scratch.scores.fill(7.0)
+                got_rows, got_top = bound.top(scratch, 2)  # the last shard's slot of the top buffers
+                assert np.array_equal(scratch.scores[:rows], want_scores) and np.all(scratch.scores[rows:] == 7.0)
+                assert got_rows.dtype == np.int64 and got_rows.tolist() == want_rows.tolist()
+                assert np.array_equal(got_top, want_top)
 
 
 def large_shard(rng: np.random.Generator, rows: int, cols: int, per_row: int):
@@ -140,6 +148,25 @@ def test_damaged_postings_are_refused_without_writing_out_of_bounds(damage, id_t
     with pytest.raises(kernels.DamagedArrays):
         kernels.shard_top(indptr, indices, data, 3, np.array([0, 1]), np.ones(2, np.float32), buffer, 3)
     assert np.all(guard[:2] == 9.0) and np.all(guard[5:] == 9.0)
+    # bound once, the same checks on every call
+    scratch = kernels.QueryScratch(np.array([0, 1]), np.ones(2, np.float32), 3, 1, 3)
+    scratch.scores = guard[2:5]
+    scratch._ptrs = (*scratch._ptrs[:2], scratch.scores.ctypes.data, *scratch._ptrs[3:])
+    with pytest.raises(kernels.DamagedArrays):
+        kernels.BoundShard.bind(indptr, indices, data, 3).top(scratch, 0)
+    assert np.all(guard[:2] == 9.0) and np.all(guard[5:] == 9.0)
+
+
+def test_a_bound_shard_knows_when_its_arrays_were_replaced():
+    rng = np.random.default_rng(5)
+    indptr, indices, data = random_shard(rng, 200, 30, per_row=6)
+    bound = kernels.BoundShard.bind(indptr, indices, data, 200)
+    assert bound.bound_to(indptr, indices, data, 200)
+    assert not bound.bound_to(indptr.copy(), indices, data, 200)  # equal values, other memory
+    assert not bound.bound_to(indptr, indices, data, 199)
+    # arrays the kernel cannot read raw are not bound (the numpy path takes them)
+    assert kernels.BoundShard.bind(indptr, indices.astype(np.int64), data, 200) is None
+    assert kernels.BoundShard.bind(indptr, indices, np.repeat(data, 2)[::2], 200) is None
 
 
 def test_arrays_the_kernel_cannot_read_take_the_numpy_path():

@@ -45,6 +45,8 @@ GRAPH_K_SHARE = 1 / 48
 # Explanations of this many hits of a shard or more are read from the query's posting lists
 # (one binary search per term) rather than from each hit's own postings.
 EXPLAIN_BY_POSTINGS_FROM = 64
+# Up to this many hits, their strings are read row by row (10 hits at 123k: 22 against 47 us).
+FEW_HITS = 16
 
 
 def _db_errors(method):
@@ -557,14 +559,22 @@ class LocalBackend:
         cols, weights = self._query_columns(query)
         if cols.size == 0 or state.size == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        buffer = np.empty(state.shard_rows, dtype=np.float32)
+        buffer = scratch = None
         candidates = []
-        for shard in state.shards:
+        for j, shard in enumerate(state.shards):
             self._validated(shard)
-            a = shard.arrays
             try:
-                rows, scores = kernels.shard_top(a["csc_indptr"], a["csc_indices"], a["csc_data"], shard.rows, cols,
-                                                 weights, buffer, k, a.get("dense_terms"), a.get("dense_columns"))
+                bound = shard.bound_kernel()
+                if bound is not None:
+                    if scratch is None:
+                        scratch = kernels.QueryScratch(cols, weights, state.shard_rows, len(state.shards), k)
+                    rows, scores = bound.top(scratch, j)
+                else:
+                    a = shard.arrays
+                    if buffer is None:
+                        buffer = np.empty(state.shard_rows, dtype=np.float32)
+                    rows, scores = kernels.shard_top(a["csc_indptr"], a["csc_indices"], a["csc_data"], shard.rows,
+                                                     cols, weights, buffer, k, a.get("dense_terms"), a.get("dense_columns"))
             except kernels.DamagedArrays as exc:  # the kernel's own bounds checks: changed since validation
                 self._damaged(exc)
             candidates.append((rows + shard.start, scores))
@@ -776,6 +786,14 @@ class LocalBackend:
             return []
         matched = self._explain(state, rows, query, explain) if (explain and query) else None
         score_list = np.asarray(scores, dtype=np.float64).tolist()
+        if len(rows) <= FEW_HITS:  # row by row: no array calls per shard
+            shards, size = state.shards, state.shard_rows
+            hits = []
+            for i, (row, score) in enumerate(zip(rows.tolist(), score_list)):
+                shard = shards[row // size]
+                doc_id, path, url = shard.row_strings(row - shard.start)
+                hits.append(Hit(doc_id, score, path, url) if matched is None else Hit(doc_id, score, path, url, matched[i]))
+            return hits
         shard_of = rows // state.shard_rows
         first = int(shard_of[0])
         if shard_of[-1] == first and np.all(shard_of == first):

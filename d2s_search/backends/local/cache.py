@@ -46,7 +46,7 @@ import numpy as np
 
 from ...processes import pid_alive
 from . import graph
-from .kernels import DamagedArrays, check_postings, encode_weights
+from .kernels import BoundShard, DamagedArrays, check_postings, encode_weights
 from .store import CACHE_POINTER as POINTER
 from .store import LEGACY_CACHE, fsync_dir, is_temp_name, write_atomic
 
@@ -86,6 +86,7 @@ class Shard:
     dirty: set[str] = field(default_factory=set)  # arrays changed since loaded (never hard-linked)
     _views: dict[str, memoryview] = field(default_factory=dict, repr=False)
     _graph: object = field(default=None, repr=False)  # the faiss index over ``hnsw``, once checked
+    _bound: BoundShard | None = field(default=None, repr=False)
 
     @property
     def rows(self) -> int:
@@ -126,6 +127,15 @@ class Shard:
         except (DamagedArrays, KeyError, IndexError) as exc:
             raise CacheUnusable(f"shard at row {self.start} is damaged: {exc}") from None
         self.validated = True
+
+    def bound_kernel(self) -> BoundShard | None:
+        """The postings bound to the compiled kernel (None: not built, or arrays it cannot
+        take), bound again whenever the shard's arrays were replaced. Call :meth:`validate` first."""
+        a = self.arrays
+        args = (a["csc_indptr"], a["csc_indices"], a["csc_data"], self.rows, a.get("dense_terms"), a.get("dense_columns"))
+        if self._bound is None or not self._bound.bound_to(*args):
+            self._bound = BoundShard.bind(*args)
+        return self._bound
 
     def dense_rows(self) -> np.ndarray:
         """The dense vectors in row order (a view; inside the graph's bytes when there is one)."""
@@ -175,10 +185,26 @@ class Shard:
             gathered = strided_strings(blob, starts, ends - starts)
             if gathered is not None:
                 return gathered
+        view = self._view(name)
+        return [str(view[lo:hi], "utf-8", "surrogatepass") for lo, hi in zip(starts.tolist(), ends.tolist())]
+
+    def _view(self, name: str) -> memoryview:
         view = self._views.get(name)
         if view is None:
-            view = self._views[name] = memoryview(np.ascontiguousarray(blob)).cast("B")
-        return [view[lo:hi].tobytes().decode("utf-8", "surrogatepass") for lo, hi in zip(starts.tolist(), ends.tolist())]
+            view = self._views[name] = memoryview(np.ascontiguousarray(self.arrays[f"{name}_blob"])).cast("B")
+        return view
+
+    def row_strings(self, row: int) -> tuple[str, str, str | None]:
+        """The id, path and URL (None where there is none) of one row, read with plain indexing:
+        for a few hits, cheaper than :meth:`strings`' array calls."""
+        a = self.arrays
+        ids, paths = a["ids_offsets"], a["paths_offsets"]
+        doc_id = str(self._view("ids")[int(ids[row]) : int(ids[row + 1])], "utf-8", "surrogatepass")
+        path = str(self._view("paths")[int(paths[row]) : int(paths[row + 1])], "utf-8", "surrogatepass")
+        if not a["has_url"][row]:
+            return doc_id, path, None
+        urls = a["urls_offsets"]
+        return doc_id, path, str(self._view("urls")[int(urls[row]) : int(urls[row + 1])], "utf-8", "surrogatepass")
 
     def url(self, row: int) -> str | None:
         return self.string("urls", row) if self.arrays["has_url"][row] else None

@@ -216,6 +216,88 @@ def shard_top(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows:
     return rows, out[rows].copy()
 
 
+class QueryScratch:
+    """One query's buffers for the compiled kernel, their addresses taken once: the columns and
+    weights, a shard-sized score array, and room for every shard's top k (numpy's
+    ``.ctypes.data`` costs about a microsecond; per shard and query the addresses were ~50 us
+    of a 0.5 ms search at 123k documents, docs/benchmarks.md "Session 14")."""
+
+    __slots__ = ("cols", "weights", "k", "scores", "heap", "rows", "top", "_ptrs")
+
+    def __init__(self, cols: np.ndarray, weights: np.ndarray, shard_rows: int, n_shards: int, k: int):
+        self.cols = np.ascontiguousarray(cols, dtype=np.int64)
+        self.weights = np.ascontiguousarray(weights, dtype=np.float32)
+        self.k = k
+        self.scores = np.empty(shard_rows, dtype=np.float32)
+        heap_k = k if 0 < k <= HEAP_K else 0
+        self.heap = np.empty(2 * heap_k, dtype=np.int32)  # (float32 score, int32 row) pairs
+        self.rows = np.empty((n_shards, heap_k), dtype=np.int32)
+        self.top = np.empty((n_shards, heap_k), dtype=np.float32)
+        self._ptrs = tuple(a.ctypes.data for a in (self.cols, self.weights, self.scores, self.heap, self.rows, self.top))
+
+
+class BoundShard:
+    """A shard's postings bound to the compiled kernel: the addresses and sizes its calls pass
+    are computed once, not per query (see :class:`QueryScratch`). It keeps the arrays alive
+    (the addresses point into them); :meth:`bound_to` says whether they are still the shard's.
+    Only for arrays :func:`check_postings` accepted (the kernel still checks every id)."""
+
+    __slots__ = ("_arrays", "_accumulate", "_fixed", "_slot_of", "_dense", "n_rows")
+
+    def __init__(self, accumulate, indptr, indices, data, n_rows, dense_terms, dense_columns):
+        self._arrays = (indptr, indices, data, dense_terms, dense_columns)
+        self._accumulate = accumulate
+        self.n_rows = n_rows
+        self._fixed = (indptr.ctypes.data, indptr.size - 1, indices.ctypes.data, data.ctypes.data, indices.size, n_rows)
+        has_dense = dense_terms is not None and dense_terms.size > 0
+        self._slot_of = None  # column -> its row in dense_columns or -1 (one take per query, not a search)
+        if has_dense:
+            self._slot_of = np.full(max(indptr.size - 1, 1), -1, dtype=np.int64)
+            self._slot_of[dense_terms] = np.arange(dense_terms.size)
+        self._dense = (dense_columns.ctypes.data, dense_columns.shape[0]) if has_dense else (None, 0)
+
+    @classmethod
+    def bind(cls, indptr, indices, data, n_rows: int, dense_terms=None, dense_columns=None) -> BoundShard | None:
+        """None when the compiled kernel is not built or the arrays do not suit it."""
+        if _c_kernel is None:
+            return None
+        accumulate_c = _c_kernel[0].get(indices.dtype)
+        if accumulate_c is None or not (indices.flags.c_contiguous and _c_ready(indptr, np.int32, data, np.uint16)):
+            return None
+        if indices.size != data.size:
+            raise DamagedArrays("ids and weights differ in length")
+        if dense_terms is not None and dense_terms.size and not (
+            dense_columns is not None and dense_columns.ndim == 2 and dense_columns.shape[1] == n_rows
+            and _c_ready(dense_columns, np.uint16)
+        ):
+            return None
+        return cls(accumulate_c, indptr, indices, data, n_rows, dense_terms, dense_columns)
+
+    def bound_to(self, indptr, indices, data, n_rows: int, dense_terms=None, dense_columns=None) -> bool:
+        mine = self._arrays
+        return (n_rows == self.n_rows and mine[0] is indptr and mine[1] is indices and mine[2] is data
+                and mine[3] is dense_terms and mine[4] is dense_columns)
+
+    def top(self, query: QueryScratch, slot: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, scores) of the shard's ``query.k`` highest positive scores, best first, ties
+        by row: what :func:`shard_top` gives. ``slot``: this shard's row of the query's top buffers."""
+        cols_p, weights_p, scores_p, heap_p, rows_p, top_p = query._ptrs
+        slots = None  # columns outside the shard (newer terms) are skipped by the kernel before their slot is read
+        if self._slot_of is not None:
+            slots = np.take(self._slot_of, query.cols, mode="clip")
+        bad = self._accumulate(*self._fixed, cols_p, weights_p, query.cols.size,
+                               None if slots is None else slots.ctypes.data, *self._dense, scores_p)
+        if bad:
+            raise DamagedArrays(f"{bad} postings point outside the shard")
+        k = query.k
+        if k > HEAP_K:  # a large k: numpy's strided bound + partition beats the heap
+            rows = top_rows(query.scores[: self.n_rows], k)
+            return rows, query.scores[rows]
+        k = max(0, min(k, self.n_rows))
+        n = _c_kernel[1](scores_p, self.n_rows, k, heap_p, rows_p + 4 * slot * query.k, top_p + 4 * slot * query.k)
+        return query.rows[slot, :n].astype(np.int64), query.top[slot, :n]
+
+
 def accumulate(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows: int,
                cols: np.ndarray, weights: np.ndarray, out: np.ndarray,
                dense_terms: np.ndarray | None = None, dense_columns: np.ndarray | None = None,
