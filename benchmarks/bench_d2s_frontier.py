@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 HEAD_KEYS = {"bias_init": float, "norm_gain": float, "output_terms": str, "freeze_vocab": bool, "vocab_init": str,
-             "proj_init": str, "document_shift": float}
+             "proj_init": str, "document_shift": float, "mlp_dim": int}
 
 
 def _value(kind, raw: str):

@@ -1,6 +1,6 @@
 """The Dense2Sparse projection head, shared by export and training.
 
-    z1 = W1 z            (d -> w)
+    z1 = W1 z            (d -> w; with ``mlp_dim``: + W4 gelu(W3 z))
     z2 = LayerNorm(z1)
     s  = W2 z2           (w -> |V|), W2 initialised from a vocabulary projection
     s  = log(1 + relu(s)) * allowed                    (documents: relu(s + document_shift))
@@ -46,6 +46,9 @@ class HeadConfig:
     document_shift: float = 0.0
     # Added to the weights of a query's own (allowed) tokens: see the module docstring.
     query_word_boost: float = 0.0
+    # > 0: a residual branch W4 gelu(W3 z) of this width added to W1 z (W4 starts at zero, so
+    # the head starts as the linear one); 0 = the paper's linear head.
+    mlp_dim: int = 0
 
 
 class SparseHead(nn.Module):
@@ -55,6 +58,10 @@ class SparseHead(nn.Module):
         self.proj = nn.Linear(config.dense_dim, config.hidden_dim)
         self.norm = nn.LayerNorm(config.hidden_dim, eps=config.layer_norm_eps)
         self.vocab = nn.Linear(config.hidden_dim, config.vocab_size, bias=config.output_bias)
+        self.mlp = None
+        if config.mlp_dim > 0:
+            self.mlp = nn.Sequential(nn.Linear(config.dense_dim, config.mlp_dim), nn.GELU(),
+                                     nn.Linear(config.mlp_dim, config.hidden_dim))
         allowed = torch.ones(config.vocab_size)
         if config.excluded_ids:
             allowed[torch.tensor(sorted(set(config.excluded_ids)), dtype=torch.long)] = 0.0
@@ -95,7 +102,10 @@ class SparseHead(nn.Module):
 
     def logits(self, z: torch.Tensor) -> torch.Tensor:
         """Pre-activation vocabulary scores (used by training for masking before the log)."""
-        return self.vocab(self.norm(self.proj(z)))
+        z1 = self.proj(z)
+        if self.mlp is not None:
+            z1 = z1 + self.mlp(z)
+        return self.vocab(self.norm(z1))
 
     def forward(self, z: torch.Tensor, document: bool = False) -> torch.Tensor:
         logits = self.logits(z)
@@ -146,6 +156,10 @@ def load_head(path: str | Path) -> SparseHead:
     config = HeadConfig(**payload["config"])
     for name in ("document_shift", "query_word_boost"):
         finite_setting(getattr(config, name), f"{path}: its {name.replace('_', ' ')}")
+    if not isinstance(config.mlp_dim, int) or not 0 <= config.mlp_dim <= 65536:
+        from d2s_search.errors import ModelError
+
+        raise ModelError(f"{path}: its mlp width must be an integer in 0..65536, got {config.mlp_dim!r}")
     head = SparseHead(config)
     head.load_state_dict(payload["state_dict"])
     return head

@@ -360,3 +360,28 @@ def test_document_shift_is_in_the_image_graph_only(tmp_path):
     assert np.array_equal(enc.encode_pixels(pixels)[1], sparse)  # images as before
     with pytest.raises(ModelError, match="finite"):
         export_bundle("tiny-clip", tmp_path / "nan", head_path=ckpt, document_shift=float("nan"))
+
+
+def test_a_head_with_an_mlp_branch_exports_with_parity(tmp_path):
+    """The residual GELU branch (``mlp_dim``) is part of both exported graphs."""
+    from onnx_export.head import HeadConfig, SparseHead
+
+    encoder = build_dense_encoder("tiny-clip")
+    linear = build_head(encoder, None)
+    config = HeadConfig(**{**linear.config.__dict__, "mlp_dim": 24})
+    head = SparseHead(config)
+    missing, _ = head.load_state_dict(linear.state_dict(), strict=False)
+    assert missing and all(k.startswith("mlp.") for k in missing)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        head.proj.weight.mul_(3.0)
+        for p in head.mlp.parameters():
+            p.normal_(0, 0.5)
+    ckpt = save_head(head, tmp_path / "head.pt")
+    enc = Encoder(export_bundle("tiny-clip", tmp_path / "bundle", head_path=ckpt).bundle, device="cpu")
+    text = enc.encode_texts(["a dog", "two cats on a red sofa"])
+    with torch.no_grad():
+        want = head(torch.from_numpy(text.dense)).numpy()
+        plain = linear(torch.from_numpy(text.dense)).numpy()
+    assert np.abs(text.sparse - want).max() < 1e-4
+    assert np.abs(want - plain).max() > 1e-2  # the branch changes the scores

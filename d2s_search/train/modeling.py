@@ -15,7 +15,8 @@ Options that make the untrained head start sparse instead of emitting thousands 
 which scales every vocabulary logit like a scaled W2 would, without changing W2 (so a
 frozen W2 can still be rebuilt from MiniLM at export). ``output_terms="words"`` excludes
 every term that is not a whole, non-stop word (see
-:func:`onnx_export.offline_mini.parts.word_terms_mask`).
+:func:`onnx_export.offline_mini.parts.word_terms_mask`). ``mlp_dim`` adds a residual GELU
+branch beside W1 (zero at the start: the head starts as the linear one).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def build_head(
     norm_gain: float | None = None,
     output_terms: str = "all",
     tokenizer=None,
+    mlp_dim: int = 0,
 ) -> SparseHead:
     """A fresh head to train; see the module docstring for the options."""
     head = _build_base(dense_dim, vocab_init, excluded_ids, vocab_size, hidden_dim, seed)
@@ -93,6 +95,9 @@ def build_head(
         with torch.no_grad():
             head.norm.weight.fill_(norm_gain)
         notes["norm_gain"] = norm_gain
+    if mlp_dim:
+        head = _with_mlp(head, mlp_dim, seed)
+        notes["mlp_dim"] = mlp_dim
     head.config.notes = {**head.config.notes, **notes}
     return head
 
@@ -115,6 +120,25 @@ def _with_bias(head: SparseHead, value: float) -> SparseHead:
     fresh = SparseHead(cfg)
     state["vocab.bias"] = old + float(value)
     fresh.load_state_dict(state)
+    return fresh
+
+
+def _with_mlp(head: SparseHead, width: int, seed: int) -> SparseHead:
+    """The same head with a residual GELU branch of this width whose output layer is zero:
+    it computes exactly what the linear head does until training moves it."""
+    if width < 0:
+        raise ModelError(f"the mlp width must be >= 0, got {width}")
+    cfg = head.config
+    cfg.mlp_dim = int(width)
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    fresh = SparseHead(cfg)
+    torch.random.set_rng_state(gen_state)
+    missing, unexpected = fresh.load_state_dict(head.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("mlp.") for k in missing)
+    with torch.no_grad():
+        fresh.mlp[2].weight.zero_()
+        fresh.mlp[2].bias.zero_()
     return fresh
 
 

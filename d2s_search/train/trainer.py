@@ -248,7 +248,7 @@ def train(
     steps_per_epoch = math.ceil(n / config.batch_size)
     total = steps_per_epoch * config.epochs
     warmup = int(total * config.warmup)
-    new = list(head.proj.parameters())
+    new = list(head.proj.parameters()) + (list(head.mlp.parameters()) if head.mlp is not None else [])
     pre = list(head.norm.parameters()) + [head.vocab.weight]
     groups = [{"params": new, "lr": config.lr_proj}, {"params": pre, "lr": config.lr_vocab}]
     if head.vocab.bias is not None:

@@ -267,3 +267,37 @@ def test_projection_fit_to_words_names_the_captions_words_before_training(synthe
     # held-out images: their planted words are among the 3 strongest terms far above chance (0.03)
     hits, base = top3_hits(fitted), top3_hits(plain)
     assert hits >= 0.5 and hits > 5 * base, (hits, base)
+
+
+def test_an_mlp_head_starts_as_the_linear_head_and_trains_its_branch(synthetic, tmp_path):
+    """``mlp_dim``: a residual GELU branch beside W1 whose output layer starts at zero, so the
+    head computes exactly the linear head's scores before training; training moves the branch
+    (its parameters are in the optimiser at W1's rate) and the saved head keeps it."""
+    (tr, trt, _), (va, vat, _), _ = synthetic
+    linear = build_head(tr.dim, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=64, seed=0)
+    head = build_head(tr.dim, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=64, seed=0, mlp_dim=32)
+    z = torch.as_tensor(tr.text_emb[:16])
+    assert torch.equal(head.logits(z), linear.logits(z))
+    assert head.config.notes["mlp_dim"] == 32 and float(head.mlp[2].weight.detach().abs().sum()) == 0.0
+    summary = train(head, tr, trt, TrainConfig(expansion="c+w", **{**FAST, "epochs": 3}), tmp_path / "mlp", va, vat,
+                    progress=False)
+    assert float(head.mlp[2].weight.detach().abs().sum()) > 0
+    saved = load_head(summary["head"])
+    assert saved.config.mlp_dim == 32
+    with torch.no_grad():
+        assert torch.equal(saved(z), head(z))
+        assert not torch.equal(saved.logits(z), saved.vocab(saved.norm(saved.proj(z))))  # the branch counts
+
+
+def test_a_head_file_with_a_bad_mlp_width_is_refused(tmp_path):
+    from d2s_search.errors import ModelError
+    from onnx_export.head import save_head
+
+    head = build_head(8, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=16, seed=0, mlp_dim=4)
+    path = save_head(head, tmp_path / "head.pt")
+    payload = torch.load(path, weights_only=True)
+    for bad in (-1, 10**9, 2.5):
+        payload["config"]["mlp_dim"] = bad
+        torch.save(payload, path)
+        with pytest.raises(ModelError, match="mlp width"):
+            load_head(path)
