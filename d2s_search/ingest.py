@@ -32,6 +32,8 @@ class IngestReport:
     moved: int = 0  # already stored, but the stored file was gone: its path now points here
     rejected: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
+    # Local index: building its search structures after storing (None: not built by this run).
+    search_seconds: float | None = None
 
     @property
     def images_per_second(self) -> float:
@@ -47,6 +49,7 @@ class IngestReport:
             "rejected": [{"path": p, "reason": r} for p, r in self.rejected],
             "seconds": round(self.seconds, 3),
             "images_per_second": round(self.images_per_second, 2),
+            **({"search_structures_seconds": round(self.search_seconds, 3)} if self.search_seconds is not None else {}),
         }
 
 

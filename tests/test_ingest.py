@@ -309,3 +309,34 @@ def test_server_side_query_needs_opensearch_and_text(tmp_path, tiny_blip_bundle,
     assert code == 2 and "--server-side needs --url" in err
     code, _, err = run_cli(["query", "dog", "--server-side", "--mode", "dense", "--bundle", tiny_blip_bundle], capsys)
     assert code == 2 and "sparse plan" in err
+
+
+def test_ingest_leaves_the_search_structures_built_for_the_first_query(tmp_path, tiny_blip_bundle, image_folder,
+                                                                        capsys, monkeypatch):
+    """The local index's search structures are built (or extended) at the end of ingest and saved,
+    so the first query does not wait for them; a run that stores nothing does not touch them;
+    if building them fails, the documents stay stored and one warning line says so."""
+    from d2s_search.backends.local import cache as cache_mod
+    from d2s_search.errors import IndexStoreError
+
+    index = tmp_path / "idx"
+    code, first = run_cli_json(["ingest", image_folder, "--bundle", tiny_blip_bundle, "--index", index], capsys)
+    assert code == 0 and first["stored"] == 40 and first["search_structures_seconds"] >= 0
+    assert cache_mod.load(index / "cache").size == 40
+    extra = tmp_path / "extra"
+    write_image(extra / "new.png", 99)
+    code, out, err = run_cli(["ingest", extra, "--bundle", tiny_blip_bundle, "--index", index], capsys)
+    assert code == 0 and "search structures" in out
+    assert cache_mod.load(index / "cache").size == 41  # extended, saved
+    code, again = run_cli_json(["ingest", extra, "--bundle", tiny_blip_bundle, "--index", index], capsys)
+    assert code == 0 and again["stored"] == 0 and "search_structures_seconds" not in again
+
+    def fails(self):
+        raise IndexStoreError("disk full (injected)")
+
+    monkeypatch.setattr(LocalBackend, "prepare_search", fails)
+    write_image(extra / "newer.png", 98)
+    code, out, err = run_cli(["ingest", extra, "--bundle", tiny_blip_bundle, "--index", index], capsys)
+    assert code == 0 and "stored 1 new image(s)" in out
+    assert err.count("warning: the search structures were not prepared (disk full (injected))") == 1
+    assert len(stored_paths(index)) == 42

@@ -88,11 +88,36 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
                 max_pixels=max_pixels or DEFAULT_MAX_PIXELS, on_start=on_start, on_progress=on_progress,
                 url_for=url_for,
             )
+        if report.stored or report.moved:
+            _prepare_search(store, report, err, as_json)
     finally:
         if opened.created and (report is None or report.stored == 0):
             _discard_new_index(store)  # no empty index that answers "no results"
         store.close()
     return _report_ingest(report, as_json)
+
+
+def _prepare_search(store, report, err, as_json: bool) -> None:
+    """The local index's search structures built now, while the user expects to wait, not at
+    the first query. A failure loses nothing (the documents are stored; the first search
+    builds them): one warning line."""
+    import time
+
+    prepare = getattr(store, "prepare_search", None)
+    if prepare is None:
+        return
+    t0 = time.perf_counter()
+    try:
+        if as_json and not err.is_terminal:
+            prepare()
+        else:
+            with err.status("preparing the search structures…"):
+                prepare()
+    except D2SError as exc:
+        click.echo(f"warning: the search structures were not prepared ({exc}); the first search builds them",
+                   err=True)
+        return
+    report.search_seconds = time.perf_counter() - t0
 
 
 def _discard_new_index(store) -> None:
@@ -126,7 +151,8 @@ def _report_ingest(report, as_json: bool) -> int:
     click.echo(
         f"stored {report.stored} new image(s) of {report.found} found; {report.already_stored} already stored"
         f"{moved}, {report.duplicates} duplicate(s), {len(report.rejected)} rejected  "
-        f"({report.seconds:.1f}s, {report.images_per_second:.1f} images/s)"
+        f"({report.seconds:.1f}s, {report.images_per_second:.1f} images/s"
+        + (f"; search structures {report.search_seconds:.1f}s" if report.search_seconds is not None else "") + ")"
     )
     if error:
         click.echo(f"error: {error['message']}", err=True)
