@@ -179,8 +179,12 @@ def test_moved_and_deleted_files(tmp_path, tiny_blip_bundle, capsys):
     code, dry = run_cli_json(["index", "prune", "--dry-run", "--index", index], capsys)
     assert code == 0 and sorted(dry["missing"]) == sorted([str(photos[2]), str(photos[3])]) and dry["removed"] == 0
     assert len(stored(index)) == 5
+    assert "search_structures_seconds" not in dry  # nothing removed, nothing rebuilt
     code, out, _ = run_cli(["index", "prune", "--index", index], capsys)
     assert code == 0 and "removed 2 of 5" in out
+    from d2s_search.backends.local import cache as cache_mod
+
+    assert cache_mod.load(index / "cache").size == 3  # rebuilt and saved by prune, not by the next query
     assert sorted(stored(index).values()) == sorted([str(moved_to), str(photos[1]), str(photos[4])])
     code, stats = run_cli_json(["index", "stats", "--index", index], capsys)
     assert stats["documents"] == 3 and stats["missing_files"] == 0

@@ -17,6 +17,7 @@ from d2s_search.cli.options import (
     load_bundle,
     make_backend,
     opensearch_backend,
+    prepare_search,
     remember_index,
     require_index,
 )
@@ -83,10 +84,12 @@ def index_prune(backend, index, url, index_name, dry_run, yes, as_json) -> int:
             raise D2SError(f"every one of the {total} stored files is gone (an unmounted drive or a moved folder?): "
                            "nothing removed; re-ingest the folder at its new place, or pass --yes to prune them all")
         removed = 0 if dry_run else store.delete([doc_id for doc_id, _ in missing])
+        seconds = prepare_search(store, as_json) if removed else None
     finally:
         store.close()
     payload = {"location": index_location(store), "documents": total, "missing": [p for _, p in missing],
-               "removed": removed, "dry_run": dry_run}
+               "removed": removed, "dry_run": dry_run,
+               **({"search_structures_seconds": round(seconds, 3)} if seconds is not None else {})}
     verb = "would remove" if dry_run else "removed"
     _emit(payload, as_json, [f"gone: {p}" for _, p in missing]
           + [f"{verb} {len(missing) if dry_run else removed} of {total} document(s) whose file is gone"])

@@ -18,6 +18,33 @@ def console(stderr: bool = False):
     return Console(stderr=stderr, highlight=False, soft_wrap=False)
 
 
+def prepare_search(store, as_json: bool) -> float | None:
+    """Have a local index build its search structures now (after ingest or prune), while the
+    user expects to wait, not at the first query. Returns the seconds it took; None when the
+    backend has nothing to build or it failed: that loses nothing (the documents are stored; the
+    first search builds them) and is said in one warning line."""
+    import time
+
+    from d2s_search.errors import D2SError
+
+    prepare = getattr(store, "prepare_search", None)
+    if prepare is None:
+        return None
+    err = console(stderr=True)
+    t0 = time.perf_counter()
+    try:
+        if as_json and not err.is_terminal:
+            prepare()
+        else:
+            with err.status("preparing the search structures…"):
+                prepare()
+    except D2SError as exc:
+        click.echo(f"warning: the search structures were not prepared ({exc}); the first search builds them",
+                   err=True)
+        return None
+    return time.perf_counter() - t0
+
+
 def bundle_option(f):
     return click.option(
         "--bundle", envvar="D2S_BUNDLE", show_envvar=True, type=click.Path(file_okay=False),

@@ -15,6 +15,7 @@ from d2s_search.cli.options import (
     json_option,
     load_bundle,
     open_index,
+    prepare_search,
     recorded_identity,
 )
 from d2s_search.cli.output import emit_json as _emit_json
@@ -89,35 +90,12 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
                 url_for=url_for,
             )
         if report.stored or report.moved:
-            _prepare_search(store, report, err, as_json)
+            report.search_seconds = prepare_search(store, as_json)
     finally:
         if opened.created and (report is None or report.stored == 0):
             _discard_new_index(store)  # no empty index that answers "no results"
         store.close()
     return _report_ingest(report, as_json)
-
-
-def _prepare_search(store, report, err, as_json: bool) -> None:
-    """The local index's search structures built now, while the user expects to wait, not at
-    the first query. A failure loses nothing (the documents are stored; the first search
-    builds them): one warning line."""
-    import time
-
-    prepare = getattr(store, "prepare_search", None)
-    if prepare is None:
-        return
-    t0 = time.perf_counter()
-    try:
-        if as_json and not err.is_terminal:
-            prepare()
-        else:
-            with err.status("preparing the search structures…"):
-                prepare()
-    except D2SError as exc:
-        click.echo(f"warning: the search structures were not prepared ({exc}); the first search builds them",
-                   err=True)
-        return
-    report.search_seconds = time.perf_counter() - t0
 
 
 def _discard_new_index(store) -> None:
