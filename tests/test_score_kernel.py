@@ -164,6 +164,11 @@ def test_a_bound_shard_knows_when_its_arrays_were_replaced():
     assert bound.bound_to(indptr, indices, data, 200)
     assert not bound.bound_to(indptr.copy(), indices, data, 200)  # equal values, other memory
     assert not bound.bound_to(indptr, indices, data, 199)
+    # buffers too small for the shard are refused before any C call writes into them
+    with pytest.raises(kernels.DamagedArrays):
+        bound.top(kernels.QueryScratch(np.array([0]), np.ones(1, np.float32), 199, 1, 5), 0)
+    with pytest.raises(kernels.DamagedArrays):
+        bound.top(kernels.QueryScratch(np.array([0]), np.ones(1, np.float32), 200, 1, 5), 1)
     # arrays the kernel cannot read raw are not bound (the numpy path takes them)
     assert kernels.BoundShard.bind(indptr, indices.astype(np.int64), data, 200) is None
     assert kernels.BoundShard.bind(indptr, indices, np.repeat(data, 2)[::2], 200) is None

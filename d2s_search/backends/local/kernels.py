@@ -281,6 +281,8 @@ class BoundShard:
     def top(self, query: QueryScratch, slot: int) -> tuple[np.ndarray, np.ndarray]:
         """(rows, scores) of the shard's ``query.k`` highest positive scores, best first, ties
         by row: what :func:`shard_top` gives. ``slot``: this shard's row of the query's top buffers."""
+        if self.n_rows > query.scores.size or not 0 <= slot < query.rows.shape[0]:  # the C calls write there
+            raise DamagedArrays(f"a shard of {self.n_rows} rows does not fit the query's buffers")
         cols_p, weights_p, scores_p, heap_p, rows_p, top_p = query._ptrs
         slots = None  # columns outside the shard (newer terms) are skipped by the kernel before their slot is read
         if self._slot_of is not None:
