@@ -84,7 +84,7 @@ def index_prune(backend, index, url, index_name, dry_run, yes, as_json) -> int:
             raise D2SError(f"every one of the {total} stored files is gone (an unmounted drive or a moved folder?): "
                            "nothing removed; re-ingest the folder at its new place, or pass --yes to prune them all")
         removed = 0 if dry_run else store.delete([doc_id for doc_id, _ in missing])
-        seconds = prepare_search(store, as_json) if removed else None
+        seconds = prepare_search(store) if removed else None
     finally:
         store.close()
     payload = {"location": index_location(store), "documents": total, "missing": [p for _, p in missing],

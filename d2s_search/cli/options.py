@@ -18,7 +18,7 @@ def console(stderr: bool = False):
     return Console(stderr=stderr, highlight=False, soft_wrap=False)
 
 
-def prepare_search(store, as_json: bool) -> float | None:
+def prepare_search(store) -> float | None:
     """Have a local index build its search structures now (after ingest or prune), while the
     user expects to wait, not at the first query. Returns the seconds it took; None when the
     backend has nothing to build or it failed: that loses nothing (the documents are stored; the
@@ -33,11 +33,8 @@ def prepare_search(store, as_json: bool) -> float | None:
     err = console(stderr=True)
     t0 = time.perf_counter()
     try:
-        if as_json and not err.is_terminal:
+        with err.status("preparing the search structures…"):  # shows nothing when stderr is not a terminal
             prepare()
-        else:
-            with err.status("preparing the search structures…"):
-                prepare()
     except D2SError as exc:
         click.echo(f"warning: the search structures were not prepared ({exc}); the first search builds them",
                    err=True)

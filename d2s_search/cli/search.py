@@ -90,7 +90,7 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
                 url_for=url_for,
             )
         if report.stored or report.moved:
-            report.search_seconds = prepare_search(store, as_json)
+            report.search_seconds = prepare_search(store)
     finally:
         if opened.created and (report is None or report.stored == 0):
             _discard_new_index(store)  # no empty index that answers "no results"

@@ -162,22 +162,35 @@ def _c_ready(*arrays_and_types) -> bool:
     return all(a.dtype == t and a.flags.c_contiguous for a, t in zip(arrays_and_types[::2], arrays_and_types[1::2]))
 
 
+def _kernel_for(indptr, indices, data, n_rows, dense_terms, dense_columns):
+    """The compiled accumulate function for a shard's arrays; None when the kernel is not built
+    or the arrays do not suit it (the numpy path then). DamagedArrays when ids and weights differ
+    in length."""
+    if _c_kernel is None:
+        return None
+    accumulate_c = _c_kernel[0].get(indices.dtype)
+    if accumulate_c is None or not (indices.flags.c_contiguous and _c_ready(indptr, np.int32, data, np.uint16)):
+        return None
+    if dense_terms is not None and dense_terms.size and not (
+        dense_columns is not None and dense_columns.ndim == 2 and dense_columns.shape[1] == n_rows
+        and _c_ready(dense_columns, np.uint16)
+    ):
+        return None
+    if indices.size != data.size:
+        raise DamagedArrays("ids and weights differ in length")
+    return accumulate_c
+
+
 def _accumulate_c(indptr, indices, data, n_rows, cols, weights, out, dense_terms, dense_columns) -> bool:
     """Run the C kernel if the arrays suit it; False when they do not (numpy path then)."""
-    if _c_kernel is None or out.size < n_rows:
+    if out.size < n_rows or not _c_ready(out, np.float32):
         return False
-    accumulate_c = _c_kernel[0].get(indices.dtype)
-    if accumulate_c is None or not (indices.flags.c_contiguous
-                                    and _c_ready(indptr, np.int32, data, np.uint16, out, np.float32)):
+    accumulate_c = _kernel_for(indptr, indices, data, n_rows, dense_terms, dense_columns)
+    if accumulate_c is None:
         return False
     cols = np.ascontiguousarray(cols, dtype=np.int64)
     weights = np.ascontiguousarray(weights, dtype=np.float32)
     slots = _dense_slots(cols, dense_terms)
-    if slots is not None and not (dense_columns.ndim == 2 and dense_columns.shape[1] == n_rows
-                                  and _c_ready(dense_columns, np.uint16)):
-        return False
-    if indices.size != data.size:
-        raise DamagedArrays("ids and weights differ in length")
     bad = accumulate_c(indptr.ctypes.data, indptr.size - 1, indices.ctypes.data, data.ctypes.data, indices.size,
                        n_rows, cols.ctypes.data, weights.ctypes.data, cols.size,
                        None if slots is None else slots.ctypes.data,
@@ -259,17 +272,8 @@ class BoundShard:
     @classmethod
     def bind(cls, indptr, indices, data, n_rows: int, dense_terms=None, dense_columns=None) -> BoundShard | None:
         """None when the compiled kernel is not built or the arrays do not suit it."""
-        if _c_kernel is None:
-            return None
-        accumulate_c = _c_kernel[0].get(indices.dtype)
-        if accumulate_c is None or not (indices.flags.c_contiguous and _c_ready(indptr, np.int32, data, np.uint16)):
-            return None
-        if indices.size != data.size:
-            raise DamagedArrays("ids and weights differ in length")
-        if dense_terms is not None and dense_terms.size and not (
-            dense_columns is not None and dense_columns.ndim == 2 and dense_columns.shape[1] == n_rows
-            and _c_ready(dense_columns, np.uint16)
-        ):
+        accumulate_c = _kernel_for(indptr, indices, data, n_rows, dense_terms, dense_columns)
+        if accumulate_c is None:
             return None
         return cls(accumulate_c, indptr, indices, data, n_rows, dense_terms, dense_columns)
 
