@@ -36,9 +36,13 @@ def as_hits(ranking: list[tuple[str, float]], k: int) -> list[Hit]:
 
 
 def check_every_plan(backend: LocalBackend, docs, seed: int) -> None:
+    by_id = {d.id: d for d in docs}
     for q in queries(seed):
         for k in (1, 3, 10, 100):
-            assert_ranking(run_query(backend, q, SearchOptions(mode="sparse", k=k)).hits, brute_force_sparse(docs, q.full), k)
+            hits = run_query(backend, q, SearchOptions(mode="sparse", k=k)).hits
+            assert_ranking(hits, brute_force_sparse(docs, q.full), k)
+            # each hit's path and url are its own, whichever shards the hits came from
+            assert [(h.path, h.url) for h in hits] == [(by_id[h.id].path, by_id[h.id].url) for h in hits]
             assert_ranking(run_query(backend, q, SearchOptions(mode="dense", k=k)).hits, brute_force_dense(docs, q.dense), k)
         for window, k in ((5, 3), (1000, 100)):  # rescored row by row / through the postings
             first = brute_force_sparse(docs, q.own)[:window]
@@ -57,7 +61,6 @@ def check_every_plan(backend: LocalBackend, docs, seed: int) -> None:
                 assert [c for _, c in hit.matched] == sorted((c for _, c in hit.matched), reverse=True)
     # Explanations sum to the score when every word is shown; paths and urls come from the cache.
     q = queries(seed)[0]
-    by_id = {d.id: d for d in docs}
     for hit in backend.sparse_search(q.full, 5, explain=100):
         assert sum(c for _, c in hit.matched) == pytest.approx(hit.score, rel=1e-4)
         assert (hit.path, hit.url) == (by_id[hit.id].path, by_id[hit.id].url)

@@ -805,13 +805,20 @@ class LocalBackend:
         first = int(shard_of[0])
         if shard_of[-1] == first and np.all(shard_of == first):
             ids, paths, urls = self._hit_strings(state.shards[first], rows - state.shards[first].start)
-        else:  # several shards: each one's strings put at their places in ``rows`` (object arrays)
-            ids, paths, urls = (np.empty(len(rows), dtype=object) for _ in range(3))
-            for j in sorted(set(shard_of.tolist())):
-                picked = np.flatnonzero(shard_of == j)
-                shard = state.shards[j]
-                ids[picked], paths[picked], urls[picked] = self._hit_strings(shard, rows[picked] - shard.start)
-            ids, paths, urls = ids.tolist(), paths.tolist(), urls.tolist()
+        else:  # several shards: each one's strings in shard order, then put back in ``rows``' order
+            grouped = np.argsort(shard_of, kind="stable")
+            ids, paths, urls = [], [], []
+            bounds = np.flatnonzero(np.diff(shard_of[grouped])) + 1
+            for picked in np.split(grouped, bounds):
+                shard = state.shards[int(shard_of[picked[0]])]
+                more = self._hit_strings(shard, rows[picked] - shard.start)
+                ids += more[0]
+                paths += more[1]
+                urls += more[2]
+            back = np.empty_like(grouped)
+            back[grouped] = np.arange(grouped.size)
+            at = back.tolist()
+            ids, paths, urls = (list(map(strings.__getitem__, at)) for strings in (ids, paths, urls))
         if matched is None:
             return list(map(Hit, ids, score_list, paths, urls))
         return list(map(Hit, ids, score_list, paths, urls, matched))
