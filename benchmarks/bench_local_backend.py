@@ -4,7 +4,7 @@
 
 Measures p50/p99 latency at k=10 and k=1000 of the full search call (hits with ids, paths,
 URLs; with and without 5 explained words) for sparse (exact), two-phase, dense and hybrid
-through ``LocalBackend`` (one thread), twice: "latency" interleaves query by query, every plan
+through ``LocalBackend`` (one search thread unless --threads says more), twice: "latency" interleaves query by query, every plan
 right after a brute-force reference on the same query (so each plan runs after a pass over the
 whole collection has evicted the CPU caches: a cold start per query), "latency_steady" lets each plan answer
 50 different queries back to back, as a running server does (the first 10 of each block not
@@ -175,6 +175,7 @@ def main() -> None:
     parser.add_argument("--rebuild", action="store_true")
     parser.add_argument("--k", default="10,1000", help="comma-separated k values (e.g. 10 for a quick 1M run)")
     parser.add_argument("--json", dest="json_out", help="also write the results to this file")
+    parser.add_argument("--threads", type=int, default=1, help="shards searched at once (LocalBackend threads)")
     args = parser.parse_args()
     ks = [int(k) for k in args.k.split(",")]
 
@@ -183,7 +184,7 @@ def main() -> None:
         shutil.rmtree(path)
     backend, build = build_index(path, args.docs)
     backend.close()
-    backend = LocalBackend(path, threads=1)
+    backend = LocalBackend(path, threads=args.threads)
     backend.open(None, create=False)
     t0 = time.perf_counter()
     state = backend._search_state()  # open the search structures (memory-mapped)
@@ -268,7 +269,7 @@ def main() -> None:
         "command": "python benchmarks/bench_local_backend.py " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load_average": os.getloadavg(),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, one search thread",
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {args.threads} search thread(s)",
         "docs": args.docs,
         "shards": len(state.shards),
         "postings": int(csr.nnz),

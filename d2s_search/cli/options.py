@@ -74,6 +74,12 @@ def backend_options(f):
     return f
 
 
+def search_threads_option(f):
+    return click.option("--search-threads", envvar="D2S_SEARCH_THREADS", show_envvar=True, type=click.IntRange(0, 1024),
+                        default=0, show_default=True,
+                        help="Shards of a local index (65,536 pictures each) searched at once; 0: one per CPU.")(f)
+
+
 def json_option(f):
     return click.option("--json", "as_json", is_flag=True,
                         help="Print machine-readable JSON (errors too: {\"error\": {\"type\", \"message\"}}).")(f)
@@ -89,7 +95,7 @@ def backend_kind(backend: str | None, url: str | None) -> str:
     return backend or ("opensearch" if url else "elasticsearch" if os.environ.get("D2S_ELASTICSEARCH_URL") else "local")
 
 
-def make_backend(backend: str | None, index: str, url: str | None, index_name: str):
+def make_backend(backend: str | None, index: str, url: str | None, index_name: str, threads: int = 1):
     from d2s_search.backends import open_backend
 
     kind = backend_kind(backend, url)
@@ -102,7 +108,7 @@ def make_backend(backend: str | None, index: str, url: str | None, index_name: s
 
         # Credentials, CA file and D2S_OPENSEARCH_INSECURE come from the environment only.
         return OpenSearchBackend.from_env(url=url, index_name=index_name)
-    return open_backend("local", index=index)
+    return open_backend("local", index=index, threads=threads)
 
 
 def load_bundle(path: str | None, verify: bool = False):
@@ -197,9 +203,11 @@ class OpenedIndex(NamedTuple):
     created: bool  # this call created the index (it did not exist before)
 
 
-def open_index(backend, index, url, index_name, bundle: str | None, *, create: bool, verify: bool = False) -> OpenedIndex:
-    """The index at the given place, opened, with the bundle that belongs to it."""
-    store = make_backend(backend, index, url, index_name)
+def open_index(backend, index, url, index_name, bundle: str | None, *, create: bool, verify: bool = False,
+               threads: int = 1) -> OpenedIndex:
+    """The index at the given place, opened, with the bundle that belongs to it (``threads``:
+    shards a local index searches at once)."""
+    store = make_backend(backend, index, url, index_name, threads)
     if not create:
         require_index(store)
     recorded = recorded_identity(backend, index, url, index_name)

@@ -17,6 +17,7 @@ from d2s_search.cli.options import (
     open_index,
     prepare_search,
     recorded_identity,
+    search_threads_option,
 )
 from d2s_search.cli.output import emit_json as _emit_json
 from d2s_search.cli.output import fit_path, table_lines, terminal_width
@@ -165,10 +166,11 @@ LOCAL_TWO_PHASE_NOTE = ("on the local index two-phase misses most of the exact t
 @click.option("--no-serve", is_flag=True, help="Search in this process even when `d2s-search serve` runs on this index.")
 @bundle_option
 @backend_options
+@search_threads_option
 @device_option
 @json_option
 def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side, model_id, paths_only, no_serve, bundle,
-          backend, index, url, index_name, device, as_json) -> int:
+          backend, index, url, index_name, search_threads, device, as_json) -> int:
     """Search the index by TEXT (or --image PATH).
 
     A text query on a local index that `d2s-search serve` is serving (on loopback, same
@@ -198,7 +200,7 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
     from d2s_search.errors import QueryError
     from d2s_search.search import encode_image_query, encode_text_query, run_query
 
-    bundle_obj, store, _ = open_index(backend, index, url, index_name, bundle, create=False)
+    bundle_obj, store, _ = open_index(backend, index, url, index_name, bundle, create=False, threads=search_threads)
     try:
         if server_side:
             from d2s_search.backends.opensearch.server_side import run_server_side

@@ -24,6 +24,7 @@ from d2s_search.cli.options import (
     recorded_identity,
     remember_index,
     require_index,
+    search_threads_option,
 )
 from d2s_search.errors import EXIT_OK, D2SError
 from d2s_search.serve import discovery
@@ -57,7 +58,7 @@ def page_address(host: str, port: int) -> str:
 
 
 def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url, index_name, device,
-              as_json=False) -> int:
+              as_json=False, search_threads=1) -> int:
     """Serve the search page and the JSON API (docs at /docs)."""
     try:
         import uvicorn
@@ -65,7 +66,7 @@ def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url,
         from d2s_search.serve import create_app
     except ImportError as exc:
         raise D2SError(f"serve needs the `serve` extra ({exc.name} is missing): pip install 'd2s-search[serve]'") from None
-    store = make_backend(backend, index, url, index_name)
+    store = make_backend(backend, index, url, index_name, search_threads)
     require_index(store)
     where = index_location(store)
     bundle_obj = bundle_for_index(bundle, recorded_identity(backend, index, url, index_name), where)
@@ -140,6 +141,7 @@ def _announce_when_ready(server, ready: dict, as_json: bool, discoverable: tuple
               help="uvicorn's logging on stderr (info: its start-up lines; debug: every request).")
 @bundle_option
 @backend_options
+@search_threads_option
 @device_option
 @json_option
 def serve(as_json, **options) -> int:

@@ -4,11 +4,14 @@ and replacements that rebuild it, and from the memory-mapped cache of a new proc
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 from d2s_search.backends.base import Hit
 from d2s_search.backends.local import LocalBackend, cache, graph, kernels
+from d2s_search.errors import QueryError
 from d2s_search.search import QueryVectors, SearchOptions, fuse_minmax, fuse_rrf, run_query
 from tests.helpers import brute_force_dense, brute_force_sparse
 from tests.reliability.local_index_fixtures import IDENTITY, VOCAB, synthetic_docs
@@ -66,23 +69,24 @@ def check_every_plan(backend: LocalBackend, docs, seed: int) -> None:
         assert (hit.path, hit.url) == (by_id[hit.id].path, by_id[hit.id].url)
 
 
+@pytest.mark.parametrize("threads", [1, 3])  # shards one after another / in groups searched at once
 @pytest.mark.parametrize("kernel", ["compiled", "numpy"])
 @pytest.mark.parametrize("n_docs", [1, 6, 7, 8, 15, 60])
-def test_every_plan_equals_brute_force_across_shards(tmp_path, monkeypatch, n_docs, kernel):
+def test_every_plan_equals_brute_force_across_shards(tmp_path, monkeypatch, n_docs, kernel, threads):
     if kernel == "numpy":  # the path taken when the install built no C kernel
         monkeypatch.setattr(kernels, "_c_kernel", None)
     elif not kernels.c_kernel_loaded():
         pytest.skip("the C kernel was not built (no C compiler at install time)")
     monkeypatch.setattr(cache, "SHARD_ROWS", 7)
     docs = synthetic_docs(n_docs, seed=n_docs)
-    backend = LocalBackend(tmp_path / "idx")
+    backend = LocalBackend(tmp_path / "idx", threads=threads)
     backend.open(IDENTITY)
     for start in range(0, n_docs, 5):  # appends: the cache is extended across shard boundaries
         backend.upsert(docs[start : start + 5])
         check_every_plan(backend, docs[: start + 5], seed=start)
     assert len(backend._search_state().shards) == -(-n_docs // 7)
     backend.close()
-    reopened = LocalBackend(tmp_path / "idx")  # a new process: memory-mapped from disk
+    reopened = LocalBackend(tmp_path / "idx", threads=threads)  # a new process: memory-mapped from disk
     reopened.open(IDENTITY, create=False)
     check_every_plan(reopened, docs, seed=99)
     if n_docs > 2:
@@ -358,3 +362,39 @@ def test_explanations_read_from_postings_equal_those_read_from_rows(id_type):
                 got = [[(int(query_cols[s]), v) for s, v in zip(row_s, row_v) if v > 0]
                        for row_s, row_v in zip(slots.tolist(), values.tolist())]
                 assert got == want
+
+
+def test_a_shard_found_damaged_by_a_search_thread_is_rebuilt(tmp_path, monkeypatch, capsys):
+    """The last of 6 shards, searched by a pool thread, fails the kernel's bounds check: the
+    search rebuilds the structures from SQLite once (one warning) and answers exactly."""
+    if not kernels.c_kernel_loaded():
+        pytest.skip("the C kernel was not built (no C compiler at install time)")
+    monkeypatch.setattr(cache, "SHARD_ROWS", 7)
+    docs = synthetic_docs(40, seed=5)
+    backend = LocalBackend(tmp_path / "idx", threads=3)
+    backend.open(IDENTITY)
+    backend.upsert(docs)
+    q = queries(1)[0]
+    want = brute_force_sparse(docs, q.full)
+    state = backend._search_state()
+    assert len(state.shards) == 6
+    last = state.shards[-1]
+    last.validate()  # validated before the damage: only the kernel's own checks stand in the way
+    damaged = last.arrays["csc_indices"].copy()
+    damaged[:] = np.iinfo(damaged.dtype).max  # every posting points far past the shard's rows
+    last.arrays["csc_indices"] = damaged
+    assert_ranking(backend.sparse_search(q.full, 10, explain=0), want, 10)
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "rebuilding" in err, err
+    assert_ranking(backend.sparse_search(q.full, 10, explain=0), want, 10)  # the rebuilt shards: no word
+    assert capsys.readouterr().err == ""
+    backend.close()
+    assert backend._pool is None
+
+
+def test_search_threads_are_counted_and_checked(tmp_path):
+    assert LocalBackend(tmp_path / "a").threads == 1
+    assert LocalBackend(tmp_path / "a", threads=4).threads == 4
+    assert LocalBackend(tmp_path / "a", threads=0).threads == (os.cpu_count() or 1)
+    with pytest.raises(QueryError, match="search threads"):
+        LocalBackend(tmp_path / "a", threads=-1)

@@ -11,8 +11,10 @@ or replacements.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
+import os
 import shutil
 import sqlite3
 import sys
@@ -66,8 +68,14 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, path: str | Path, threads: int | None = 1) -> None:
+        """``threads``: how many shards are searched at once (1: one after another in the
+        calling thread; None or 0: one per CPU). The compiled kernel and faiss release the GIL,
+        so shards score in parallel; an index of one shard (65,536 documents) is not split."""
         self.path = Path(path).expanduser()
-        self.threads = threads
+        if threads is not None and threads < 0:
+            raise QueryError(f"search threads must be >= 0, got {threads}")
+        self.threads = threads or os.cpu_count() or 1
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._db: sqlite3.Connection | None = None
         self._terms: list[str] = [""]  # term id -> term (ids start at 1)
         self._term_ids: dict[str, int] = {}
@@ -190,6 +198,9 @@ class LocalBackend:
         return found
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -559,26 +570,51 @@ class LocalBackend:
         cols, weights = self._query_columns(query)
         if cols.size == 0 or state.size == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        buffer = scratch = None
-        candidates = []
-        for j, shard in enumerate(state.shards):
-            self._validated(shard)
-            try:
-                bound = shard.bound_kernel()
-                if bound is not None:
-                    if scratch is None:
-                        scratch = kernels.QueryScratch(cols, weights, state.shard_rows, len(state.shards), k)
-                    rows, scores = bound.top(scratch, j)
-                else:
-                    a = shard.arrays
-                    if buffer is None:
-                        buffer = np.empty(state.shard_rows, dtype=np.float32)
-                    rows, scores = kernels.shard_top(a["csc_indptr"], a["csc_indices"], a["csc_data"], shard.rows,
-                                                     cols, weights, buffer, k, a.get("dense_terms"), a.get("dense_columns"))
-            except kernels.DamagedArrays as exc:  # the kernel's own bounds checks: changed since validation
-                self._damaged(exc)
-            candidates.append((rows + shard.start, scores))
-        return kernels.merge_top(candidates, k)
+
+        def tops(numbers: range) -> list[tuple[np.ndarray, np.ndarray]]:
+            buffer = scratch = None  # one group's buffers: groups run at the same time
+            out = []
+            for slot, j in enumerate(numbers):
+                shard = state.shards[j]
+                self._validated(shard)
+                try:
+                    bound = shard.bound_kernel()
+                    if bound is not None:
+                        if scratch is None:
+                            scratch = kernels.QueryScratch(cols, weights, state.shard_rows, len(numbers), k)
+                        rows, scores = bound.top(scratch, slot)
+                    else:
+                        a = shard.arrays
+                        if buffer is None:
+                            buffer = np.empty(state.shard_rows, dtype=np.float32)
+                        rows, scores = kernels.shard_top(a["csc_indptr"], a["csc_indices"], a["csc_data"], shard.rows,
+                                                         cols, weights, buffer, k, a.get("dense_terms"),
+                                                         a.get("dense_columns"))
+                except kernels.DamagedArrays as exc:  # the kernel's own bounds checks: changed since validation
+                    self._damaged(exc)
+                out.append((rows + shard.start, scores))
+            return out
+
+        return kernels.merge_top(self._by_shard_groups(tops, len(state.shards)), k)
+
+    def _by_shard_groups(self, fn, n_shards: int) -> list:
+        """``fn(shard numbers)`` over contiguous groups of the shards, one group per search
+        thread (the calling thread takes the first), its lists joined in shard order. Every
+        group has finished before this returns or raises (they share the shards' buffers)."""
+        n_groups = min(self.threads, n_shards)
+        if n_groups <= 1:
+            return fn(range(n_shards))
+        bounds = [n_shards * g // n_groups for g in range(n_groups + 1)]
+        groups = [range(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(self.threads - 1, thread_name_prefix="d2s-search")
+        others = [self._pool.submit(fn, group) for group in groups[1:]]
+        try:
+            results = [fn(groups[0])]
+        finally:
+            concurrent.futures.wait(others)
+        results += [future.result() for future in others]  # the first error, if any, is raised here
+        return [item for part in results for item in part]
 
     def _validated(self, shard: Shard) -> None:
         try:
@@ -738,17 +774,22 @@ class LocalBackend:
     def _dense_top(self, state: Structures, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Global rows and inner products of the dense top-k: exact per shard (every vector,
         in place) or through the shard's graph, merged."""
-        candidates = []
-        for shard in state.shards:
-            self._validated(shard)
-            if "hnsw" in shard.arrays and k < GRAPH_K_SHARE * shard.rows and graph.available():
-                rows, scores = graph.search(self._graph_of(shard), query, k, graph.EF_SEARCH)
-            else:
-                scores = shard.arrays["dense"] @ query
-                rows = kernels.top_rows_any_sign(scores, k)
-                scores = scores[rows]
-            candidates.append((rows + shard.start, scores))
-        return kernels.merge_top(candidates, k)
+
+        def tops(numbers: range) -> list[tuple[np.ndarray, np.ndarray]]:
+            out = []
+            for j in numbers:
+                shard = state.shards[j]
+                self._validated(shard)
+                if "hnsw" in shard.arrays and k < GRAPH_K_SHARE * shard.rows and graph.available():
+                    rows, scores = graph.search(self._graph_of(shard), query, k, graph.EF_SEARCH)
+                else:
+                    scores = shard.arrays["dense"] @ query
+                    rows = kernels.top_rows_any_sign(scores, k)
+                    scores = scores[rows]
+                out.append((rows + shard.start, scores))
+            return out
+
+        return kernels.merge_top(self._by_shard_groups(tops, len(state.shards)), k)
 
     def _graph_of(self, shard: Shard):
         try:
