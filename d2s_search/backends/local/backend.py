@@ -49,6 +49,13 @@ GRAPH_K_SHARE = 1 / 48
 EXPLAIN_BY_POSTINGS_FROM = 64
 # Up to this many hits, their strings are read row by row (10 hits at 123k: 22 against 47 us).
 FEW_HITS = 16
+# With more than one search thread, shards are searched in groups at once from this many
+# shards on. A group handed to another thread costs about 0.1 ms of lock hand-offs: the sparse
+# kernel (0.15-0.25 ms a shard) gains from 6 shards (2 threads, 1M index: 2-4 shards
+# 1.0-1.08x, 6-16 shards 1.16-1.56x), a dense graph search (about 1 ms a shard) from 2
+# (1.3-1.7x); docs/benchmarks.md "Session 15".
+SPARSE_PARALLEL_FROM = 6
+DENSE_PARALLEL_FROM = 2
 
 
 def _db_errors(method):
@@ -595,13 +602,14 @@ class LocalBackend:
                 out.append((rows + shard.start, scores))
             return out
 
-        return kernels.merge_top(self._by_shard_groups(tops, len(state.shards)), k)
+        return kernels.merge_top(self._by_shard_groups(tops, len(state.shards), SPARSE_PARALLEL_FROM), k)
 
-    def _by_shard_groups(self, fn, n_shards: int) -> list:
+    def _by_shard_groups(self, fn, n_shards: int, parallel_from: int) -> list:
         """``fn(shard numbers)`` over contiguous groups of the shards, one group per search
-        thread (the calling thread takes the first), its lists joined in shard order. Every
-        group has finished before this returns or raises (they share the shards' buffers)."""
-        n_groups = min(self.threads, n_shards)
+        thread (the calling thread takes the first) when there are at least ``parallel_from``
+        shards, its lists joined in shard order. Every group has finished before this returns
+        or raises (they share the shards' buffers)."""
+        n_groups = min(self.threads, n_shards) if n_shards >= parallel_from else 1
         if n_groups <= 1:
             return fn(range(n_shards))
         bounds = [n_shards * g // n_groups for g in range(n_groups + 1)]
@@ -789,7 +797,7 @@ class LocalBackend:
                 out.append((rows + shard.start, scores))
             return out
 
-        return kernels.merge_top(self._by_shard_groups(tops, len(state.shards)), k)
+        return kernels.merge_top(self._by_shard_groups(tops, len(state.shards), DENSE_PARALLEL_FROM), k)
 
     def _graph_of(self, shard: Shard):
         try:
