@@ -11,7 +11,6 @@ or replacements.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import functools
 import os
@@ -21,7 +20,7 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -32,6 +31,9 @@ from . import cache as cache_mod
 from . import graph, kernels, store
 from .cache import CacheUnusable, Shard, Structures
 from .store import FORMAT, Transaction
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["LocalBackend", "FORMAT", "APPROXIMATE_DENSE_FROM"]
 
@@ -82,7 +84,7 @@ class LocalBackend:
         if threads is not None and threads < 0:
             raise QueryError(f"search threads must be >= 0, got {threads}")
         self.threads = threads or os.cpu_count() or 1
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self._db: sqlite3.Connection | None = None
         self._terms: list[str] = [""]  # term id -> term (ids start at 1)
         self._term_ids: dict[str, int] = {}
@@ -612,6 +614,8 @@ class LocalBackend:
         n_groups = min(self.threads, n_shards) if n_shards >= parallel_from else 1
         if n_groups <= 1:
             return fn(range(n_shards))
+        import concurrent.futures  # here: 6 ms of imports a one-shard index (the CLI's usual case) never needs
+
         bounds = [n_shards * g // n_groups for g in range(n_groups + 1)]
         groups = [range(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
         if self._pool is None:
