@@ -20,7 +20,7 @@ import tomllib
 from .errors import D2SError
 
 # Keys a config file may set, and the option names they feed (same name, '-' -> '_').
-CONFIG_KEYS = ("bundle", "index", "backend", "url", "index_name", "device", "batch_size", "mode", "k")
+CONFIG_KEYS = ("bundle", "index", "backend", "url", "index_name", "device", "batch_size", "mode", "k", "search_threads")
 
 
 def config_dir() -> Path:

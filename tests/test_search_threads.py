@@ -1,4 +1,4 @@
-"""`query --search-threads` / D2S_SEARCH_THREADS reach the local index, which then searches
+"""`query --search-threads` / D2S_SEARCH_THREADS / `search_threads` in the config file reach the local index, which then searches
 its shards in groups at once with the same answer as one after another."""
 
 from __future__ import annotations
@@ -37,6 +37,15 @@ def test_query_searches_shards_at_once_with_the_same_answer(tmp_path, tiny_blip_
     monkeypatch.setenv("D2S_SEARCH_THREADS", "2")
     code, result = run_cli_json(["query", "a dog", "--index", index, "--no-serve", "-k", "7"], capsys)
     assert code == 0 and 2 in made and [(h["id"], h["score"]) for h in result["results"]] == answers["1", "sparse"]
+
+    monkeypatch.delenv("D2S_SEARCH_THREADS")
+    made.clear()
+    config = tmp_path / "cfg"
+    config.mkdir()
+    (config / "config.toml").write_text("search_threads = 3\n")
+    monkeypatch.setenv("D2S_CONFIG_DIR", str(config))
+    code, result = run_cli_json(["query", "a dog", "--index", index, "--no-serve", "-k", "7"], capsys)
+    assert code == 0 and 3 in made and [(h["id"], h["score"]) for h in result["results"]] == answers["1", "sparse"]
 
     code, _, err = run_cli(["query", "a dog", "--index", index, "--search-threads", "-1"], capsys)
     assert code == 2 and "--search-threads" in err
