@@ -53,9 +53,9 @@ EXPLAIN_BY_POSTINGS_FROM = 64
 FEW_HITS = 16
 # With more than one search thread, shards are searched in groups at once from this many
 # shards on. A group handed to another thread costs about 0.1 ms of lock hand-offs: the sparse
-# kernel (0.15-0.25 ms a shard) gains from 6 shards (2 threads, 1M index: 2-4 shards
-# 1.0-1.08x, 6-16 shards 1.16-1.56x), a dense graph search (about 1 ms a shard) from 2
-# (1.3-1.7x); docs/benchmarks.md "Session 15".
+# kernel (0.15-0.25 ms a shard) gains from 6 shards (2 threads, the 1M index's first shards:
+# 2-4 shards 1.01-1.02x, 6-16 shards 1.26-1.70x), a dense graph search (about 1 ms a shard)
+# from 2 (1.16-1.89x); benchmarks/bench_search_threads.py, docs/benchmarks.md "Session 15".
 SPARSE_PARALLEL_FROM = 6
 DENSE_PARALLEL_FROM = 2
 
@@ -852,7 +852,7 @@ class LocalBackend:
             for i, (row, score) in enumerate(zip(rows.tolist(), score_list)):
                 shard = shards[row // size]
                 doc_id, path, url = shard.row_strings(row - shard.start)
-                hits.append(Hit(doc_id, score, path, url) if matched is None else Hit(doc_id, score, path, url, matched[i]))
+                hits.append(Hit(doc_id, score, path, url, None if matched is None else matched[i]))
             return hits
         shard_of = rows // state.shard_rows
         first = int(shard_of[0])

@@ -172,7 +172,9 @@ class Shard:
         self.dirty.add("dense")
 
     def string(self, name: str, row: int) -> str:
-        return self.strings(name, np.asarray([row]))[0]
+        """One row's string, read with plain indexing (no array calls)."""
+        offsets = self.arrays[f"{name}_offsets"]
+        return str(self._view(name)[int(offsets[row]) : int(offsets[row + 1])], "utf-8", "surrogatepass")
 
     def strings(self, name: str, rows: np.ndarray) -> list[str]:
         """The strings of these rows. Many rows: their bytes copied out in one go as rows of
@@ -197,14 +199,7 @@ class Shard:
     def row_strings(self, row: int) -> tuple[str, str, str | None]:
         """The id, path and URL (None where there is none) of one row, read with plain indexing:
         for a few hits, cheaper than :meth:`strings`' array calls."""
-        a = self.arrays
-        ids, paths = a["ids_offsets"], a["paths_offsets"]
-        doc_id = str(self._view("ids")[int(ids[row]) : int(ids[row + 1])], "utf-8", "surrogatepass")
-        path = str(self._view("paths")[int(paths[row]) : int(paths[row + 1])], "utf-8", "surrogatepass")
-        if not a["has_url"][row]:
-            return doc_id, path, None
-        urls = a["urls_offsets"]
-        return doc_id, path, str(self._view("urls")[int(urls[row]) : int(urls[row + 1])], "utf-8", "surrogatepass")
+        return self.string("ids", row), self.string("paths", row), self.url(row)
 
     def url(self, row: int) -> str | None:
         return self.string("urls", row) if self.arrays["has_url"][row] else None
