@@ -130,10 +130,9 @@ def _with_mlp(head: SparseHead, width: int, seed: int) -> SparseHead:
         raise ModelError(f"the mlp width must be >= 0, got {width}")
     cfg = head.config
     cfg.mlp_dim = int(width)
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    fresh = SparseHead(cfg)
-    torch.random.set_rng_state(gen_state)
+    with torch.random.fork_rng(devices=[]):  # the branch's draws leave the caller's generator as it was
+        torch.manual_seed(seed)
+        fresh = SparseHead(cfg)
     missing, unexpected = fresh.load_state_dict(head.state_dict(), strict=False)
     assert not unexpected and all(k.startswith("mlp.") for k in missing)
     with torch.no_grad():
