@@ -309,8 +309,17 @@ def damage_graph_truncated(path):
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
 
 
+def damage_graph_quantiser(path):
+    """The vector copies claimed to be 8-bit: faiss would read each as 16 bytes, not 32."""
+    blob, where = graph_parts(path)
+    at = where.codes - 8 - 8 - 28  # the quantiser's fields, the empty `trained`, the codes' length
+    assert blob[at : at + 4].view("<i4")[0] == 4  # QT_fp16
+    blob[at : at + 4] = np.frombuffer(np.int32(0).tobytes(), np.uint8)  # QT_8bit
+    rewrite_array(path, "shard-00000-hnsw.npy", blob)
+
+
 GRAPH_DAMAGES = [damage_graph_neighbour_out_of_range, damage_graph_length_field, damage_graph_entry_point,
-                 damage_graph_upper_layer_link, damage_graph_truncated]
+                 damage_graph_upper_layer_link, damage_graph_truncated, damage_graph_quantiser]
 
 
 @pytest.mark.parametrize("damage", GRAPH_DAMAGES, ids=lambda f: f.__name__.removeprefix("damage_graph_"))
@@ -331,14 +340,41 @@ def test_damaged_dense_graph_is_rebuilt_with_one_warning(graph_index, damage):
     assert code == 0 and hits == want and not warning_lines(err), err
 
 
+def test_graph_hits_are_scored_with_the_float_vectors(graph_index):
+    """The graph only proposes candidates: every hit's score is the float32 inner product of
+    its stored vector, even when the graph's half-precision copies are wrong (all set to 1.0:
+    the structure is sound, so only `index check` would notice), and the order is by that score."""
+    path, docs = graph_index
+    by_id = {d.id: d for d in docs}
+    query = docs[11].dense
+
+    def hits_and_exact():
+        backend = LocalBackend(path)
+        backend.open(None, create=False)
+        hits = backend.dense_search(query, 10, explain=0)
+        backend.close()
+        exact = [float(np.asarray(by_id[h.id].dense, np.float32) @ np.asarray(query, np.float32)) for h in hits]
+        return hits, exact
+
+    hits, exact = hits_and_exact()
+    assert [h.id for h in hits] == [d for d, _ in brute_force_dense(docs, query)[:10]]
+    assert [h.score for h in hits] == pytest.approx(exact, rel=1e-6)
+    blob, where = graph_parts(path)
+    blob[where.codes :] = np.tile(np.frombuffer(np.float16(1.0).tobytes(), np.uint8), (blob.size - where.codes) // 2)
+    rewrite_array(path, "shard-00000-hnsw.npy", blob)
+    hits, exact = hits_and_exact()
+    assert len(hits) == 10 and [h.score for h in hits] == pytest.approx(exact, rel=1e-6)
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+
+
 def test_index_check_verifies_the_dense_graph_bytes(graph_index, capsys):
-    """A flipped vector byte inside the graph keeps its structure sound: only the full
-    checksum of `index check` sees it, and --repair rebuilds it."""
+    """A flipped byte of a vector copy inside the graph keeps its structure sound: only the
+    full checksum of `index check` sees it, and --repair rebuilds it."""
     path, _ = graph_index
     blob, where = graph_parts(path)
     f = state_dir(path) / "shard-00000-hnsw.npy"
     data = bytearray(f.read_bytes())
-    data[-(blob.size - where.vectors) // 2] ^= 0x40
+    data[-(blob.size - where.codes) // 2] ^= 0x40
     f.write_bytes(bytes(data))
     code, out, err = run_cli(["index", "check", "--index", path], capsys)
     assert code == 1 and "shard-00000-hnsw.npy does not match its checksum" in out and "Traceback" not in err

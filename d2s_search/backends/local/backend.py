@@ -38,9 +38,10 @@ if TYPE_CHECKING:
 __all__ = ["LocalBackend", "FORMAT", "APPROXIMATE_DENSE_FROM"]
 
 # Dense search is exact (every vector scored, in place) below this many documents and
-# approximate above it: one HNSW graph per shard (:mod:`.graph`, faiss, holding the shard's
-# vectors: no second copy), searched with max(graph.EF_SEARCH, k) candidates and the shards'
-# top-k merged. Recall on real embeddings and speed: docs/benchmarks.md.
+# approximate above it: one HNSW graph per shard (:mod:`.graph`, faiss, over half-precision
+# copies of the shard's vectors), searched with max(graph.EF_SEARCH, k) candidates, those
+# rescored with the float vectors, and the shards' top-k merged. Recall on real embeddings and
+# speed: docs/benchmarks.md.
 APPROXIMATE_DENSE_FROM = 100_000
 # A graph answers a top-k of up to this share of its shard's rows; a larger k (hybrid at k=1000
 # asks 10,000 candidates) is a scan of the shard's vectors: faster there, and exact
@@ -793,7 +794,7 @@ class LocalBackend:
                 shard = state.shards[j]
                 self._validated(shard)
                 if "hnsw" in shard.arrays and k < GRAPH_K_SHARE * shard.rows and graph.available():
-                    rows, scores = graph.search(self._graph_of(shard), query, k, graph.EF_SEARCH)
+                    rows, scores = graph.search(self._graph_of(shard), shard.dense_rows(), query, k, graph.EF_SEARCH)
                 else:
                     scores = shard.arrays["dense"] @ query
                     rows = kernels.top_rows_any_sign(scores, k)

@@ -15,8 +15,9 @@ process):
   beats scattering a posting list that long (same products, same order: the same scores);
   at that density a column is no larger than the term's postings;
 * ``dense``: the dense vectors in row order, used in place; when the dense side is
-  approximate, ``hnsw`` instead: the shard's HNSW graph serialised by faiss, vectors included
-  (:mod:`.graph`), and ``dense`` is a view of the vectors inside it (one copy, not two);
+  approximate, ``hnsw`` beside them: the shard's HNSW graph serialised by faiss with
+  half-precision copies of the vectors (:mod:`.graph`; its candidates are rescored with
+  ``dense``);
 * ``ids``/``paths``/``urls``: the strings a hit shows, as one byte blob plus offsets.
 
 Layout: ``cache/state-<generation>-<random>/`` holds ``header.json`` and the arrays;
@@ -51,8 +52,9 @@ from .store import CACHE_POINTER as POINTER
 from .store import LEGACY_CACHE, fsync_dir, is_temp_name, write_atomic
 
 SHARD_ROWS = 65536  # at most 2**16: the postings hold 16-bit in-shard ids
-CACHE_FORMAT = "d2s-local-cache/6"  # 3: dense clusters; 4: 16-bit posting ids; 5: per-shard HNSW graphs;
-# 6: 16-bit weights (Lucene's FeatureField encoding, kernels.encode_weights)
+CACHE_FORMAT = "d2s-local-cache/7"  # 3: dense clusters; 4: 16-bit posting ids; 5: per-shard HNSW graphs;
+# 6: 16-bit weights (Lucene's FeatureField encoding, kernels.encode_weights); 7: graphs over fp16
+# copies of the vectors, the float vectors in their own file
 STALE_SECONDS = 120  # an unreferenced state this old is no longer being written by anyone
 
 STRING_FIELDS = ("ids", "paths", "urls")
@@ -62,7 +64,7 @@ SMALL = {"seqs", "ids_offsets", "paths_offsets", "urls_offsets", "has_url", "csr
 # hnsw: present only when the dense side is approximate (see backend.APPROXIMATE_DENSE_FROM),
 # and then ``dense`` is not written (it is a view into it); dense_*: absent in caches written
 # before them (scored from the postings alone).
-OPTIONAL = {"hnsw", "dense", "dense_terms", "dense_columns"}
+OPTIONAL = {"hnsw", "dense_terms", "dense_columns"}
 DENSE_COLUMN_FRACTION = 0.5  # a term in at least this share of a shard's rows gets a dense column
 DTYPES = {
     "seqs": np.int64, "has_url": np.bool_, "dense": np.float32,
@@ -138,7 +140,7 @@ class Shard:
         return self._bound
 
     def dense_rows(self) -> np.ndarray:
-        """The dense vectors in row order (a view; inside the graph's bytes when there is one)."""
+        """The dense vectors in row order (a view of the memory-mapped file)."""
         return np.asarray(self.arrays["dense"])
 
     def dense_graph(self):
@@ -158,18 +160,16 @@ class Shard:
         return self._graph
 
     def attach_graph(self, blob: np.ndarray, dim: int) -> None:
-        """Use ``blob`` (a serialised graph with this shard's vectors) as the dense side: the
-        vectors become a view of it. Raises DamagedArrays when it does not fit the shard."""
-        self.arrays["dense"] = graph.vectors(blob, graph.layout(blob, self.rows, dim), self.rows, dim)
+        """Search the dense side through ``blob`` (a serialised graph over this shard's
+        vectors). Raises DamagedArrays when its layout does not fit the shard."""
+        graph.layout(blob, self.rows, dim)
         self.arrays["hnsw"] = blob
         self._graph = None
 
     def detach_graph(self) -> None:
-        """Back to plain vectors (a copy out of the graph's bytes, which go)."""
-        self.arrays["dense"] = np.array(self.arrays["dense"])
+        """Back to scanning every vector (the graph's file goes)."""
         del self.arrays["hnsw"]
         self._graph = None
-        self.dirty.add("dense")
 
     def string(self, name: str, row: int) -> str:
         """One row's string, read with plain indexing (no array calls)."""
@@ -348,8 +348,6 @@ def save(cache_dir: Path, structures: Structures, reuse: Structures | None) -> P
             old = _same_shard(reuse, j, shard)
             files = {}
             for name, array in shard.arrays.items():
-                if name == "dense" and "hnsw" in shard.arrays:
-                    continue  # a view into the graph's bytes, written with them
                 target = tmp / f"shard-{j:05d}-{name}.npy"
                 if old is not None and name in old.files and name not in shard.dirty:
                     try:
@@ -442,8 +440,8 @@ def load(cache_dir: Path) -> Structures:
                 path = state_dir / f"shard-{len(shards):05d}-{name_}.npy"
                 arrays[name_] = _open_array(path, size, crc_ if name_ in SMALL else None, DTYPES[name_])
             missing = set(DTYPES) - OPTIONAL - set(arrays)
-            if missing or ("dense" in arrays) == ("hnsw" in arrays):
-                raise CacheUnusable(f"the cache lacks {sorted(missing)[0] if missing else 'its dense vectors'}")
+            if missing:
+                raise CacheUnusable(f"the cache lacks {sorted(missing)[0]}")
             shard = Shard(start=start, arrays=arrays, files=meta["files"])
             if "hnsw" in arrays:
                 try:

@@ -1,21 +1,30 @@
-"""Approximate dense search of the local index: one HNSW graph per shard (faiss), holding the
-shard's vectors, read in place from the memory-mapped cache file.
+"""Approximate dense search of the local index: one HNSW graph per shard (faiss), read in
+place from the memory-mapped cache file, its candidates rescored with the shard's float vectors.
 
-faiss serialises an ``IndexHNSWFlat`` as ``IHNf``, an index header, the graph
+The graph keeps half-precision copies of the vectors (faiss ``IndexHNSWSQ``, ``QT_fp16``):
+walking it reads 512 bytes per visited vector at 256 dimensions instead of 1,024, which is most
+of a cold search's time (memory latency, not arithmetic); the ``max(ef, k)`` candidates it
+returns are then scored exactly with the float32 vectors, so the scores a hit shows are the
+exact inner products and the order among candidates is exact (docs/benchmarks.md, "Session 16":
+0.72x the time of a float graph cold, recall unchanged).
+
+faiss serialises an ``IndexHNSWSQ`` as ``IHNs``, an index header, the graph
 (``assign_probas``, ``cum_nneighbor_per_level``, ``levels``, ``offsets``, ``neighbors``, then
 ``entry_point``, ``max_level``, ``efConstruction``, ``efSearch``, ``upper_beam``) and its
-storage (``IxFI``, an index header, the vectors); see faiss ``impl/index_write.cpp``
-(``write_HNSW``, ``write_index_header``). The cache keeps those bytes as one ``uint8`` array
-(``hnsw``), after a little-endian uint64 giving where they start (padding that puts the
-vectors on a 64-byte boundary: numpy and BLAS read them in place at full speed); faiss's ``ZeroCopyIOReader`` reads the neighbours and the vectors as views of the
-mapping, and the shard's ``dense`` array is a numpy view of the same vectors: one copy on disk
-and in memory, whichever side reads them.
+storage (``IxSQ``, an index header, the quantiser: ``qtype``, ``rangestat``,
+``rangestat_arg``, ``d``, ``code_size``, ``trained``; then the codes); see faiss
+``impl/index_write.cpp`` (``write_HNSW``, ``write_index_header``, ``write_ScalarQuantizer``).
+The cache keeps those bytes as one ``uint8`` array (``hnsw``), after a little-endian uint64
+giving where they start (padding that puts the codes on a 64-byte boundary); faiss's
+``ZeroCopyIOReader`` reads the neighbours and the codes as views of the mapping. The float
+vectors are the shard's own ``dense`` array.
 
 Bytes read back are untrusted: :func:`layout` walks the serialisation and checks every length
 field against the shard's rows, the dimension and the file size (a wrong length would make
 faiss allocate or read past the end); :func:`check` verifies the graph (neighbour ids inside
 the shard, offsets and levels consistent) before faiss is handed it: with both, a damaged
-file can cost recall but cannot make faiss read outside the shard's arrays.
+file can cost recall but cannot make faiss read outside the shard's arrays, and a hit's score
+always comes from the float vectors.
 """
 
 from __future__ import annotations
@@ -32,7 +41,9 @@ M = 32  # neighbours per node (64 on the bottom layer)
 EF_CONSTRUCTION = 40
 EF_SEARCH = 64  # candidates kept while searching (at least k)
 _HEADER = struct.Struct("<iqqq?i")  # d, ntotal, dummy, dummy, is_trained, metric_type
+_QUANTIZER = struct.Struct("<iifQQ")  # qtype, rangestat, rangestat_arg, d, code_size
 _METRIC_INNER_PRODUCT = 0
+_QT_FP16 = 4  # faiss ScalarQuantizer::QT_fp16
 
 
 @dataclass
@@ -46,7 +57,7 @@ class Layout:
     neighbors: tuple[int, int]  # int32
     entry_point: int
     max_level: int
-    vectors: int  # byte offset of the float32 vectors (rows x dim)
+    codes: int  # byte offset of the fp16 copies of the vectors (rows x dim)
 
 
 @functools.cache
@@ -57,28 +68,33 @@ def available() -> bool:
         import faiss
     except ImportError:  # pragma: no cover
         return False
-    return hasattr(faiss, "ZeroCopyIOReader") and hasattr(faiss, "IndexHNSWFlat")
+    return hasattr(faiss, "ZeroCopyIOReader") and hasattr(faiss, "IndexHNSWSQ") and (
+        faiss.ScalarQuantizer.QT_fp16 == _QT_FP16
+    )
 
 
 def build(vectors: np.ndarray) -> np.ndarray | None:
-    """The serialised graph over these vectors (inner product, rows = labels), or None when
-    this faiss cannot be read back zero-copy (the dense side then stays exact)."""
+    """The serialised graph over these vectors (inner product, rows = labels, fp16 copies of
+    the vectors), or None when this faiss cannot be read back zero-copy (the dense side then
+    stays exact)."""
     if not available():
         return None
     import faiss
 
     rows, dim = vectors.shape
-    index = faiss.IndexHNSWFlat(dim, M, faiss.METRIC_INNER_PRODUCT)
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    index = faiss.IndexHNSWSQ(dim, faiss.ScalarQuantizer.QT_fp16, M, faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efConstruction = EF_CONSTRUCTION
     index.hnsw.efSearch = EF_SEARCH
-    index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    index.train(vectors)  # fp16 needs no statistics; faiss asks for the call all the same
+    index.add(vectors)
     serialised = faiss.serialize_index(index)
     del index
     try:
         where = layout(np.concatenate([np.frombuffer(np.uint64(8).tobytes(), np.uint8), serialised]), rows, dim)
     except DamagedArrays:  # a faiss that writes another layout
         return None
-    base = 8 + (-where.vectors) % 64
+    base = 8 + (-where.codes) % 64
     blob = np.zeros(base + serialised.size, dtype=np.uint8)
     blob[:8] = np.frombuffer(np.uint64(base).tobytes(), np.uint8)
     blob[base:] = serialised
@@ -113,7 +129,7 @@ def layout(blob: np.ndarray, rows: int, dim: int) -> Layout:
     (base,) = struct.unpack("<Q", blob[:8].tobytes())
     if not 8 <= base < 8 + 64:
         raise DamagedArrays("graph file has a wrong start")
-    at = _header_at(blob, base, b"IHNf", rows, dim)
+    at = _header_at(blob, base, b"IHNs", rows, dim)
     _, at = _vector_at(blob, at, 8, 64)  # assign_probas
     cum, at = _vector_at(blob, at, 4, 65)
     levels, at = _vector_at(blob, at, 4, rows)
@@ -122,25 +138,23 @@ def layout(blob: np.ndarray, rows: int, dim: int) -> Layout:
     if levels[1] != rows or offsets[1] != rows + 1 or at + 20 > blob.size:
         raise DamagedArrays("graph file does not match the shard's rows")
     entry_point, max_level = struct.unpack("<ii", blob[at : at + 8].tobytes())
-    at = _header_at(blob, at + 20, b"IxFI", rows, dim)
-    if at + 8 > blob.size:
+    at = _header_at(blob, at + 20, b"IxSQ", rows, dim)
+    if at + _QUANTIZER.size > blob.size:
         raise DamagedArrays("graph file ends early")
-    (floats,) = struct.unpack("<Q", blob[at : at + 8].tobytes())
-    at += 8
-    if floats != rows * dim or at + 4 * rows * dim != blob.size:
-        raise DamagedArrays("graph file's vectors do not match the shard")
+    qtype, _, _, d, code_size = _QUANTIZER.unpack(blob[at : at + _QUANTIZER.size].tobytes())
+    if qtype != _QT_FP16 or d != dim or code_size != 2 * dim:
+        raise DamagedArrays("graph file's vector copies are not the shard's half-precision vectors")
+    (trained, _), at = _vector_at(blob, at + _QUANTIZER.size, 4, 0)
+    (codes, count), at = _vector_at(blob, at, 1, rows * code_size)
+    if count != rows * code_size or at != blob.size:
+        raise DamagedArrays("graph file's vector copies do not match the shard")
     return Layout(base=base, cum=cum, levels=levels, offsets=offsets, neighbors=neighbors, entry_point=entry_point,
-                  max_level=max_level, vectors=at)
+                  max_level=max_level, codes=codes)
 
 
 def _view(blob: np.ndarray, part: tuple[int, int], dtype: str) -> np.ndarray:
     start, count = part
     return blob[start : start + count * np.dtype(dtype).itemsize].view(dtype)
-
-
-def vectors(blob: np.ndarray, where: Layout, rows: int, dim: int) -> np.ndarray:
-    """The shard's vectors: a (rows, dim) float32 view of the graph's storage, no copy."""
-    return blob[where.vectors :].view("<f4").reshape(rows, dim)
 
 
 def check(blob: np.ndarray, where: Layout, rows: int) -> None:
@@ -185,12 +199,25 @@ def open_index(blob: np.ndarray, where: Layout):
     return faiss.read_index(reader)
 
 
-def search(index, query: np.ndarray, k: int, ef: int) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, inner products) of the approximate top-k of one query, best first."""
+def search(index, vectors: np.ndarray, query: np.ndarray, k: int, ef: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, exact inner products) of the approximate top-k of one query, best first, ties by
+    row: the graph's ``max(ef, k)`` candidates scored with ``vectors`` (the shard's float32
+    vectors, as the exact plan scores them)."""
+    wanted = max(ef, k)
+    _, found = index.search(query.reshape(1, -1), wanted, params=_search_parameters(wanted))
+    rows = found[0]
+    rows = rows[rows >= 0]
+    scores = vectors[rows] @ query
+    order = np.lexsort((rows, -scores))[:k]
+    return rows[order], scores[order]
+
+
+@functools.lru_cache(maxsize=64)
+def _search_parameters(ef: int):
+    """faiss's search parameters for a width, made once (a SWIG object: 0.07 ms to make cold,
+    a tenth of a shard's search); faiss only reads them, so threads can share one."""
     import faiss
 
     params = faiss.SearchParametersHNSW()
-    params.efSearch = max(ef, k)
-    scores, rows = index.search(query.reshape(1, -1), k, params=params)
-    keep = rows[0] >= 0
-    return rows[0][keep].astype(np.int64), scores[0][keep]
+    params.efSearch = ef
+    return params
