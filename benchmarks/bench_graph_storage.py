@@ -40,8 +40,8 @@ def variants(vectors: np.ndarray) -> dict[str, object]:
 
     makers = {
         "float32": lambda d: faiss.IndexHNSWFlat(d, graph.M, faiss.METRIC_INNER_PRODUCT),
-        "fp16 (shipped)": sq(faiss.ScalarQuantizer.QT_fp16),
-        "8-bit": sq(faiss.ScalarQuantizer.QT_8bit),
+        "fp16": sq(faiss.ScalarQuantizer.QT_fp16),
+        "8-bit (shipped)": sq(faiss.ScalarQuantizer.QT_8bit),
         "4-bit": sq(faiss.ScalarQuantizer.QT_4bit),
         "8-bit, M 16": sq(faiss.ScalarQuantizer.QT_8bit, 16),
     }

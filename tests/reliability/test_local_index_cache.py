@@ -310,11 +310,11 @@ def damage_graph_truncated(path):
 
 
 def damage_graph_quantiser(path):
-    """The vector copies claimed to be 8-bit: faiss would read each as 16 bytes, not 32."""
+    """The vector copies claimed to be half-precision: faiss would read each as 32 bytes, not 16."""
     blob, where = graph_parts(path)
-    at = where.codes - 8 - 8 - 28  # the quantiser's fields, the empty `trained`, the codes' length
-    assert blob[at : at + 4].view("<i4")[0] == 4  # QT_fp16
-    blob[at : at + 4] = np.frombuffer(np.int32(0).tobytes(), np.uint8)  # QT_8bit
+    at = where.quantiser
+    assert blob[at : at + 4].view("<i4")[0] == 0  # QT_8bit
+    blob[at : at + 4] = np.frombuffer(np.int32(4).tobytes(), np.uint8)  # QT_fp16
     rewrite_array(path, "shard-00000-hnsw.npy", blob)
 
 
@@ -342,8 +342,8 @@ def test_damaged_dense_graph_is_rebuilt_with_one_warning(graph_index, damage):
 
 def test_graph_hits_are_scored_with_the_float_vectors(graph_index):
     """The graph only proposes candidates: every hit's score is the float32 inner product of
-    its stored vector, even when the graph's half-precision copies are wrong (all set to 1.0:
-    the structure is sound, so only `index check` would notice), and the order is by that score."""
+    its stored vector, even when the graph's 8-bit copies are wrong (all set to one value: the
+    structure is sound, so only `index check` would notice), and the order is by that score."""
     path, docs = graph_index
     by_id = {d.id: d for d in docs}
     query = docs[11].dense
@@ -360,7 +360,7 @@ def test_graph_hits_are_scored_with_the_float_vectors(graph_index):
     assert [h.id for h in hits] == [d for d, _ in brute_force_dense(docs, query)[:10]]
     assert [h.score for h in hits] == pytest.approx(exact, rel=1e-6)
     blob, where = graph_parts(path)
-    blob[where.codes :] = np.tile(np.frombuffer(np.float16(1.0).tobytes(), np.uint8), (blob.size - where.codes) // 2)
+    blob[where.codes :] = 200
     rewrite_array(path, "shard-00000-hnsw.npy", blob)
     hits, exact = hits_and_exact()
     assert len(hits) == 10 and [h.score for h in hits] == pytest.approx(exact, rel=1e-6)

@@ -148,8 +148,8 @@ def dense_recall(backend: LocalBackend, collection, queries_, k: int = 10) -> fl
 
 
 def test_dense_is_exact_below_the_threshold_and_a_graph_above(tmp_path, monkeypatch):
-    """Above APPROXIMATE_DENSE_FROM every shard gets an HNSW graph over half-precision copies
-    of its vectors, beside the float vectors (which score the graph's candidates): scores are
+    """Above APPROXIMATE_DENSE_FROM every shard gets an HNSW graph over 8-bit copies of its
+    vectors, beside the float vectors (which score the graph's candidates): scores are
     exact inner products, recall against brute force high; it survives a reopen and appends
     (full shards keep their graph file, hard-linked; the last shard's is rebuilt)."""
     from d2s_search.backends.local import backend as backend_mod
@@ -170,10 +170,10 @@ def test_dense_is_exact_below_the_threshold_and_a_graph_above(tmp_path, monkeypa
     backend.upsert(collection[250:])
     state = backend._search_state()
     assert all("hnsw" in s.arrays and not np.shares_memory(s.arrays["dense"], s.arrays["hnsw"]) for s in state.shards)
-    for j, shard in enumerate(state.shards):  # the float vectors in their own file; the graph holds 2 bytes a value
+    for j, shard in enumerate(state.shards):  # the float vectors in their own file; the graph holds a byte a value
         assert (state.state_dir / f"shard-{j:05d}-dense.npy").is_file()
         blob = shard.arrays["hnsw"]
-        assert blob.size - graph.layout(blob, shard.rows, 16).codes == 2 * shard.arrays["dense"].size
+        assert blob.size - graph.layout(blob, shard.rows, 16).codes == shard.arrays["dense"].size
     reopened = LocalBackend(tmp_path / "idx")
     reopened.open(IDENTITY, create=False)
     probes = [centres[c] + rng.normal(size=16).astype(np.float32) * 0.5 for c in range(12)]

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 __all__ = ["LocalBackend", "FORMAT", "APPROXIMATE_DENSE_FROM"]
 
 # Dense search is exact (every vector scored, in place) below this many documents and
-# approximate above it: one HNSW graph per shard (:mod:`.graph`, faiss, over half-precision
-# copies of the shard's vectors), searched with max(graph.EF_SEARCH, k) candidates, those
+# approximate above it: one HNSW graph per shard (:mod:`.graph`, faiss, over 8-bit copies of
+# the shard's vectors), searched with max(graph.EF_SEARCH, k) candidates, those
 # rescored with the float vectors, and the shards' top-k merged. Recall on real embeddings and
 # speed: docs/benchmarks.md.
 APPROXIMATE_DENSE_FROM = 100_000

@@ -15,9 +15,8 @@ process):
   beats scattering a posting list that long (same products, same order: the same scores);
   at that density a column is no larger than the term's postings;
 * ``dense``: the dense vectors in row order, used in place; when the dense side is
-  approximate, ``hnsw`` beside them: the shard's HNSW graph serialised by faiss with
-  half-precision copies of the vectors (:mod:`.graph`; its candidates are rescored with
-  ``dense``);
+  approximate, ``hnsw`` beside them: the shard's HNSW graph serialised by faiss with 8-bit
+  copies of the vectors (:mod:`.graph`; its candidates are rescored with ``dense``);
 * ``ids``/``paths``/``urls``: the strings a hit shows, as one byte blob plus offsets.
 
 Layout: ``cache/state-<generation>-<random>/`` holds ``header.json`` and the arrays;
@@ -53,7 +52,7 @@ from .store import LEGACY_CACHE, fsync_dir, is_temp_name, write_atomic
 
 SHARD_ROWS = 65536  # at most 2**16: the postings hold 16-bit in-shard ids
 CACHE_FORMAT = "d2s-local-cache/7"  # 3: dense clusters; 4: 16-bit posting ids; 5: per-shard HNSW graphs;
-# 6: 16-bit weights (Lucene's FeatureField encoding, kernels.encode_weights); 7: graphs over fp16
+# 6: 16-bit weights (Lucene's FeatureField encoding, kernels.encode_weights); 7: graphs over 8-bit
 # copies of the vectors, the float vectors in their own file
 STALE_SECONDS = 120  # an unreferenced state this old is no longer being written by anyone
 

@@ -1,18 +1,20 @@
 """Approximate dense search of the local index: one HNSW graph per shard (faiss), read in
 place from the memory-mapped cache file, its candidates rescored with the shard's float vectors.
 
-The graph keeps half-precision copies of the vectors (faiss ``IndexHNSWSQ``, ``QT_fp16``):
-walking it reads 512 bytes per visited vector at 256 dimensions instead of 1,024, which is most
-of a cold search's time (memory latency, not arithmetic); the ``max(ef, k)`` candidates it
-returns are then scored exactly with the float32 vectors, so the scores a hit shows are the
-exact inner products and the order among candidates is exact (docs/benchmarks.md, "Session 16":
-0.72x the time of a float graph cold, recall unchanged).
+The graph keeps 8-bit copies of the vectors (faiss ``IndexHNSWSQ``, ``QT_8bit``: each dimension
+quantised over its range in the shard, as Elasticsearch's default ``int8_hnsw`` does): walking it
+reads a quarter of the bytes per visited vector, and visited vectors' memory latency is most of
+a cold search's time. The ``max(ef, k)`` candidates it returns are then scored exactly with the
+float32 vectors, so a hit's score is its exact inner product and the order among candidates is
+exact (docs/benchmarks.md, "Session 16": 0.72x the time of a float graph cold; recall@10 the
+same on real embeddings, 0.02 lower on random vectors).
 
 faiss serialises an ``IndexHNSWSQ`` as ``IHNs``, an index header, the graph
 (``assign_probas``, ``cum_nneighbor_per_level``, ``levels``, ``offsets``, ``neighbors``, then
 ``entry_point``, ``max_level``, ``efConstruction``, ``efSearch``, ``upper_beam``) and its
 storage (``IxSQ``, an index header, the quantiser: ``qtype``, ``rangestat``,
-``rangestat_arg``, ``d``, ``code_size``, ``trained``; then the codes); see faiss
+``rangestat_arg``, ``d``, ``code_size``, ``trained``: each dimension's minimum and range; then
+the codes); see faiss
 ``impl/index_write.cpp`` (``write_HNSW``, ``write_index_header``, ``write_ScalarQuantizer``).
 The cache keeps those bytes as one ``uint8`` array (``hnsw``), after a little-endian uint64
 giving where they start (padding that puts the codes on a 64-byte boundary); faiss's
@@ -43,7 +45,7 @@ EF_SEARCH = 64  # candidates kept while searching (at least k)
 _HEADER = struct.Struct("<iqqq?i")  # d, ntotal, dummy, dummy, is_trained, metric_type
 _QUANTIZER = struct.Struct("<iifQQ")  # qtype, rangestat, rangestat_arg, d, code_size
 _METRIC_INNER_PRODUCT = 0
-_QT_FP16 = 4  # faiss ScalarQuantizer::QT_fp16
+_QT_8BIT = 0  # faiss ScalarQuantizer::QT_8bit
 
 
 @dataclass
@@ -57,7 +59,8 @@ class Layout:
     neighbors: tuple[int, int]  # int32
     entry_point: int
     max_level: int
-    codes: int  # byte offset of the fp16 copies of the vectors (rows x dim)
+    quantiser: int  # byte offset of the quantiser's fields (qtype first)
+    codes: int  # byte offset of the 8-bit copies of the vectors (rows x dim)
 
 
 @functools.cache
@@ -69,12 +72,12 @@ def available() -> bool:
     except ImportError:  # pragma: no cover
         return False
     return hasattr(faiss, "ZeroCopyIOReader") and hasattr(faiss, "IndexHNSWSQ") and (
-        faiss.ScalarQuantizer.QT_fp16 == _QT_FP16
+        faiss.ScalarQuantizer.QT_8bit == _QT_8BIT
     )
 
 
 def build(vectors: np.ndarray) -> np.ndarray | None:
-    """The serialised graph over these vectors (inner product, rows = labels, fp16 copies of
+    """The serialised graph over these vectors (inner product, rows = labels, 8-bit copies of
     the vectors), or None when this faiss cannot be read back zero-copy (the dense side then
     stays exact)."""
     if not available():
@@ -83,10 +86,10 @@ def build(vectors: np.ndarray) -> np.ndarray | None:
 
     rows, dim = vectors.shape
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-    index = faiss.IndexHNSWSQ(dim, faiss.ScalarQuantizer.QT_fp16, M, faiss.METRIC_INNER_PRODUCT)
+    index = faiss.IndexHNSWSQ(dim, faiss.ScalarQuantizer.QT_8bit, M, faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efConstruction = EF_CONSTRUCTION
     index.hnsw.efSearch = EF_SEARCH
-    index.train(vectors)  # fp16 needs no statistics; faiss asks for the call all the same
+    index.train(vectors)  # each dimension's range over the shard
     index.add(vectors)
     serialised = faiss.serialize_index(index)
     del index
@@ -141,15 +144,16 @@ def layout(blob: np.ndarray, rows: int, dim: int) -> Layout:
     at = _header_at(blob, at + 20, b"IxSQ", rows, dim)
     if at + _QUANTIZER.size > blob.size:
         raise DamagedArrays("graph file ends early")
+    quantiser = at
     qtype, _, _, d, code_size = _QUANTIZER.unpack(blob[at : at + _QUANTIZER.size].tobytes())
-    if qtype != _QT_FP16 or d != dim or code_size != 2 * dim:
-        raise DamagedArrays("graph file's vector copies are not the shard's half-precision vectors")
-    (trained, _), at = _vector_at(blob, at + _QUANTIZER.size, 4, 0)
+    if qtype != _QT_8BIT or d != dim or code_size != dim:
+        raise DamagedArrays("graph file's vector copies are not the shard's 8-bit vectors")
+    (_, ranges), at = _vector_at(blob, at + _QUANTIZER.size, 4, 2 * dim)  # NaN ranges cost recall, not safety
     (codes, count), at = _vector_at(blob, at, 1, rows * code_size)
-    if count != rows * code_size or at != blob.size:
+    if ranges != 2 * dim or count != rows * code_size or at != blob.size:
         raise DamagedArrays("graph file's vector copies do not match the shard")
     return Layout(base=base, cum=cum, levels=levels, offsets=offsets, neighbors=neighbors, entry_point=entry_point,
-                  max_level=max_level, codes=codes)
+                  max_level=max_level, quantiser=quantiser, codes=codes)
 
 
 def _view(blob: np.ndarray, part: tuple[int, int], dtype: str) -> np.ndarray:
