@@ -255,6 +255,16 @@ def test_top_rows_equals_full_sort_even_with_ties(n, k):
         assert rows.tolist() == want and top.tolist() == values[want].tolist()
 
 
+@pytest.mark.parametrize("n", [1, 7, 100, 5000])
+@pytest.mark.parametrize("k", [1, 10, 100, 6000])
+def test_top_rows_of_inner_products_equals_full_sort_even_with_ties(n, k):
+    """The dense plan's top k (any sign): score descending, ties by row, as a full sort."""
+    rng = np.random.default_rng(n * 7 + k)
+    for values in (rng.integers(-3, 4, size=n).astype(np.float32), rng.standard_normal(n).astype(np.float32)):
+        want = np.lexsort((np.arange(n), -values))[:k].tolist()
+        assert kernels.top_rows_any_sign(values, k).tolist() == want
+
+
 def test_heads_trained_without_expansion_search_with_the_query_words_only(tmp_path):
     """A head trained with exp=0 records query_mask=own_tokens; queries are masked the same way."""
     from onnx_export.export import build_head, export_bundle
