@@ -61,8 +61,7 @@ STRING_FIELDS = ("ids", "paths", "urls")
 SMALL = {"seqs", "ids_offsets", "paths_offsets", "urls_offsets", "has_url", "csr_indptr", "csc_indptr",
          "dense_terms"}
 # hnsw: present only when the dense side is approximate (see backend.APPROXIMATE_DENSE_FROM),
-# and then ``dense`` is not written (it is a view into it); dense_*: absent in caches written
-# before them (scored from the postings alone).
+# beside ``dense``; dense_*: absent in caches written before them (scored from the postings alone).
 OPTIONAL = {"hnsw", "dense_terms", "dense_columns"}
 DENSE_COLUMN_FRACTION = 0.5  # a term in at least this share of a shard's rows gets a dense column
 DTYPES = {
