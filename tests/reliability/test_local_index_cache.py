@@ -207,6 +207,41 @@ def test_index_check_reports_and_repairs_a_damaged_cache(index, capsys):
     assert [h[0] for h in hits] == expected(docs) and not warning_lines(err)
 
 
+def test_a_cache_of_an_older_format_is_announced_before_it_is_rebuilt(index, monkeypatch, capsys):
+    """A cache written by an older version (format 6: graphs holding float vectors) is rebuilt,
+    which takes minutes at a million documents: the one warning line comes before that work,
+    not after it."""
+    import zlib
+
+    from d2s_search.backends.local import cache as cache_mod
+
+    path, docs = index
+    folder = state_dir(path)
+    header = json.loads((folder / "header.json").read_bytes())
+    header["format"] = "d2s-local-cache/6"
+    body = json.dumps(header).encode()
+    (folder / "header.json").write_bytes(body)
+    (path / "cache" / "current").write_bytes(f"{folder.name} {zlib.crc32(body)}\n".encode())
+    said_before_building = []
+    build_shard = cache_mod.build_shard
+
+    def watched(*args, **kwargs):
+        said_before_building.append(capsys.readouterr().err)
+        return build_shard(*args, **kwargs)
+
+    monkeypatch.setattr(cache_mod, "build_shard", watched)
+    backend = LocalBackend(path)
+    backend.open(None, create=False)
+    hits = backend.sparse_search(QUERY, 10, explain=0)
+    backend.close()
+    assert [h.id for h in hits] == expected(docs)
+    assert said_before_building and warning_lines(said_before_building[0]) == [
+        f"warning: search cache of {path} unusable (the cache was written in another format): "
+        "rebuilding it from the database"
+    ]
+    assert not warning_lines(capsys.readouterr().err)  # and nothing more after it
+
+
 def test_identity_and_generation_tie_the_cache_to_its_database(index):
     path, _ = index
     backend = LocalBackend(path)

@@ -499,6 +499,8 @@ class LocalBackend:
         """Search structures from SQLite (from scratch, or ``base`` extended with the rows
         appended since), saved to the cache; ``problem`` is why the cache on disk was not
         used (said in the one warning line)."""
+        if problem:  # said before the work: a million documents take minutes
+            self._warn(f"search cache of {self.path} unusable ({problem}): rebuilding it from the database")
         db = self._connect(False)
         n_cols = db.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM terms").fetchone()[0]
         dim = self._dim() or _first_dim(db)
@@ -543,9 +545,7 @@ class LocalBackend:
             except (OSError, CacheUnusable) as exc:
                 kept = f"; it cannot be written ({exc}), so it is kept in memory"
                 built.state_dir = None
-        if problem:
-            self._warn(f"search cache of {self.path} unusable ({problem}): rebuilt from the database{kept}")
-        elif kept:
+        if kept:
             self._warn(f"search cache of {self.path} rebuilt{kept}")
         return built, lost
 
