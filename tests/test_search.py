@@ -231,6 +231,17 @@ def test_index_stats_and_delete(tmp_path, tiny_blip_bundle, image_folder, capsys
     assert code == 0 and stats["documents"] == 40 and stats["bundle_model"] == "tiny-blip"
     assert stats["mean_terms_per_document"] > 0 and stats["disk_bytes"] > 0
     assert stats["scoring_kernel"] == ("compiled" if kernels.c_kernel_loaded() else "numpy")
+    assert stats["dense_search"] == "exact"  # 40 documents: every vector scored
+    from d2s_search.backends.local import backend as backend_mod
+    from d2s_search.backends.local import graph
+
+    old = backend_mod.APPROXIMATE_DENSE_FROM
+    backend_mod.APPROXIMATE_DENSE_FROM = 40
+    try:
+        code, stats = run_cli_json(["index", "stats", "--index", index], capsys)
+    finally:
+        backend_mod.APPROXIMATE_DENSE_FROM = old
+    assert code == 0 and stats["dense_search"] == ("hnsw" if graph.available() else "exact")
     code, out = run_cli_json(["index", "delete", "--index", index, "--yes"], capsys)
     assert code == 0 and not index.exists()
     code, _, err = run_cli(["index", "delete", "--index", index, "--yes"], capsys)

@@ -418,6 +418,8 @@ class LocalBackend:
             "disk_bytes": disk,
             # which scoring kernel this install has: "numpy" means no C compiler at install time
             "scoring_kernel": "compiled" if kernels.c_kernel_loaded() else "numpy",
+            # "hnsw": dense search proposes candidates from graphs (approximate), see APPROXIMATE_DENSE_FROM
+            "dense_search": "hnsw" if docs >= APPROXIMATE_DENSE_FROM and graph.available() else "exact",
         }
 
     def generation(self) -> tuple[str, int]:
