@@ -39,7 +39,6 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_local_backend import DIM, build_index  # noqa: E402
 from benchmarks.synthetic import dense_vectors  # noqa: E402
 from d2s_search.backends.local import graph  # noqa: E402
-from d2s_search.backends.local.kernels import top_rows_any_sign  # noqa: E402
 
 
 def variants(vectors: np.ndarray) -> dict[str, object]:
@@ -68,16 +67,15 @@ def variants(vectors: np.ndarray) -> dict[str, object]:
 
 
 def search(index, vectors: np.ndarray, query: np.ndarray, k: int, ef: int, rescore: bool) -> np.ndarray:
+    """Rows of the top k: rescored as the backend does (:func:`graph.search`), or the graph's own."""
+    if rescore:
+        return graph.search(index, vectors, query, k, ef)[0]
     import faiss
 
     params = faiss.SearchParametersHNSW()
     params.efSearch = max(ef, k)
-    wanted = max(ef, k) if rescore else k
-    _, found = index.search(query[None], wanted, params=params)
-    rows = np.sort(found[0][found[0] >= 0])
-    if not rescore:
-        return found[0][found[0] >= 0]
-    return rows[top_rows_any_sign(vectors[rows] @ query, k)]
+    _, found = index.search(query[None], k, params=params)
+    return found[0][found[0] >= 0]
 
 
 def real_recall(parquet: Path) -> None:

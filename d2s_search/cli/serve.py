@@ -82,8 +82,8 @@ def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url,
         sock.close()
         raise
     # Everything start-up made lives as long as the server: out of the collector's way, so a
-    # full collection walks only what requests leave (with the offline model 69,000 objects,
-    # 22-38 ms paid by whichever request set it off; docs/benchmarks.md "Session 16").
+    # full collection walks only what requests leave (with the offline model 66,907 objects,
+    # 20-35 ms paid by whichever request set it off; docs/benchmarks.md "Session 16").
     gc.collect()
     gc.freeze()
     remember_index(store)

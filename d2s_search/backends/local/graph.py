@@ -6,7 +6,7 @@ quantised over its range in the shard, as Elasticsearch's default ``int8_hnsw`` 
 reads a quarter of the bytes per visited vector, and visited vectors' memory latency is most of
 a cold search's time. The ``max(ef, k)`` candidates it returns are then scored exactly with the
 float32 vectors, so a hit's score is its exact inner product and the order among candidates is
-exact (docs/benchmarks.md, "Session 16": 0.72x the time of a float graph cold; recall@10 the
+exact (docs/benchmarks.md, "Session 16": 0.7-0.8x the time of a float graph cold; recall@10 the
 same on real embeddings, 0.02 lower on random vectors).
 
 faiss serialises an ``IndexHNSWSQ`` as ``IHNs``, an index header, the graph
