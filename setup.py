@@ -1,7 +1,8 @@
-"""Builds the local index's optional C scoring kernel; everything else is in pyproject.toml.
+"""Builds the local index's optional C parts; everything else is in pyproject.toml.
 
-The kernel is loaded with ctypes and is optional: without a C compiler the install still
-succeeds and the local index scores with numpy/scipy (same results, slower).
+The scoring kernel (loaded with ctypes) and the hit builder (a CPython extension) are
+optional: without a C compiler the install still succeeds and the local index scores with
+numpy/scipy and builds hits in Python (same results, slower).
 """
 
 import sys
@@ -18,6 +19,13 @@ setup(
             ["d2s_search/backends/local/_score.c"],
             extra_compile_args=FLAGS,
             optional=True,
-        )
+        ),
+        # A CPython extension (imported, not loaded with ctypes): builds search hits.
+        Extension(
+            "d2s_search.backends.local._hits",
+            ["d2s_search/backends/local/_hits.c"],
+            extra_compile_args=FLAGS,
+            optional=True,
+        ),
     ]
 )

@@ -194,6 +194,13 @@ class Shard:
             view = self._views[name] = memoryview(np.ascontiguousarray(self.arrays[f"{name}_blob"])).cast("B")
         return view
 
+    def hit_source(self) -> tuple:
+        """What the compiled hit builder (``_hits.c``) reads of this shard: (start, rows, ids
+        blob, ids offsets, paths blob, paths offsets, urls blob, urls offsets, URL flags)."""
+        a = self.arrays
+        return (self.start, self.rows, a["ids_blob"], a["ids_offsets"], a["paths_blob"], a["paths_offsets"],
+                a["urls_blob"], a["urls_offsets"], a["has_url"])
+
     def row_strings(self, row: int) -> tuple[str, str, str | None]:
         """The id, path and URL (None where there is none) of one row, read with plain indexing:
         for a few hits, cheaper than :meth:`strings`' array calls."""
@@ -244,10 +251,17 @@ class Structures:
     shards: list[Shard]
     shard_rows: int  # every shard but the last holds exactly this many rows
     state_dir: Path | None = None  # None: in memory only (the cache could not be written)
+    _hit_sources: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:
         return sum(s.rows for s in self.shards)
+
+    def hit_sources(self) -> tuple:
+        """Every shard's :meth:`Shard.hit_source`, made once (the shards never change)."""
+        if self._hit_sources is None:
+            self._hit_sources = tuple(s.hit_source() for s in self.shards)
+        return self._hit_sources
 
     def locate(self, row: int) -> tuple[Shard, int]:
         shard = self.shards[row // self.shard_rows]

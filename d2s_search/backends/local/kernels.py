@@ -99,6 +99,23 @@ def _load_c_kernel():
 _c_kernel = _load_c_kernel()
 
 
+def _load_c_hits():
+    """The compiled hit builder (``_hits.c``, built by ``pip install`` beside the kernel;
+    optional), or None; ``D2S_C_KERNEL=0`` turns it off with the kernel."""
+    import os
+
+    if os.environ.get("D2S_C_KERNEL", "1") == "0":
+        return None
+    try:
+        from . import _hits
+    except ImportError:
+        return None
+    return _hits
+
+
+_c_hits = _load_c_hits()
+
+
 def c_kernel_loaded() -> bool:
     """Whether shards are scored by the compiled kernel (``index stats`` and the benchmarks say so)."""
     return _c_kernel is not None
