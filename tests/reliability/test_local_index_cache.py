@@ -402,6 +402,33 @@ def test_graph_hits_are_scored_with_the_float_vectors(graph_index):
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
 
 
+def test_graphs_are_searched_from_a_huge_page_copy_where_linux_offers_one(graph_index, monkeypatch):
+    """Where transparent huge pages can be asked for, the graph faiss walks is an anonymous copy
+    on 2 MB pages (checked there, not in the file's mapping); with D2S_GRAPH_HUGE_PAGES=0, or
+    where they are off, the mapping itself. The same hits either way."""
+    from d2s_search.backends.local import graph
+
+    path, docs = graph_index
+    runs = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("D2S_GRAPH_HUGE_PAGES", setting)
+        backend = LocalBackend(path)
+        backend.open(None, create=False)
+        runs[setting] = [(h.id, h.score) for q in docs[:20] for h in backend.dense_search(q.dense, 5, explain=0)]
+        blob = backend._search_state().shards[0].arrays["hnsw"]
+        chain = [blob]
+        while isinstance(chain[-1], np.ndarray):
+            chain.append(chain[-1].base)
+        file_backed = any(isinstance(a, np.memmap) for a in chain)  # np.load(mmap_mode="r")
+        offered = graph.huge_page_copy(np.zeros(3, np.uint8)) is not None
+        assert file_backed == (setting == "0" or not offered) and not blob.flags.writeable
+        backend.close()
+    assert runs["1"] == runs["0"]
+    monkeypatch.setattr(graph, "_THP_SETTING", "/nonexistent")
+    monkeypatch.setenv("D2S_GRAPH_HUGE_PAGES", "1")
+    assert graph.huge_page_copy(np.zeros(3, np.uint8)) is None
+
+
 def test_index_check_verifies_the_dense_graph_bytes(graph_index, capsys):
     """A flipped byte of a vector copy inside the graph keeps its structure sound: only the
     full checksum of `index check` sees it, and --repair rebuilds it."""

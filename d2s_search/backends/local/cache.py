@@ -146,6 +146,9 @@ class Shard:
         (neighbour ids, lists and levels: what keeps faiss inside the arrays)."""
         if self._graph is None and "hnsw" in self.arrays and graph.available():
             blob = self.arrays["hnsw"]
+            copy = graph.huge_page_copy(blob)
+            if copy is not None:  # checked and read by faiss from here on; the mapping is dropped
+                blob = self.arrays["hnsw"] = copy
             try:
                 where = graph.layout(blob, self.rows, self.arrays["dense"].shape[1])
                 graph.check(blob, where, self.rows)

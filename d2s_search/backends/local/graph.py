@@ -195,6 +195,45 @@ def check(blob: np.ndarray, where: Layout, rows: int) -> None:
             raise DamagedArrays("a graph layer links a node that is not on it")
 
 
+_HUGE_PAGE = 2 << 20
+_THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def huge_page_copy(blob: np.ndarray) -> np.ndarray | None:
+    """``blob`` copied into anonymous memory that Linux backs with 2 MB pages (transparent huge
+    pages, asked for with ``madvise``), or None where that is not on offer (not Linux, huge
+    pages set to ``never``, ``D2S_GRAPH_HUGE_PAGES=0``).
+
+    A graph walk touches a few thousand scattered nodes; on 4 kB pages most of them also miss
+    the TLB, whose page-table entries a cold search fetches from memory as well. On 2 MB pages a
+    shard's graph needs a few dozen entries: 0.87x the time of a cold search of the two shards
+    at 123k documents (docs/benchmarks.md, "Session 17"). The copy is private to the process
+    (the file's pages are shared); searches read only the copy, so the mapping's pages leave
+    the process once it is dropped."""
+    import mmap
+    import os
+
+    if os.environ.get("D2S_GRAPH_HUGE_PAGES", "1") == "0" or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return None
+    try:
+        with open(_THP_SETTING) as f:
+            if "[never]" in f.read():
+                return None
+    except OSError:
+        return None
+    size = blob.nbytes
+    try:
+        memory = mmap.mmap(-1, -(-max(size, 1) // _HUGE_PAGE) * _HUGE_PAGE,
+                           flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        memory.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:
+        return None
+    copy = np.frombuffer(memory, dtype=np.uint8, count=size)
+    copy[:] = blob.reshape(-1).view(np.uint8)
+    copy.flags.writeable = False
+    return copy
+
+
 def open_index(blob: np.ndarray, where: Layout):
     """A faiss index reading the (checked) bytes in place: neighbours and vectors are views."""
     import faiss
