@@ -1,5 +1,6 @@
 """Approximate dense search of the local index: one HNSW graph per shard (faiss), read in
-place from the memory-mapped cache file, its candidates rescored with the shard's float vectors.
+place from the memory-mapped cache file (or from one copy of it on huge pages, see
+:func:`huge_page_copy`), its candidates rescored with the shard's float vectors.
 
 The graph keeps 8-bit copies of the vectors (faiss ``IndexHNSWSQ``, ``QT_8bit``: each dimension
 quantised over its range in the shard, as Elasticsearch's default ``int8_hnsw`` does): walking it
