@@ -50,7 +50,7 @@ def test_c_kernel_equals_the_numpy_path_bit_for_bit(seed, id_type):
     for _ in range(10):
         cols = np.sort(rng.choice(n_cols + 5, size=int(rng.integers(1, 20)), replace=False)).astype(np.int64)
         weights = rng.choice([0.5, 1.0, 0.3, 2.0], size=cols.size).astype(np.float32)  # ids >= n_cols: newer terms
-        for k in (1, 5, 10, 1000):
+        for k in (1, 5, 10, 21, 30, 1000):  # above 20 (HEAP_K): the strided bound and selection
             for t, c in ((None, None), (terms, columns)):
                 want_scores, want_rows, want_top = numpy_path(indptr, indices, data, rows, cols, weights, k, t, c)
                 buffer = np.full(rows + 3, 7.0, dtype=np.float32)
@@ -106,12 +106,35 @@ def test_c_kernel_equals_the_numpy_path_on_larger_shards(rows, id_type):
         cols = np.sort(np.concatenate([common, rest])).astype(np.int64)
         weights = rng.choice([0.5, 1.0, 0.3, 2.0], size=cols.size).astype(np.float32)
         for t, c in ((None, None), (terms, columns)):
-            want_scores, want_rows, want_top = numpy_path(indptr, indices, data, rows, cols, weights, 10, t, c)
-            buffer = np.full(rows + 3, 7.0, dtype=np.float32)
-            got_rows, got_top = kernels.shard_top(indptr, indices, data, rows, cols, weights, buffer, 10, t, c)
-            assert np.array_equal(buffer[:rows], want_scores)
-            assert np.all(buffer[rows:] == 7.0)
-            assert got_rows.tolist() == want_rows.tolist() and np.array_equal(got_top, want_top)
+            for k in (10, 100, 1000):
+                want_scores, want_rows, want_top = numpy_path(indptr, indices, data, rows, cols, weights, k, t, c)
+                buffer = np.full(rows + 3, 7.0, dtype=np.float32)
+                got_rows, got_top = kernels.shard_top(indptr, indices, data, rows, cols, weights, buffer, k, t, c)
+                assert np.array_equal(buffer[:rows], want_scores)
+                assert np.all(buffer[rows:] == 7.0)
+                assert got_rows.tolist() == want_rows.tolist() and np.array_equal(got_top, want_top)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_large_k_selection_equals_a_full_sort(seed):
+    """The compiled top k for k above the heap's (a strided bound, then selection): against a
+    full sort by (score descending, row), on scores with many ties, zeros and negatives, for k
+    where the bound applies (n >= 16k), where it does not, and k at or above the rows."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 20_000))
+    scores = rng.choice(np.array([0.0, -1.0, 0.5, 0.75, 1.0, 2.0, 3.5], dtype=np.float32), size=n)
+    if seed % 2:
+        scores = np.where(scores > 0, rng.random(n).astype(np.float32), scores)
+    positive = np.flatnonzero(scores > 0)
+    want = positive[np.lexsort((positive, -scores[positive]))]
+    for k in {21, 50, 100, 1000, max(21, n // 16), n, n + 5}:
+        cand = np.empty(4 * n, dtype=np.int32)
+        maxima = np.empty(n // 4 + 1, dtype=np.float32)
+        rows, top = np.empty(k, dtype=np.int32), np.empty(k, dtype=np.float32)
+        got = kernels._c_kernel[3](scores.ctypes.data, n, k, cand.ctypes.data, maxima.ctypes.data, rows.ctypes.data,
+                                   top.ctypes.data)
+        assert rows[:got].tolist() == want[:k].tolist() and np.array_equal(top[:got], scores[want[:k]])
+        assert kernels.top_rows(scores, k).tolist() == want[:k].tolist()  # the numpy path agrees
 
 
 def test_top_k_keeps_the_earliest_row_among_equal_scores():

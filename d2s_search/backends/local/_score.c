@@ -154,6 +154,105 @@ D2S_EXPORT int64_t d2s_top_positive(const float *scores, int64_t n_rows, int64_t
     return n;
 }
 
+/* Positive floats order as their bit patterns: a score's bits over its row, as one 64-bit key. */
+static inline uint32_t float_bits(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+
+static inline float bits_float(uint32_t bits) {
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+#define BOUND_SHIFT 19 /* bound buckets: a float's exponent and 4 mantissa bits (1/16 of an octave) */
+#define BOUND_BUCKETS (1 << (31 - BOUND_SHIFT))
+
+/* Stable LSD radix sort of keys[0:n] by their high 32 bits (a score's bits), descending: keys
+ * gathered in row order stay in row order among equal scores. tmp holds n keys; returns which
+ * of the two buffers holds the result. */
+static uint64_t *sort_by_score(uint64_t *keys, uint64_t *tmp, int64_t n) {
+    int64_t count[256];
+    for (int shift = 32; shift < 64; shift += 8) {
+        memset(count, 0, sizeof count);
+        for (int64_t i = 0; i < n; i++) count[255 - ((keys[i] >> shift) & 255)]++;
+        int64_t at = 0, single = 0;
+        for (int d = 0; d < 256; d++) {
+            int64_t c = count[d];
+            single |= c == n;
+            count[d] = at;
+            at += c;
+        }
+        if (single) continue; /* every key has this digit: the pass would change nothing */
+        for (int64_t i = 0; i < n; i++) tmp[count[255 - ((keys[i] >> shift) & 255)]++] = keys[i];
+        uint64_t *swap = keys;
+        keys = tmp;
+        tmp = swap;
+    }
+    return keys;
+}
+
+/* d2s_top_positive for a large k (kernels.top_rows, same result). A lower bound of the k-th
+ * score: the maxima of k*4 strided groups (kernels.kth_score_lower_bound: the k-th largest of
+ * disjoint groups' maxima is reached by at least k scores), its bucket's lower edge in a
+ * histogram of their float bits (lower still, so as many rows reach it). Every row at or above
+ * the bound (every positive row without one) is gathered in row order, sorted stably by score
+ * and the first k kept. cand must hold 2 * n_rows keys (the second half for the sort) and
+ * maxima n_rows / 4 + 1 floats. Returns how many (<= k). */
+D2S_EXPORT int64_t d2s_top_large(const float *scores, int64_t n_rows, int64_t k, uint64_t *cand, float *maxima,
+                                 int32_t *out_rows, float *out_scores) {
+    if (k <= 0 || n_rows <= 0) return 0;
+    float floor = 0.0f; /* a row is gathered when its score is above this */
+    int64_t block = k < n_rows ? n_rows / (4 * k) : 0;
+    if (block > 64) block = 64;
+    if (block >= 4) {
+        int64_t cols = n_rows / block, m = cols;
+        for (int64_t c = 0; c < cols; c++) maxima[c] = scores[c];
+        for (int64_t j = 1; j < block; j++) {
+            const float *part = scores + j * cols;
+            for (int64_t c = 0; c < cols; c++) maxima[c] = part[c] > maxima[c] ? part[c] : maxima[c];
+        }
+        if (cols * block < n_rows) {
+            float tail = scores[cols * block];
+            for (int64_t r = cols * block + 1; r < n_rows; r++) tail = scores[r] > tail ? scores[r] : tail;
+            maxima[m++] = tail;
+        }
+        int32_t counts[BOUND_BUCKETS]; /* 16 kB */
+        memset(counts, 0, sizeof counts);
+        for (int64_t c = 0; c < m; c++) {
+            if (maxima[c] > 0.0f) counts[float_bits(maxima[c]) >> BOUND_SHIFT]++; /* NaN and <= 0: no bucket */
+        }
+        int64_t above = 0;
+        for (int64_t b = BOUND_BUCKETS - 1; b > 0; b--) {
+            above += counts[b];
+            if (above >= k) { /* at least k maxima, so at least k rows, reach this bucket's lower edge */
+                floor = bits_float(((uint32_t)b << BOUND_SHIFT) - 1); /* s > floor: s >= the edge */
+                break;
+            }
+        }
+    }
+    int64_t n = 0;
+    for (int64_t base = 0; base < n_rows; base += 16) {
+        int64_t end = base + 16 < n_rows ? base + 16 : n_rows;
+        int any = 0;
+        for (int64_t r = base; r < end; r++) any |= scores[r] > floor; /* vectorised: most blocks end here */
+        if (!any) continue;
+        for (int64_t r = base; r < end; r++) { /* branch-free: written always, kept when above */
+            cand[n] = ((uint64_t)float_bits(scores[r]) << 32) | (uint32_t)r;
+            n += scores[r] > floor;
+        }
+    }
+    uint64_t *sorted = sort_by_score(cand, cand + n_rows, n);
+    if (n > k) n = k;
+    for (int64_t i = 0; i < n; i++) {
+        out_rows[i] = (int32_t)(uint32_t)sorted[i];
+        out_scores[i] = bits_float((uint32_t)(sorted[i] >> 32));
+    }
+    return n;
+}
+
 /* Why rows matched: for each of the n_sel given rows of a row-wise (CSR) shard, its n largest
  * products query weight * stored weight over the terms it shares with the query, largest
  * first, ties by column: kernels.explain_rows's numpy path, product for product (one float32

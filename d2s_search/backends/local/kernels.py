@@ -60,14 +60,14 @@ def kernel_path() -> str | None:
 
 
 def bind_kernel(path: str):
-    """(accumulate by id dtype, top-k, explain) of a build of ``_score.c``, their C signatures
+    """(accumulate by id dtype, top-k, explain, top-k for a large k) of a build of ``_score.c``, their C signatures
     declared for ctypes. OSError if it does not load, AttributeError if a function is missing
     (a build older than this file). The benchmarks bind other builds with it too."""
     import ctypes
 
     lib = ctypes.CDLL(path)
     accumulate32, accumulate16, top_c = lib.d2s_accumulate, lib.d2s_accumulate16, lib.d2s_top_positive
-    explain_c = lib.d2s_explain_rows
+    explain_c, top_large_c = lib.d2s_explain_rows, lib.d2s_top_large
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     for fn in (accumulate32, accumulate16):
         fn.argtypes = [p, i64, p, p, i64, i64, p, p, i64, p, p, i64, p]
@@ -76,7 +76,9 @@ def bind_kernel(path: str):
     top_c.restype = i64
     explain_c.argtypes = [p, i64, p, p, i64, p, i64, p, p, i64, i64, p, p, p]
     explain_c.restype = i64
-    return {np.dtype(np.int32): accumulate32, np.dtype(np.uint16): accumulate16}, top_c, explain_c
+    top_large_c.argtypes = [p, i64, i64, p, p, p, p]
+    top_large_c.restype = i64
+    return {np.dtype(np.int32): accumulate32, np.dtype(np.uint16): accumulate16}, top_c, explain_c, top_large_c
 
 
 def _load_c_kernel():
@@ -232,16 +234,20 @@ def shard_top(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows:
     """(rows, scores) of the shard's k highest positive scores, best first, ties by row:
     :func:`accumulate` then :func:`top_rows`, in one C call when the kernel is built."""
     compiled = _accumulate_c(indptr, indices, data, n_rows, cols, weights, out, dense_terms, dense_columns)
-    if compiled and k <= HEAP_K:
+    if compiled:
         k = max(0, min(k, n_rows))
-        heap = np.empty(2 * k, dtype=np.int32)  # k (float32 score, int32 row) pairs
+        large = k > HEAP_K
+        cand = np.empty(4 * n_rows if large else 2 * k, dtype=np.int32)  # as QueryScratch.heap
         rows = np.empty(k, dtype=np.int32)
         scores = np.empty(k, dtype=np.float32)
-        n = _c_kernel[1](out.ctypes.data, n_rows, k, heap.ctypes.data, rows.ctypes.data, scores.ctypes.data)
+        if large:
+            maxima = np.empty(n_rows // 4 + 1, dtype=np.float32)
+            n = _c_kernel[3](out.ctypes.data, n_rows, k, cand.ctypes.data, maxima.ctypes.data, rows.ctypes.data,
+                             scores.ctypes.data)
+        else:
+            n = _c_kernel[1](out.ctypes.data, n_rows, k, cand.ctypes.data, rows.ctypes.data, scores.ctypes.data)
         return rows[:n].astype(np.int64), scores[:n]
-    if not compiled:
-        accumulate(indptr, indices, data, n_rows, cols, weights, out, dense_terms, dense_columns, use_c=False)
-    # a large k: numpy's strided bound + partition beats the heap
+    accumulate(indptr, indices, data, n_rows, cols, weights, out, dense_terms, dense_columns, use_c=False)
     rows = top_rows(out[:n_rows], k)
     return rows, out[rows].copy()
 
@@ -252,18 +258,22 @@ class QueryScratch:
     ``.ctypes.data`` costs about a microsecond; per shard and query the addresses were ~50 us
     of a 0.5 ms search at 123k documents, docs/benchmarks.md "Session 14")."""
 
-    __slots__ = ("cols", "weights", "k", "scores", "heap", "rows", "top", "_ptrs")
+    __slots__ = ("cols", "weights", "k", "width", "scores", "heap", "rows", "top", "maxima", "_ptrs")
 
     def __init__(self, cols: np.ndarray, weights: np.ndarray, shard_rows: int, n_shards: int, k: int):
         self.cols = np.ascontiguousarray(cols, dtype=np.int64)
         self.weights = np.ascontiguousarray(weights, dtype=np.float32)
         self.k = k
         self.scores = np.empty(shard_rows, dtype=np.float32)
-        heap_k = k if 0 < k <= HEAP_K else 0
-        self.heap = np.empty(2 * heap_k, dtype=np.int32)  # (float32 score, int32 row) pairs
-        self.rows = np.empty((n_shards, heap_k), dtype=np.int32)
-        self.top = np.empty((n_shards, heap_k), dtype=np.float32)
-        self._ptrs = tuple(a.ctypes.data for a in (self.cols, self.weights, self.scores, self.heap, self.rows, self.top))
+        self.width = max(0, min(k, shard_rows))  # each shard's row of the top buffers
+        # the heap of a small k ((float32 score, int32 row) pairs); a large k's candidates as
+        # 64-bit keys, and as many again for sorting them
+        self.heap = np.empty(2 * self.width if k <= HEAP_K else 4 * shard_rows, dtype=np.int32)
+        self.maxima = np.empty(0 if k <= HEAP_K else shard_rows // 4 + 1, dtype=np.float32)  # d2s_top_large's groups
+        self.rows = np.empty((n_shards, self.width), dtype=np.int32)
+        self.top = np.empty((n_shards, self.width), dtype=np.float32)
+        self._ptrs = tuple(a.ctypes.data for a in (self.cols, self.weights, self.scores, self.heap, self.rows, self.top,
+                                                   self.maxima))
 
 
 class BoundShard:
@@ -304,7 +314,7 @@ class BoundShard:
         by row: what :func:`shard_top` gives. ``slot``: this shard's row of the query's top buffers."""
         if self.n_rows > query.scores.size or not 0 <= slot < query.rows.shape[0]:  # the C calls write there
             raise DamagedArrays(f"a shard of {self.n_rows} rows does not fit the query's buffers")
-        cols_p, weights_p, scores_p, heap_p, rows_p, top_p = query._ptrs
+        cols_p, weights_p, scores_p, heap_p, rows_p, top_p, maxima_p = query._ptrs
         slots = None  # columns outside the shard (newer terms) are skipped by the kernel before their slot is read
         if self._slot_of is not None:
             slots = np.take(self._slot_of, query.cols, mode="clip")
@@ -312,12 +322,12 @@ class BoundShard:
                                None if slots is None else slots.ctypes.data, *self._dense, scores_p)
         if bad:
             raise DamagedArrays(f"{bad} postings point outside the shard")
-        k = query.k
-        if k > HEAP_K:  # a large k: numpy's strided bound + partition beats the heap
-            rows = top_rows(query.scores[: self.n_rows], k)
-            return rows, query.scores[rows]
-        k = max(0, min(k, self.n_rows))
-        n = _c_kernel[1](scores_p, self.n_rows, k, heap_p, rows_p + 4 * slot * query.k, top_p + 4 * slot * query.k)
+        k = max(0, min(query.k, self.n_rows))
+        at = 4 * slot * query.width
+        if query.k > HEAP_K:  # a large k: a strided bound, then the rows above it selected (the heap is slower)
+            n = _c_kernel[3](scores_p, self.n_rows, k, heap_p, maxima_p, rows_p + at, top_p + at)
+        else:
+            n = _c_kernel[1](scores_p, self.n_rows, k, heap_p, rows_p + at, top_p + at)
         return query.rows[slot, :n].astype(np.int64), query.top[slot, :n]
 
 
