@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/bench_query_stages.py [--docs 123000] [--queries 300]
     D2S_GRAPH_HUGE_PAGES=0 OMP_NUM_THREADS=1 python benchmarks/bench_query_stages.py   # graphs read from the mapping
     D2S_C_KERNEL=0 OMP_NUM_THREADS=1 python benchmarks/bench_query_stages.py           # no compiled parts
+    OMP_NUM_THREADS=1 python benchmarks/bench_query_stages.py --python-hits            # hits built in Python
 
 Uses the synthetic index of ``bench_local_backend.py`` (built there first) and the same
 queries. Each query runs through ``search.run_query`` twice: "cold" right after a 256 MB array
@@ -66,7 +67,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--docs", type=int, default=123_000)
     ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--python-hits", action="store_true", help="build hits in Python, not with _hits.c")
     args = ap.parse_args()
+    if args.python_hits:
+        kernels._c_hits = None
     path = ROOT / "benchmarks" / ".cache" / f"local-{args.docs}"
     build_index(path, args.docs)[0].close()
     backend = LocalBackend(path, threads=1)

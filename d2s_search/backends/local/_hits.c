@@ -213,6 +213,11 @@ static PyObject *build(PyObject *Py_UNUSED(module), PyObject *args) {
             Py_CLEAR(out);
             goto done;
         }
+        if (matched != Py_None && i >= PyList_GET_SIZE(matched)) { /* shrunk meanwhile (a finalizer run by GC) */
+            PyErr_SetString(PyExc_ValueError, "matched changed while hits were built");
+            Py_CLEAR(out);
+            goto done;
+        }
         PyObject *hit = make_hit((PyTypeObject *)type_obj, src, local, score[i],
                                  matched == Py_None ? Py_None : PyList_GET_ITEM(matched, i));
         if (hit == NULL) {
