@@ -108,11 +108,12 @@ def _load_c_hits():
 
     if os.environ.get("D2S_C_KERNEL", "1") == "0":
         return None
-    try:
-        from . import _hits
+    import importlib
+
+    try:  # by name: "from . import _hits" would read as importing this package back
+        return importlib.import_module(__name__.rpartition(".")[0] + "._hits")
     except ImportError:
         return None
-    return _hits
 
 
 _c_hits = _load_c_hits()
