@@ -43,18 +43,11 @@ def query_shift(head, shift: float):
 def main() -> None:
     import torch
 
+    from benchmarks.caption_calibration import load_calibration_data
     from d2s_search.evaluate import EvalData, EvalOptions, SparseVectors, boost_own_words, evaluate
-    from d2s_search.train.data import load_dataset
+    from d2s_search.train import validation
     from d2s_search.train.modeling import encode_sparse
-    from d2s_search.train.validation import (
-        pick_distractors,
-        pool_documents,
-        validation_documents,
-        validation_metrics,
-        validation_queries,
-        with_distractors,
-    )
-    from d2s_search.train.vocab import id_to_token, load_tokenizer, tokenize_captions
+    from d2s_search.train.vocab import id_to_token
     from onnx_export.head import load_head
 
     ap = argparse.ArgumentParser()
@@ -65,14 +58,10 @@ def main() -> None:
     budgets = args.budget or [12.0, 40.0]
     torch.set_num_threads(1)
     cpu = torch.device("cpu")
-    splits = load_dataset(args.data)
-    tok = load_tokenizer()
-    names = id_to_token(tok)
-    val, test = splits["val"], splits["test"]
-    val_tokens, test_tokens = tokenize_captions(val.captions, tok), tokenize_captions(test.captions, tok)
-    distractors = pick_distractors(splits["train"].image_emb, splits["train"].caption_image, 4000)
-    pool = with_distractors(val, distractors)
-    ev = EvalData.from_split(test, "test")
+    data = load_calibration_data(args.data)
+    names = id_to_token(data.tokenizer)
+    val, val_tokens, test_tokens, distractors, pool = data.val, data.val_tokens, data.test_tokens, data.distractors, data.pool
+    ev = EvalData.from_split(data.test, "test")
     own = [test_tokens.row(i) for i in range(len(test_tokens))]
     for path in args.heads:
         head = load_head(path).eval()
@@ -81,21 +70,21 @@ def main() -> None:
         val_queries, test_queries = {}, {}
         for q in QUERY_SHIFTS:
             with query_shift(head, q):
-                val_queries[q] = validation_queries(head, val, val_tokens, "c+w", cpu)
+                val_queries[q] = validation.validation_queries(head, val, val_tokens, "c+w", cpu)
                 test_queries[q] = boost_own_words(encode_sparse(head, ev.query_emb), own, allowed, 2.0)
         grid = []
         for d in DOCUMENT_SHIFTS:
             head.config.document_shift = d
-            val_docs = validation_documents(head, val, cpu)
-            pool_docs = pool_documents(head, val_docs, distractors, cpu)
+            val_docs = validation.validation_documents(head, val, cpu)
+            pool_docs = validation.pool_documents(head, val_docs, distractors, cpu)
             test_docs = encode_sparse(head, ev.doc_emb, document=True)
             for q in QUERY_SHIFTS:
                 res = evaluate(ev, SparseVectors(test_queries[q], test_docs), own, None,
                                EvalOptions(runs=("dense", "sparse")), names)
                 sparse, dense, co = res["runs"]["sparse"], res["runs"]["dense"], res["coactivation"]
                 grid.append({"query_shift": q, "document_shift": d,
-                             "val_R@1": round(validation_metrics(val_queries[q], pool_docs, pool)["R@1"], 4),
-                             "val_FLOPs": round(validation_metrics(val_queries[q], val_docs, val)["FLOPs"], 2),
+                             "val_R@1": round(validation.validation_metrics(val_queries[q], pool_docs, pool)["R@1"], 4),
+                             "val_FLOPs": round(validation.validation_metrics(val_queries[q], val_docs, val)["FLOPs"], 2),
                              "test_ratio": round(sparse["R@1"] / dense["R@1"], 3), "test_FLOPs": round(sparse["FLOPs"], 2),
                              "widest_query_expansion": [co.get("max_foreign_query_term"),
                                                         round(co.get("max_foreign_query_share", 0), 3)]})

@@ -34,16 +34,8 @@ def thresholded(q, t: float):
 
 
 def main() -> None:
-    from d2s_search.train.data import load_dataset
-    from d2s_search.train.validation import (
-        pick_distractors,
-        pool_documents,
-        validation_documents,
-        validation_metrics,
-        validation_queries,
-        with_distractors,
-    )
-    from d2s_search.train.vocab import load_tokenizer, tokenize_captions
+    from benchmarks.caption_calibration import load_calibration_data
+    from d2s_search.train import validation
     from onnx_export.head import load_head
 
     ap = argparse.ArgumentParser()
@@ -53,28 +45,25 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "test-artifacts" / "query_threshold.jsonl")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    splits = load_dataset(args.data)
-    tok = load_tokenizer()
-    val, test = splits["val"], splits["test"]
-    val_tokens, test_tokens = tokenize_captions(val.captions, tok), tokenize_captions(test.captions, tok)
-    distractors = pick_distractors(splits["train"].image_emb, splits["train"].caption_image, 4000)
-    pool, device = with_distractors(val, distractors), torch.device("cpu")
+    data = load_calibration_data(args.data)
+    val, test, val_tokens, test_tokens = data.val, data.test, data.val_tokens, data.test_tokens
+    distractors, pool, device = data.distractors, data.pool, torch.device("cpu")
     for name in args.heads:
         head = load_head(args.runs / name / "head.pt").eval()
         head.config.query_word_boost = 2.0
-        q_val = validation_queries(head, val, val_tokens, "c+w", device)
-        q_test = validation_queries(head, test, test_tokens, "c+w", device)
+        q_val = validation.validation_queries(head, val, val_tokens, "c+w", device)
+        q_test = validation.validation_queries(head, test, test_tokens, "c+w", device)
         table = []
         for shift in SHIFTS:
             head.config.document_shift = shift
-            d_val = validation_documents(head, val, device)
-            d_pool = pool_documents(head, d_val, distractors, device)
-            d_test = validation_documents(head, test, device)
+            d_val = validation.validation_documents(head, val, device)
+            d_pool = validation.pool_documents(head, d_val, distractors, device)
+            d_test = validation.validation_documents(head, test, device)
             for t in THRESHOLDS:
                 qv, qt = thresholded(q_val, t), thresholded(q_test, t)
-                tested = validation_metrics(qt, d_test, test)
-                table.append({"shift": shift, "threshold": t, "val_FLOPs": validation_metrics(qv, d_val, val)["FLOPs"],
-                              "val_R@1": validation_metrics(qv, d_pool, pool)["R@1"], "test_R@1": tested["R@1"],
+                tested = validation.validation_metrics(qt, d_test, test)
+                table.append({"shift": shift, "threshold": t, "val_FLOPs": validation.validation_metrics(qv, d_val, val)["FLOPs"],
+                              "val_R@1": validation.validation_metrics(qv, d_pool, pool)["R@1"], "test_R@1": tested["R@1"],
                               "test_FLOPs": tested["FLOPs"], "test_terms_per_query": tested["terms_per_query"]})
         for budget in (12.0, 40.0):
             fits = [r for r in table if r["val_FLOPs"] <= budget]
