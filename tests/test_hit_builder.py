@@ -161,3 +161,35 @@ def test_string_offsets_damaged_after_validation_rebuild_the_cache(backend, caps
     assert [(h.path, h.url) for h in hits] == [(by_id[h.id].path, by_id[h.id].url) for h in hits]
     (line,) = warning_lines(capsys.readouterr().err)
     assert "unusable" in line and "outside their blob" in line
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_merging_shards_in_c_equals_the_numpy_merge(seed, monkeypatch):
+    """The k-way merge of the shards' lists (each best first, ties by row): the numpy merge's
+    result for any k, ties across shards included; lists it cannot take are left to numpy (-1)."""
+    rng = np.random.default_rng(seed)
+    candidates = []
+    for start in range(0, 1000 * int(rng.integers(1, 6)), 1000):
+        rows = start + rng.choice(1000, size=int(rng.integers(0, 80)), replace=False)
+        scores = (rng.integers(-4, 8, size=rows.size) / 4).astype(np.float32)  # ties, and negatives (inner products)
+        order = np.lexsort((rows, -scores))
+        candidates.append((rows[order].astype(np.int64), scores[order]))
+    total = sum(r.size for r, _ in candidates)
+    for k in (1, 10, 25, total, total + 3):
+        with monkeypatch.context() as m:
+            m.setattr(kernels, "_c_hits", None)
+            want_rows, want_scores = kernels.merge_top(candidates, k)
+        out_rows, out_scores = np.empty(k, np.int64), np.empty(k, np.float32)
+        n = kernels._c_hits.merge(candidates, k, out_rows, out_scores)
+        assert n == want_rows.size and out_rows[:n].tolist() == want_rows.tolist()
+        assert np.array_equal(out_scores[:n], want_scores)
+        got_rows, _ = kernels.merge_top(candidates, k)
+        assert got_rows.tolist() == want_rows.tolist()
+    rows, scores = candidates[0] if candidates[0][0].size > 1 else (np.array([1, 2]), np.array([1.0, 1.0], np.float32))
+    out = np.empty(5, np.int64), np.empty(5, np.float32)
+    assert kernels._c_hits.merge([(rows[::-1].copy(), scores[::-1].copy())], 5, *out) == -1  # not best first
+    assert kernels._c_hits.merge([(np.array([3, 4]), np.array([2.0, np.nan], np.float32))], 5, *out) == -1
+    assert kernels._c_hits.merge([(np.array([3, 4], np.int32), np.array([2.0, 1.0], np.float32))], 5, *out) == -1
+    assert kernels._c_hits.merge([(np.array([3]), np.array([1.0], np.float32))] * 65, 5, *out) == -1
+    with pytest.raises(ValueError):  # outputs too short for k
+        kernels._c_hits.merge([(np.array([3]), np.array([1.0], np.float32))], 6, *out)

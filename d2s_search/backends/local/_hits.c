@@ -308,6 +308,94 @@ done:
     return result;
 }
 
+/* merge(candidates, k, out_rows, out_scores): the k best of the shards' lists ((int64 rows, float32
+ * scores), each best first with ties by row, the shards in row order) into the int64 / float32
+ * outputs, best first with ties by row (kernels.merge_top's result). Returns how many, or -1
+ * (nothing meaningful written) when a list is not in that order, holds a NaN, has other types
+ * or there are more than MAX_LISTS: the caller then sorts in numpy. */
+#define MAX_LISTS 64
+static PyObject *merge(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *lists, *out_rows_obj, *out_scores_obj;
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "O!nOO", &PyList_Type, &lists, &k, &out_rows_obj, &out_scores_obj)) {
+        return NULL;
+    }
+    Py_ssize_t n_lists = PyList_GET_SIZE(lists);
+    if (n_lists > MAX_LISTS) {
+        return PyLong_FromLong(-1);
+    }
+    Py_buffer views[2 * MAX_LISTS], out_rows, out_scores;
+    Py_ssize_t held = 0, length[MAX_LISTS], at[MAX_LISTS];
+    int outs = 0;
+    long result = -1;
+    PyObject *error = NULL;
+    if (PyObject_GetBuffer(out_rows_obj, &out_rows, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        return NULL;
+    }
+    outs = 1;
+    if (PyObject_GetBuffer(out_scores_obj, &out_scores, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        goto done;
+    }
+    outs = 2;
+    if (k < 0 || out_rows.itemsize != 8 || out_scores.itemsize != 4 || out_rows.len / 8 < k || out_scores.len / 4 < k) {
+        error = PyExc_ValueError;
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < n_lists; j++) {
+        PyObject *pair = PyList_GET_ITEM(lists, j);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) goto done; /* not (rows, scores): numpy */
+        for (int part = 0; part < 2; part++) {
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(pair, part), &views[held], PyBUF_C_CONTIGUOUS) < 0) {
+                PyErr_Clear(); /* not contiguous, or no buffer: numpy */
+                goto done;
+            }
+            held++;
+        }
+        Py_buffer *r = &views[held - 2], *v = &views[held - 1];
+        if (r->itemsize != 8 || v->itemsize != 4 || r->len / 8 != v->len / 4) goto done; /* other types: numpy */
+        length[j] = r->len / 8;
+        at[j] = 0;
+        const int64_t *rows = (const int64_t *)r->buf;
+        const float *scores = (const float *)v->buf;
+        for (Py_ssize_t i = 0; i < length[j]; i++) { /* in order, no NaN: else numpy sorts */
+            if (scores[i] != scores[i]) goto done;
+            if (i && (scores[i] > scores[i - 1] || (scores[i] == scores[i - 1] && rows[i] <= rows[i - 1]))) goto done;
+        }
+    }
+    int64_t *dst_rows = (int64_t *)out_rows.buf;
+    float *dst_scores = (float *)out_scores.buf;
+    Py_ssize_t n = 0;
+    for (; n < k; n++) {
+        Py_ssize_t best = -1;
+        float best_score = 0.0f;
+        int64_t best_row = 0;
+        for (Py_ssize_t j = 0; j < n_lists; j++) {
+            if (at[j] == length[j]) continue;
+            float s = ((const float *)views[2 * j + 1].buf)[at[j]];
+            int64_t r = ((const int64_t *)views[2 * j].buf)[at[j]];
+            if (best < 0 || s > best_score || (s == best_score && r < best_row)) {
+                best = j;
+                best_score = s;
+                best_row = r;
+            }
+        }
+        if (best < 0) break;
+        dst_rows[n] = best_row;
+        dst_scores[n] = best_score;
+        at[best]++;
+    }
+    result = (long)n;
+done:
+    for (Py_ssize_t i = 0; i < held; i++) PyBuffer_Release(&views[i]);
+    if (outs >= 1) PyBuffer_Release(&out_rows);
+    if (outs >= 2) PyBuffer_Release(&out_scores);
+    if (error != NULL) {
+        PyErr_SetString(error, "merge takes a list of (int64 rows, float32 scores) pairs and outputs of k int64 / float32");
+    }
+    if (PyErr_Occurred()) return NULL;
+    return PyLong_FromLong(result);
+}
+
 static PyMethodDef methods[] = {
     {"build", build, METH_VARARGS,
      "build(Hit, rows, scores, shard_rows, sources, matched) -> list of Hit\n\n"
@@ -318,6 +406,10 @@ static PyMethodDef methods[] = {
      "explained(out, picked, names, slots, values) -> None\n\n"
      "out[picked[i]] = [(names[slots[i, j]], float(values[i, j])) for the leading positive values of row i].\n"
      "ValueError when a position or slot is out of range or the arrays' shapes differ."},
+    {"merge", merge, METH_VARARGS,
+     "merge(candidates, k, out_rows, out_scores) -> n\n\n"
+     "The k best of per-shard (int64 rows, float32 scores) lists (each best first, ties by row) into\n"
+     "the outputs, best first with ties by row; -1 when a list is out of that order or holds a NaN."},
     {NULL, NULL, 0, NULL},
 };
 
