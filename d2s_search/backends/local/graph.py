@@ -207,7 +207,7 @@ def huge_page_copy(blob: np.ndarray) -> np.ndarray | None:
 
     A graph walk touches a few thousand scattered nodes; on 4 kB pages most of them also miss
     the TLB, whose page-table entries a cold search fetches from memory as well. On 2 MB pages a
-    shard's graph needs a few dozen entries: 0.87x the time of a cold search of the two shards
+    shard's graph needs a few dozen entries: 0.89x the time of the two shards' cold searches
     at 123k documents (docs/benchmarks.md, "Session 17"). The copy is private to the process
     (the file's pages are shared); searches read only the copy, so the mapping's pages leave
     the process once it is dropped."""

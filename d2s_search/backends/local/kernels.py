@@ -427,7 +427,7 @@ def merge_top(candidates: list[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[
     """Merge per-shard (global rows, scores) lists into the global top-k, ties by row."""
     if not candidates:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-    if _c_hits is not None and k > 0 and type(candidates) is list:  # a k-way merge in C (0.02 against 0.07 ms cold for two shards' top 10)
+    if _c_hits is not None and k > 0 and type(candidates) is list:  # a k-way merge in C (a 123k sparse k=10 search: 0.99 -> 0.88 ms cold)
         rows, scores = np.empty(k, dtype=np.int64), np.empty(k, dtype=np.float32)
         n = _c_hits.merge(candidates, k, rows, scores)
         if n >= 0:
