@@ -81,6 +81,20 @@ def build_index(path: Path, n_docs: int, seed: int = 0) -> tuple[LocalBackend, d
                      "build_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
 
 
+def benchmark_queries(n: int) -> list[QueryVectors]:
+    """The benchmark's n queries (fixed seeds): 10-40 Zipf-drawn terms, a dense vector each."""
+    rng = np.random.default_rng(99)
+    queries = []
+    for ids, ws in sample_vectors(n, 10, 40, zipf_probabilities(seed=0), seed=12345):
+        full = {TERMS[t]: float(w) for t, w in zip(ids.tolist(), ws.tolist())}
+        # The query's own words: about a third of its terms, as a BLIP query of ~10 tokens.
+        own_n = max(3, len(ids) // 3)
+        own_ids = rng.choice(ids, size=min(own_n, len(ids)), replace=False)
+        own = {TERMS[t]: full[TERMS[t]] for t in own_ids.tolist()}
+        queries.append(QueryVectors(full=full, own=own, dense=dense_vectors(1, DIM, seed=int(rng.integers(1 << 30)))[0]))
+    return queries
+
+
 def percentiles(samples: list[float]) -> dict:
     arr = np.asarray(samples) * 1000
     return {"p50_ms": round(float(np.percentile(arr, 50)), 3), "p99_ms": round(float(np.percentile(arr, 99)), 3)}
@@ -190,17 +204,7 @@ def main() -> None:
     state = backend._search_state()  # open the search structures (memory-mapped)
     load_s = time.perf_counter() - t0
 
-    probs = zipf_probabilities(seed=0)
-    rng = np.random.default_rng(99)
-    raw = sample_vectors(args.queries, 10, 40, probs, seed=12345)
-    queries = []
-    for ids, ws in raw:
-        full = {TERMS[t]: float(w) for t, w in zip(ids.tolist(), ws.tolist())}
-        # The query's own words: about a third of its terms, as a BLIP query of ~10 tokens.
-        own_n = max(3, len(ids) // 3)
-        own_ids = rng.choice(ids, size=min(own_n, len(ids)), replace=False)
-        own = {TERMS[t]: full[TERMS[t]] for t in own_ids.tolist()}
-        queries.append(QueryVectors(full=full, own=own, dense=dense_vectors(1, DIM, seed=int(rng.integers(1 << 30)))[0]))
+    queries = benchmark_queries(args.queries)
     assert all(q.full for q in queries)
 
     # References over one contiguous copy of everything (built outside the timings).

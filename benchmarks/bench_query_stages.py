@@ -25,25 +25,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_local_backend import DIM, TERMS, build_index  # noqa: E402
-from benchmarks.synthetic import dense_vectors, sample_vectors, zipf_probabilities  # noqa: E402
+from benchmarks.bench_local_backend import benchmark_queries, build_index  # noqa: E402
 from d2s_search.backends.local import LocalBackend, graph, kernels  # noqa: E402
-from d2s_search.search import QueryVectors, SearchOptions, run_query  # noqa: E402
+from d2s_search.search import SearchOptions, run_query  # noqa: E402
 
 STAGES = ("_search_state", "_query_columns", "_sparse_top", "_dense_top", "_fused_hits", "_hits", "_explain")
 PLANS = (("sparse", 10, 0), ("sparse", 1000, 0), ("sparse", 1000, 5), ("dense", 10, 0), ("hybrid", 10, 5))
-
-
-def queries(n: int) -> list[QueryVectors]:
-    """The benchmark's queries (``bench_local_backend.py``: same seeds)."""
-    rng = np.random.default_rng(99)
-    out = []
-    for ids, ws in sample_vectors(n, 10, 40, zipf_probabilities(seed=0), seed=12345):
-        full = {TERMS[t]: float(w) for t, w in zip(ids.tolist(), ws.tolist())}
-        own_ids = rng.choice(ids, size=min(max(3, len(ids) // 3), len(ids)), replace=False)
-        own = {TERMS[t]: full[TERMS[t]] for t in own_ids.tolist()}
-        out.append(QueryVectors(full=full, own=own, dense=dense_vectors(1, DIM, seed=int(rng.integers(1 << 30)))[0]))
-    return out
 
 
 def timed(backend: LocalBackend) -> dict[str, float]:
@@ -77,7 +64,7 @@ def main() -> None:
     backend.open(None, create=False)
     backend._search_state()
     spent = timed(backend)
-    qs = queries(args.queries)
+    qs = benchmark_queries(args.queries)
     evict = np.zeros(64 << 20, np.float32)
     print(f"{args.docs} documents, {len(qs)} queries, one search thread; compiled kernel "
           f"{kernels.c_kernel_loaded()}, hit builder {kernels._c_hits is not None}, graph huge pages "

@@ -80,16 +80,10 @@ def test_compiled_hits_behave_as_hits(backend):
 
 
 def sources(strings: list[str], urls: dict[int, str] | None = None, start: int = 0):
-    def blob(texts):
-        encoded = [t.encode("utf-8", "surrogatepass") for t in texts]
-        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-        np.cumsum([len(b) for b in encoded], out=offsets[1:])
-        return np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets
-
     urls = urls or {}
-    ids, id_off = blob([f"id{i}" for i in range(len(strings))])
-    paths, path_off = blob(strings)
-    url_blob, url_off = blob([urls.get(i, "") for i in range(len(strings))])
+    ids, id_off = cache.string_arrays([f"id{i}" for i in range(len(strings))])
+    paths, path_off = cache.string_arrays(strings)
+    url_blob, url_off = cache.string_arrays([urls.get(i, "") for i in range(len(strings))])
     has_url = np.array([i in urls for i in range(len(strings))], dtype=np.bool_)
     return (start, len(strings), ids, id_off, paths, path_off, url_blob, url_off, has_url)
 

@@ -254,15 +254,12 @@ def test_merging_shards_ranks_by_score_then_row(seed):
 def test_strings_copied_out_in_one_block_equal_one_by_one():
     """The strided gather of the hits' strings: ASCII, UTF-8, a non-UTF-8 name kept as
     surrogates, empty strings, rows at the blob's very end; a lone long string falls back."""
-    from d2s_search.backends.local.cache import strided_strings
+    from d2s_search.backends.local.cache import strided_strings, string_arrays
 
     rng = np.random.default_rng(0)
     kinds = ["/photos/{}.jpg", "/é/ß{}.jpg", "", "/raw/\udcff{}.jpg", "日本/{}.png", "x"]
     texts = [kinds[i % len(kinds)].format(i) for i in range(400)]
-    encoded = [t.encode("utf-8", "surrogatepass") for t in texts]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum([len(b) for b in encoded], out=offsets[1:])
-    blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    blob, offsets = string_arrays(texts)
     for rows in (np.array([399, 0, 398, 2]), rng.choice(400, size=150, replace=False), np.arange(400)):
         got = strided_strings(blob, offsets[rows], offsets[rows + 1] - offsets[rows])
         assert got == [texts[r] for r in rows]

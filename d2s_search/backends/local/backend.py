@@ -910,7 +910,7 @@ class LocalBackend:
         shard_of = rows // state.shard_rows
         terms = self._terms
         known = len(terms)
-        names = None
+        names = names_array = None
         for j in sorted(set(shard_of.tolist())):
             shard = state.shards[j]
             a = shard.arrays
@@ -929,7 +929,8 @@ class LocalBackend:
                 kernels._c_hits.explained(out, picked, names, np.ascontiguousarray(slots, dtype=np.int64),
                                           np.ascontiguousarray(values, dtype=np.float32))
                 continue
-            names_array = np.asarray(names, dtype=object)
+            if names_array is None:
+                names_array = np.asarray(names, dtype=object)
             counts = (values > 0).sum(axis=1).tolist()
             for i, row_names, row_values, count in zip(picked.tolist(), names_array[slots].tolist(), values.tolist(), counts):
                 out[i] = list(zip(row_names[:count], row_values[:count]))
