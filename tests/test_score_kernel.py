@@ -329,3 +329,57 @@ def test_a_query_column_given_twice_is_explained_as_the_numpy_path_does():
     cols, weights = np.array([5, 3, 5], dtype=np.int64), np.array([1.0, 0.5, 4.0], dtype=np.float32)
     got = kernels.explain_rows(indptr, indices, data, np.array([0]), cols, weights, 3)
     assert got == numpy_explain(indptr, indices, data, np.array([0]), cols, weights, 3) == [[(5, 2.0), (3, 0.5)]]
+
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_explanation_slots_read_row_wise_equal_the_numpy_path_through_the_lists(seed):
+    """Many hits' words as slots and values: read in C from the rows' own postings (each column
+    looked up in a table of the query's) they equal numpy's searches through the query's lists,
+    dense columns included: the same slots and float32 products in the same order (ties by slot,
+    then the zero-valued slots in order), for rows in any order, n above the query's length, and
+    terms newer than the shard."""
+    rng = np.random.default_rng(seed)
+    rows, n_cols = int(rng.integers(200, 3000)), 60
+    indptr, indices, data = random_shard(rng, rows, n_cols, per_row=int(rng.integers(3, 15)))
+    indices = indices.astype(np.uint16)  # the cache's in-shard ids
+    terms, columns = dense_columns(indptr, indices, data, rows)
+    assert terms.size
+    csr = row_wise(indptr, indices, data, rows)
+    for _ in range(8):
+        cols = np.sort(rng.choice(n_cols + 5, size=int(rng.integers(1, 30)), replace=False)).astype(np.int64)
+        weights = rng.choice([0.5, 1.0, 0.3, 2.0], size=cols.size).astype(np.float32)
+        picked = rng.choice(rows, size=int(rng.integers(1, min(rows, 700))), replace=False)
+        for n in (1, 5, 40):
+            got = kernels.explain_slots(*csr, picked, cols, weights, n)
+            assert got is not None  # the compiled call took these arrays
+            for extra in ((None, None), (terms, columns)):
+                want = kernels.explain_by_postings(indptr, indices, data, picked, cols, weights, n, *extra)
+                assert got[0].shape == want[0].shape == (picked.size, min(n, cols.size))
+                assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert np.any(got[1] > 0)
+
+
+def test_explanation_slots_by_hand_and_damage():
+    # row 0: terms 2 (0.5), 7 (1.0), 9 (2.0); row 1: term 7 (0.25); row 2: nothing
+    indptr = np.array([0, 3, 4, 4], dtype=np.int64)
+    indices = np.array([2, 7, 9, 7], dtype=np.int32)
+    data = kernels.encode_weights(np.array([0.5, 1.0, 2.0, 0.25], dtype=np.float32))
+    cols, weights = np.array([2, 7, 9, 11], dtype=np.int64), np.array([2.0, 1.0, 0.5, 1.0], dtype=np.float32)
+    slots, values = kernels.explain_slots(indptr, indices, data, np.array([0, 2, 1]), cols, weights, 3)
+    # row 0: 2 -> 2.0*0.5 = 1.0, 7 -> 1.0, 9 -> 0.5*2.0 = 1.0: a three-way tie in slot order;
+    # row 2: nothing, the first three slots at zero; row 1: 7 -> 0.25, then slots 0 and 2 at zero
+    assert slots.tolist() == [[0, 1, 2], [0, 1, 2], [1, 0, 2]]
+    assert values.tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.25, 0.0, 0.0]]
+    broken = indptr.copy()
+    broken[2] = 99  # row 1's end past the postings
+    with pytest.raises(kernels.DamagedArrays):
+        kernels.explain_slots(broken, indices, data, np.array([1]), cols, weights, 2)
+    with pytest.raises(kernels.DamagedArrays):
+        kernels.explain_slots(indptr, indices, data, np.array([3]), cols, weights, 2)  # no such row
+    # columns out of order or given twice, ids of another type, a weight numpy sorts elsewhere: not taken
+    assert kernels.explain_slots(indptr, indices, data, np.array([0]), cols[::-1].copy(), weights, 2) is None
+    assert kernels.explain_slots(indptr, indices, data, np.array([0]), np.array([2, 2]), weights[:2], 2) is None
+    assert kernels.explain_slots(indptr, indices.astype(np.int64), data, np.array([0]), cols, weights, 2) is None
+    assert kernels.explain_slots(indptr, indices, data, np.array([0]), cols,
+                                 np.array([2.0, np.nan, 1.0, 1.0], dtype=np.float32), 2) is None

@@ -319,7 +319,8 @@ def test_hybrid_fused_on_arrays_equals_the_client_fusion(tmp_path, monkeypatch):
 
 def test_many_hits_explained_from_postings_across_shards(tmp_path, monkeypatch):
     """Through the backend: hits explained from the query's posting lists (forced for any
-    count) carry exactly the explanations read from their rows, across shards."""
+    count) carry exactly the explanations read from their rows, across shards, and so do those
+    the compiled kernel reads through its table of the query's columns."""
     from d2s_search.backends.local import backend as backend_mod
 
     monkeypatch.setattr(cache, "SHARD_ROWS", 16)
@@ -327,14 +328,19 @@ def test_many_hits_explained_from_postings_across_shards(tmp_path, monkeypatch):
     backend = LocalBackend(tmp_path / "idx")
     backend.open(IDENTITY)
     backend.upsert(docs)
+    compiled = kernels.explain_slots
     for q in queries(6):
         for n in (1, 5, 100):
+            monkeypatch.setattr(kernels, "explain_slots", lambda *args: None)  # the paths without the table
             monkeypatch.setattr(backend_mod, "EXPLAIN_BY_POSTINGS_FROM", 10**9)
             rows_ = backend.sparse_search(q.full, 100, explain=n)
             monkeypatch.setattr(backend_mod, "EXPLAIN_BY_POSTINGS_FROM", 1)
             postings = backend.sparse_search(q.full, 100, explain=n)
             assert [(h.id, h.matched) for h in postings] == [(h.id, h.matched) for h in rows_]
             assert any(h.matched for h in postings)
+            monkeypatch.setattr(kernels, "explain_slots", compiled)
+            table = backend.sparse_search(q.full, 100, explain=n)
+            assert [(h.id, h.matched) for h in table] == [(h.id, h.matched) for h in rows_]
 
 
 @pytest.mark.parametrize("id_type", [np.int32, np.uint16])

@@ -12,6 +12,7 @@
  * bounds: a bad posting is skipped and counted, and the caller treats a count as damage.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* A stored 16-bit weight back to the float32 it stands for (exact: bits << 15). */
@@ -300,5 +301,92 @@ D2S_EXPORT int64_t d2s_explain_rows(const int64_t *indptr, int64_t n_rows, const
         }
         counts[i] = have;
     }
+    return bad;
+}
+
+/* kernels.explain_by_postings's result read from the rows' own postings (row-wise, CSR), in one
+ * call per shard: for each of the n_sel given rows, the m largest products query weight *
+ * stored weight over the query's n_q terms, largest first, ties by query slot (qcols strictly
+ * ascending: by column), the remaining places filled with the zero-valued slots in slot order,
+ * as numpy's stable argsort leaves them. A row's columns are looked up in a table from column to
+ * query slot (built here, qcols[n_q - 1] + 1 entries), not searched for. out_slots / out_vals
+ * hold n_sel x m. Returns the number of rows skipped because a row id or its pointers were out
+ * of bounds (their places hold zeros), -1 when qcols is not strictly ascending (or too long for
+ * the table's 16-bit slots), -2 when the table cannot be allocated; nothing usable is written
+ * then. */
+
+#define PREFETCH_ROWS 8
+
+D2S_EXPORT int64_t d2s_explain_slots(const int64_t *indptr, int64_t n_rows, const int32_t *indices,
+                                     const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel,
+                                     const int64_t *qcols, const float *qweights, int64_t n_q, int64_t m,
+                                     int64_t *out_slots, float *out_vals) {
+    int64_t bad = 0;
+    if (n_q <= 0 || n_q > INT16_MAX || m <= 0 || m > n_q || qcols[0] < 0) return -1;
+    for (int64_t t = 1; t < n_q; t++)
+        if (qcols[t] <= qcols[t - 1]) return -1;
+    int64_t n_map = qcols[n_q - 1] + 1;
+    int16_t *slot_of = malloc((size_t)n_map * sizeof(int16_t));
+    if (!slot_of) return -2;
+    memset(slot_of, 0xff, (size_t)n_map * sizeof(int16_t)); /* -1: not a query term */
+    for (int64_t t = 0; t < n_q; t++) slot_of[qcols[t]] = (int16_t)t;
+    for (int64_t i = 0; i < n_sel; i++) {
+        int64_t *slots = out_slots + i * m;
+        float *vals = out_vals + i * m;
+        int64_t have = 0, row = rows[i];
+        /* The rows lie anywhere in the shard: their postings are asked for ahead, so that many
+         * cache misses are in flight at once (reading them one by one waits on each). */
+        if (i + PREFETCH_ROWS < n_sel) {
+            int64_t ahead = rows[i + PREFETCH_ROWS];
+            if (ahead >= 0 && ahead < n_rows) {
+                int64_t lo = indptr[ahead], hi = indptr[ahead + 1];
+                if (lo >= 0 && lo <= hi && hi <= nnz) {
+                    for (int64_t q = lo; q < hi; q += 16) __builtin_prefetch(indices + q);
+                    for (int64_t q = lo; q < hi; q += 32) __builtin_prefetch(data + q);
+                }
+            }
+        }
+        if (i + 2 * PREFETCH_ROWS < n_sel) {
+            int64_t later = rows[i + 2 * PREFETCH_ROWS];
+            if (later >= 0 && later < n_rows) __builtin_prefetch(indptr + later);
+        }
+        if (row < 0 || row >= n_rows || indptr[row] < 0 || indptr[row] > indptr[row + 1] || indptr[row + 1] > nnz) {
+            bad++;
+            for (int64_t j = 0; j < m; j++) {
+                slots[j] = j;
+                vals[j] = 0.0f;
+            }
+            continue;
+        }
+        for (int64_t p = indptr[row]; p < indptr[row + 1]; p++) {
+            uint64_t col = (uint64_t)(uint32_t)indices[p];
+            if (col >= (uint64_t)n_map || slot_of[col] < 0) continue;
+            int64_t t = slot_of[col];
+            float value = qweights[t] * decode_weight(data[p]);
+            if (!(value > 0.0f)) continue; /* zeros are placed below, in slot order */
+            int64_t at = have; /* larger value first, then smaller slot */
+            while (at > 0 && (vals[at - 1] < value || (vals[at - 1] == value && slots[at - 1] > t))) at--;
+            if (at >= m) continue;
+            int64_t last = have < m ? have : m - 1;
+            for (int64_t j = last; j > at; j--) {
+                slots[j] = slots[j - 1];
+                vals[j] = vals[j - 1];
+            }
+            slots[at] = t;
+            vals[at] = value;
+            if (have < m) have++;
+        }
+        /* the rest: the smallest slots without a positive value, ascending (fewer than m positives
+         * means every positive one is among the have placed) */
+        for (int64_t t = 0, filled = have; filled < m && t < n_q; t++) {
+            int taken = 0;
+            for (int64_t j = 0; j < have; j++) taken |= slots[j] == t;
+            if (taken) continue;
+            slots[filled] = t;
+            vals[filled] = 0.0f;
+            filled++;
+        }
+    }
+    free(slot_of);
     return bad;
 }

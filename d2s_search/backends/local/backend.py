@@ -47,8 +47,9 @@ APPROXIMATE_DENSE_FROM = 100_000
 # asks 10,000 candidates) is a scan of the shard's vectors: faster there, and exact
 # (65,536 rows, one thread: graph 0.5 ms at k=100, 5 ms at 1,000, 16 ms at 2,000; scan 3-8 ms).
 GRAPH_K_SHARE = 1 / 48
-# Explanations of this many hits of a shard or more are read from the query's posting lists
-# (one binary search per term) rather than from each hit's own postings.
+# Without the compiled kernel's table lookup (kernels.explain_slots), explanations of this many
+# hits of a shard or more are read from the query's posting lists (one binary search per term)
+# rather than from each hit's own postings.
 EXPLAIN_BY_POSTINGS_FROM = 64
 # Up to this many hits, their strings are read row by row (10 hits at 123k: 22 against 47 us).
 FEW_HITS = 16
@@ -902,7 +903,8 @@ class LocalBackend:
 
     def _explain(self, state: Structures, rows: np.ndarray, query: SparseVector | QueryColumns, n: int) -> list[list[tuple[str, float]]]:
         """The n terms contributing most to each row's sparse score, largest first (ties by
-        term id). Few rows: read from their own postings; many: from the query's lists."""
+        term id). Compiled: read from the rows' own postings, each column looked up in a table of
+        the query's. Otherwise few rows from their own postings, many from the query's lists."""
         cols, weights = self._query_columns(query)
         out: list[list[tuple[str, float]]] = [[] for _ in rows.tolist()]
         if cols.size == 0 or n <= 0:
@@ -916,15 +918,17 @@ class LocalBackend:
             a = shard.arrays
             picked = np.flatnonzero(shard_of == j)
             local = rows[picked] - shard.start
-            if picked.size < EXPLAIN_BY_POSTINGS_FROM:
-                explained = kernels.explain_rows(a["csr_indptr"], a["csr_indices"], a["csr_data"], local, cols, weights, n)
-                for i, pairs in zip(picked.tolist(), explained):
+            explained = kernels.explain_slots(a["csr_indptr"], a["csr_indices"], a["csr_data"], local, cols, weights, n)
+            if explained is None and picked.size < EXPLAIN_BY_POSTINGS_FROM:
+                pairs_of = kernels.explain_rows(a["csr_indptr"], a["csr_indices"], a["csr_data"], local, cols, weights, n)
+                for i, pairs in zip(picked.tolist(), pairs_of):
                     out[i] = [(terms[c], v) for c, v in pairs if c < known]
                 continue
             if names is None:
                 names = tuple(terms[c] if c < known else "" for c in cols.tolist())
-            slots, values = kernels.explain_by_postings(a["csc_indptr"], a["csc_indices"], a["csc_data"], local,
-                                                        cols, weights, n, a.get("dense_terms"), a.get("dense_columns"))
+            slots, values = explained if explained is not None else kernels.explain_by_postings(
+                a["csc_indptr"], a["csc_indices"], a["csc_data"], local, cols, weights, n, a.get("dense_terms"),
+                a.get("dense_columns"))
             if kernels._c_hits is not None:  # the lists made in C (1,000 hits' words: 2.1 against 3.5 ms warm)
                 kernels._c_hits.explained(out, picked, names, np.ascontiguousarray(slots, dtype=np.int64),
                                           np.ascontiguousarray(values, dtype=np.float32))
