@@ -92,6 +92,8 @@ class LocalBackend:
         self._term_ids: dict[str, int] = {}
         self._structures_cache: Structures | None = None
         self._seen_version: tuple | None = None
+        self._commits: store.CommitSignal | None = None  # the WAL-index header of self._db's database
+        self._seen_header: bytes | None = None  # its bytes when _seen_version was read
         self._write_checked = False
         self._warned: set[str] = set()
         self.identity: IndexIdentity | None = None
@@ -123,6 +125,7 @@ class LocalBackend:
             self.path.mkdir(parents=True, exist_ok=True)
         db = store.connect(self.db_path)
         self._db = db
+        self._commits = store.CommitSignal(self.db_path)
         if new:
             try:
                 with Transaction(db):
@@ -215,6 +218,9 @@ class LocalBackend:
         if self._db is not None:
             self._db.close()
             self._db = None
+        if self._commits is not None:
+            self._commits.close()
+            self._commits = None
         self._structures_cache = None
         self._seen_version = None
 
@@ -447,10 +453,18 @@ class LocalBackend:
     def _search_state(self) -> Structures:
         """The search structures of the current generation (loaded, extended or rebuilt)."""
         db = self._connect(False)
+        # No commit by anyone since the last check (the WAL-index header unchanged, read before
+        # asking SQLite) and none of this connection's own changes: nothing to look up.
+        header = self._commits.read() if self._commits is not None else None
+        current = self._structures_cache
+        seen = self._seen_version
+        if current is not None and seen is not None and header is not None and header == self._seen_header \
+                and db.total_changes == seen[1]:
+            return current
         try:
             version = (db.execute("PRAGMA data_version").fetchone()[0], db.total_changes)
-            current = self._structures_cache
-            if current is not None and version == self._seen_version:
+            if current is not None and version == seen:
+                self._seen_header = header
                 return current
             meta = self._meta()
             index_id, generation = meta.get("index_id", ""), int(meta.get("generation", "0"))
@@ -460,7 +474,7 @@ class LocalBackend:
                 current = self._refresh(current, index_id, generation, mutations)
         except sqlite3.DatabaseError as exc:
             raise store.damaged(self.db_path, exc) from None
-        self._structures_cache, self._seen_version = current, version
+        self._structures_cache, self._seen_version, self._seen_header = current, version, header
         return current
 
     def _refresh(self, current: Structures | None, index_id: str, generation: int, mutations: int) -> Structures:

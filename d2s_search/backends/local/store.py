@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 from ...errors import IndexStoreError
+from ...regular_files import NotRegularFile, open_regular
 
 FORMAT = "d2s-local/1"
 DB_NAME = "index.sqlite"
@@ -64,6 +65,50 @@ def connect(db_path: Path) -> sqlite3.Connection:
     except sqlite3.DatabaseError as exc:
         raise IndexStoreError(f"{db_path} is not a usable index: {exc}") from None
     return db
+
+
+class CommitSignal:
+    """Whether any connection may have committed since a moment, read without SQLite: the
+    WAL-index header at the start of ``<db>-shm`` (WAL mode). SQLite rewrites it with every
+    commit of any connection (``iChange`` counts them), the second of its two copies first,
+    then a barrier, then the first, and its own readers trust the header only when both
+    copies agree (sqlite/sqlite ``src/wal.c``: ``walIndexWriteHdr``, ``walIndexTryHdr``).
+    Unchanged bytes therefore mean no commit since they were read; anything else (copies
+    that differ, no file yet, a read error) is answered with None, and the caller asks SQLite.
+    Cold, one ``pread`` takes 0.02 ms where ``PRAGMA data_version`` takes 0.09
+    (docs/benchmarks.md "Session 18"). Close it with the connection whose file it reads."""
+
+    HEADER = 48  # sizeof(WalIndexHdr); the two copies lie back to back
+
+    def __init__(self, db_path: Path) -> None:
+        self.path = Path(f"{db_path}-shm")
+        self._fd: int | None = None
+        self._refused = False  # the path holds something other than a regular file
+
+    def read(self) -> bytes | None:
+        if self._fd is None:
+            if self._refused:
+                return None
+            try:
+                with open_regular(self.path) as fh:  # the checks; the descriptor is kept
+                    self._fd = os.dup(fh.fileno())
+            except NotRegularFile:
+                self._refused = True
+                return None
+            except OSError:  # not there yet (no reader has opened the WAL), or unreadable
+                return None
+        try:
+            data = os.pread(self._fd, 2 * self.HEADER, 0)
+        except OSError:
+            return None
+        if len(data) < 2 * self.HEADER or data[: self.HEADER] != data[self.HEADER :]:
+            return None  # being written, or not a WAL index
+        return data[: self.HEADER]
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def quick_check(db: sqlite3.Connection) -> list[str]:
