@@ -87,7 +87,7 @@ class CommitSignal:
 
     def read(self) -> bytes | None:
         if self._fd is None:
-            if self._refused:
+            if self._refused or not hasattr(os, "pread"):  # no pread (Windows): SQLite is asked
                 return None
             try:
                 with open_regular(self.path) as fh:  # the checks; the descriptor is kept
