@@ -314,12 +314,17 @@ def test_explanations_by_hand_and_damaged_rows():
     got = kernels.explain_rows(indptr, indices, data, np.array([0, 1, 2]), cols, weights, 2)
     # row 0: 9 -> 0.5*2.0 = 1.0, 2 -> 2.0*0.5 = 1.0, 7 -> 1.0: a three-way tie, the smaller columns first
     assert got == [[(2, 1.0), (7, 1.0)], [(7, 0.25)], []]
+    assert_damaged_rows_refused(kernels.explain_rows, indptr, indices, data, cols, weights)
+
+
+def assert_damaged_rows_refused(explain, indptr, indices, data, cols, weights):
+    """Row 1's end moved past the postings, and a row past the shard (of 3): DamagedArrays."""
     broken = indptr.copy()
-    broken[2] = 99  # row 1's end past the postings
+    broken[2] = 99
     with pytest.raises(kernels.DamagedArrays):
-        kernels.explain_rows(broken, indices, data, np.array([1]), cols, weights, 2)
+        explain(broken, indices, data, np.array([1]), cols, weights, 2)
     with pytest.raises(kernels.DamagedArrays):
-        kernels.explain_rows(indptr, indices, data, np.array([3]), cols, weights, 2)  # no such row
+        explain(indptr, indices, data, np.array([3]), cols, weights, 2)
 
 
 def test_a_query_column_given_twice_is_explained_as_the_numpy_path_does():
@@ -371,12 +376,7 @@ def test_explanation_slots_by_hand_and_damage():
     # row 2: nothing, the first three slots at zero; row 1: 7 -> 0.25, then slots 0 and 2 at zero
     assert slots.tolist() == [[0, 1, 2], [0, 1, 2], [1, 0, 2]]
     assert values.tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.25, 0.0, 0.0]]
-    broken = indptr.copy()
-    broken[2] = 99  # row 1's end past the postings
-    with pytest.raises(kernels.DamagedArrays):
-        kernels.explain_slots(broken, indices, data, np.array([1]), cols, weights, 2)
-    with pytest.raises(kernels.DamagedArrays):
-        kernels.explain_slots(indptr, indices, data, np.array([3]), cols, weights, 2)  # no such row
+    assert_damaged_rows_refused(kernels.explain_slots, indptr, indices, data, cols, weights)
     # columns out of order or given twice, ids of another type, a weight numpy sorts elsewhere: not taken
     assert kernels.explain_slots(indptr, indices, data, np.array([0]), cols[::-1].copy(), weights, 2) is None
     assert kernels.explain_slots(indptr, indices, data, np.array([0]), np.array([2, 2]), weights[:2], 2) is None

@@ -254,6 +254,22 @@ D2S_EXPORT int64_t d2s_top_large(const float *scores, int64_t n_rows, int64_t k,
     return n;
 }
 
+/* Put (key, value) into a row's best n, kept ordered: larger value first, then smaller key;
+ * *have counts the places filled (at most n). */
+static inline void keep_best(int64_t *keys, float *vals, int64_t *have, int64_t n, int64_t key, float value) {
+    int64_t at = *have;
+    while (at > 0 && (vals[at - 1] < value || (vals[at - 1] == value && keys[at - 1] > key))) at--;
+    if (at >= n) return;
+    int64_t last = *have < n ? *have : n - 1;
+    for (int64_t j = last; j > at; j--) {
+        keys[j] = keys[j - 1];
+        vals[j] = vals[j - 1];
+    }
+    keys[at] = key;
+    vals[at] = value;
+    if (*have < n) (*have)++;
+}
+
 /* Why rows matched: for each of the n_sel given rows of a row-wise (CSR) shard, its n largest
  * products query weight * stored weight over the terms it shares with the query, largest
  * first, ties by column: kernels.explain_rows's numpy path, product for product (one float32
@@ -285,19 +301,7 @@ D2S_EXPORT int64_t d2s_explain_rows(const int64_t *indptr, int64_t n_rows, const
             }
             if (lo == n_q || qcols[lo] != col) continue;
             float value = qweights[lo] * decode_weight(data[p]);
-            if (!(value > 0.0f)) continue;
-            /* insert into the row's best n, kept ordered: larger value first, then smaller column */
-            int64_t at = have;
-            while (at > 0 && (vals[at - 1] < value || (vals[at - 1] == value && cols[at - 1] > col))) at--;
-            if (at >= n) continue;
-            int64_t last = have < n ? have : n - 1;
-            for (int64_t j = last; j > at; j--) {
-                cols[j] = cols[j - 1];
-                vals[j] = vals[j - 1];
-            }
-            cols[at] = col;
-            vals[at] = value;
-            if (have < n) have++;
+            if (value > 0.0f) keep_best(cols, vals, &have, n, col, value);
         }
         counts[i] = have;
     }
@@ -363,18 +367,7 @@ D2S_EXPORT int64_t d2s_explain_slots(const int64_t *indptr, int64_t n_rows, cons
             if (col >= (uint64_t)n_map || slot_of[col] < 0) continue;
             int64_t t = slot_of[col];
             float value = qweights[t] * decode_weight(data[p]);
-            if (!(value > 0.0f)) continue; /* zeros are placed below, in slot order */
-            int64_t at = have; /* larger value first, then smaller slot */
-            while (at > 0 && (vals[at - 1] < value || (vals[at - 1] == value && slots[at - 1] > t))) at--;
-            if (at >= m) continue;
-            int64_t last = have < m ? have : m - 1;
-            for (int64_t j = last; j > at; j--) {
-                slots[j] = slots[j - 1];
-                vals[j] = vals[j - 1];
-            }
-            slots[at] = t;
-            vals[at] = value;
-            if (have < m) have++;
+            if (value > 0.0f) keep_best(slots, vals, &have, m, t, value); /* zeros are placed below, in slot order */
         }
         /* the rest: the smallest slots without a positive value, ascending (fewer than m positives
          * means every positive one is among the have placed) */

@@ -497,16 +497,23 @@ def explain_rows(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, rows
     return [pairs[bounds[i] : bounds[i + 1]] for i in range(rows.size)]
 
 
-def _explain_rows_c(indptr, indices, data, rows, query_cols, query_weights, n) -> list | None:
-    """:func:`explain_rows` in one C call per shard (a query's 10 hits: 58 against 111 us for
-    the numpy path), or None when the kernel is not built or the arrays do not suit it."""
+def _explain_inputs(indptr, indices, data, rows, query_cols, query_weights):
+    """(rows, columns, weights) as the compiled explanations of a row-wise shard read them, or
+    None when the kernel is not built or the shard's arrays do not suit it."""
     if _c_kernel is None or not _c_ready(indptr, np.int64, indices, np.int32, data, np.uint16):
         return None
     if indices.size != data.size:
         raise DamagedArrays("ids and weights differ in length")
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
-    qcols = np.ascontiguousarray(query_cols, dtype=np.int64)
-    qweights = np.ascontiguousarray(query_weights, dtype=np.float32)
+    return (np.ascontiguousarray(rows, dtype=np.int64), np.ascontiguousarray(query_cols, dtype=np.int64),
+            np.ascontiguousarray(query_weights, dtype=np.float32))
+
+def _explain_rows_c(indptr, indices, data, rows, query_cols, query_weights, n) -> list | None:
+    """:func:`explain_rows` in one C call per shard (a query's 10 hits: 58 against 111 us for
+    the numpy path), or None when the kernel is not built or the arrays do not suit it."""
+    inputs = _explain_inputs(indptr, indices, data, rows, query_cols, query_weights)
+    if inputs is None:
+        return None
+    rows, qcols, qweights = inputs
     cols = np.empty((rows.size, n), dtype=np.int64)
     values = np.empty((rows.size, n), dtype=np.float32)
     counts = np.empty(rows.size, dtype=np.int64)
@@ -571,19 +578,17 @@ def explain_slots(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, row
                   query_cols: np.ndarray, query_weights: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray] | None:
     """:func:`explain_by_postings`'s result (slots and values, zero-filled) read by the C kernel
     from the rows' own postings (a row-wise CSR shard), each row's columns looked up in a table
-    of the query's: the 1,000 hits of a k=1000 search, warm, in ~0.1 ms against 1.4 for numpy's
-    searches through the query's lists (docs/benchmarks.md "Session 18"). None when the kernel is
+    of the query's, the next rows' postings fetched ahead: the ~500 hits a shard holds of a k=1000
+    search, warm, in 0.30 ms against 0.80 for numpy's searches through the query's lists
+    (docs/benchmarks.md "Session 18"). None when the kernel is
     not built or the arrays do not suit it (the caller then uses :func:`explain_by_postings`).
     ``query_cols`` strictly ascending; weights finite (numpy's sort places a NaN elsewhere)."""
-    if _c_kernel is None or rows.size == 0 or query_cols.size == 0 or n <= 0:
+    if rows.size == 0 or query_cols.size == 0 or n <= 0 or not np.all(np.isfinite(query_weights)):
         return None
-    if not (_c_ready(indptr, np.int64, indices, np.int32, data, np.uint16) and np.all(np.isfinite(query_weights))):
+    inputs = _explain_inputs(indptr, indices, data, rows, query_cols, query_weights)
+    if inputs is None:
         return None
-    if indices.size != data.size:
-        raise DamagedArrays("ids and weights differ in length")
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
-    qcols = np.ascontiguousarray(query_cols, dtype=np.int64)
-    qweights = np.ascontiguousarray(query_weights, dtype=np.float32)
+    rows, qcols, qweights = inputs
     m = min(n, qcols.size)
     slots = np.empty((rows.size, m), dtype=np.int64)
     values = np.empty((rows.size, m), dtype=np.float32)
