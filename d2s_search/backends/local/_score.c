@@ -316,10 +316,11 @@ D2S_EXPORT int64_t d2s_explain_rows(const int64_t *indptr, int64_t n_rows, const
  * query slot (built here, qcols[n_q - 1] + 1 entries), not searched for. out_slots / out_vals
  * hold n_sel x m. Returns the number of rows skipped because a row id or its pointers were out
  * of bounds (their places hold zeros), -1 when qcols is not strictly ascending (or too long for
- * the table's 16-bit slots), -2 when the table cannot be allocated; nothing usable is written
+ * the table's 16-bit slots, or a column past MAX_TABLE_COLUMNS), -2 when the table cannot be allocated; nothing usable is written
  * then. */
 
 #define PREFETCH_ROWS 8
+#define MAX_TABLE_COLUMNS (1 << 24)
 
 D2S_EXPORT int64_t d2s_explain_slots(const int64_t *indptr, int64_t n_rows, const int32_t *indices,
                                      const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel,
@@ -330,6 +331,7 @@ D2S_EXPORT int64_t d2s_explain_slots(const int64_t *indptr, int64_t n_rows, cons
     for (int64_t t = 1; t < n_q; t++)
         if (qcols[t] <= qcols[t - 1]) return -1;
     int64_t n_map = qcols[n_q - 1] + 1;
+    if (n_map > MAX_TABLE_COLUMNS) return -1; /* no vocabulary is that large: a table not worth its memory */
     int16_t *slot_of = malloc((size_t)n_map * sizeof(int16_t));
     if (!slot_of) return -2;
     memset(slot_of, 0xff, (size_t)n_map * sizeof(int16_t)); /* -1: not a query term */
