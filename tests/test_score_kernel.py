@@ -377,11 +377,12 @@ def test_explanation_slots_by_hand_and_damage():
     assert slots.tolist() == [[0, 1, 2], [0, 1, 2], [1, 0, 2]]
     assert values.tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.25, 0.0, 0.0]]
     assert_damaged_rows_refused(kernels.explain_slots, indptr, indices, data, cols, weights)
-    # columns out of order, given twice or past any vocabulary, ids of another type, a weight numpy
-    # sorts elsewhere: not taken
+    # columns out of order, given twice or past any vocabulary, ids of another type, a weight that is
+    # not finite and positive (numpy sorts its products elsewhere): not taken
     assert kernels.explain_slots(indptr, indices, data, np.array([0]), cols[::-1].copy(), weights, 2) is None
     assert kernels.explain_slots(indptr, indices, data, np.array([0]), np.array([2, 2]), weights[:2], 2) is None
     assert kernels.explain_slots(indptr, indices, data, np.array([0]), np.array([2, 1 << 40]), weights[:2], 2) is None
     assert kernels.explain_slots(indptr, indices.astype(np.int64), data, np.array([0]), cols, weights, 2) is None
-    assert kernels.explain_slots(indptr, indices, data, np.array([0]), cols,
-                                 np.array([2.0, np.nan, 1.0, 1.0], dtype=np.float32), 2) is None
+    for odd in (np.nan, np.inf, -1.0):
+        assert kernels.explain_slots(indptr, indices, data, np.array([0]), cols,
+                                     np.array([2.0, odd, 1.0, 1.0], dtype=np.float32), 2) is None

@@ -308,6 +308,9 @@ D2S_EXPORT int64_t d2s_explain_rows(const int64_t *indptr, int64_t n_rows, const
     return bad;
 }
 
+#define PREFETCH_ROWS 8                /* rows whose postings are asked for ahead */
+#define MAX_TABLE_COLUMNS (1 << 24)     /* larger than any vocabulary */
+
 /* kernels.explain_by_postings's result read from the rows' own postings (row-wise, CSR), in one
  * call per shard: for each of the n_sel given rows, the m largest products query weight *
  * stored weight over the query's n_q terms, largest first, ties by query slot (qcols strictly
@@ -315,13 +318,9 @@ D2S_EXPORT int64_t d2s_explain_rows(const int64_t *indptr, int64_t n_rows, const
  * as numpy's stable argsort leaves them. A row's columns are looked up in a table from column to
  * query slot (built here, qcols[n_q - 1] + 1 entries), not searched for. out_slots / out_vals
  * hold n_sel x m. Returns the number of rows skipped because a row id or its pointers were out
- * of bounds (their places hold zeros), -1 when qcols is not strictly ascending (or too long for
- * the table's 16-bit slots, or a column past MAX_TABLE_COLUMNS), -2 when the table cannot be allocated; nothing usable is written
- * then. */
-
-#define PREFETCH_ROWS 8
-#define MAX_TABLE_COLUMNS (1 << 24)
-
+ * of bounds (their places hold zeros); -1 when qcols is not strictly ascending, too long for the
+ * table's 16-bit slots or holds a column past MAX_TABLE_COLUMNS, -2 when the table cannot be
+ * allocated (nothing usable is written then). */
 D2S_EXPORT int64_t d2s_explain_slots(const int64_t *indptr, int64_t n_rows, const int32_t *indices,
                                      const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel,
                                      const int64_t *qcols, const float *qweights, int64_t n_q, int64_t m,

@@ -582,8 +582,9 @@ def explain_slots(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, row
     search, warm, in 0.30 ms against 0.80 for numpy's searches through the query's lists
     (docs/benchmarks.md "Session 18"). None when the kernel is
     not built or the arrays do not suit it (the caller then uses :func:`explain_by_postings`).
-    ``query_cols`` strictly ascending; weights finite (numpy's sort places a NaN elsewhere)."""
-    if rows.size == 0 or query_cols.size == 0 or n <= 0 or not np.all(np.isfinite(query_weights)):
+    ``query_cols`` strictly ascending; weights finite and positive (numpy's sort places a NaN or a
+    negative product elsewhere)."""
+    if rows.size == 0 or query_cols.size == 0 or n <= 0 or not np.all(np.isfinite(query_weights) & (query_weights > 0)):
         return None
     inputs = _explain_inputs(indptr, indices, data, rows, query_cols, query_weights)
     if inputs is None:
