@@ -60,8 +60,8 @@ def kernel_path() -> str | None:
 
 
 def bind_kernel(path: str):
-    """(accumulate by id dtype, top-k, explain, top-k for a large k, explain as slots) of a build of ``_score.c``, their C signatures
-    declared for ctypes. OSError if it does not load, AttributeError if a function is missing
+    """(accumulate by id dtype, top-k, explain, top-k for a large k, explain as slots) of a build
+    of ``_score.c``, their C signatures declared for ctypes. OSError if it does not load, AttributeError if a function is missing
     (a build older than this file). The benchmarks bind other builds with it too."""
     import ctypes
 
@@ -244,17 +244,24 @@ def shard_top(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows:
         cand = np.empty(4 * n_rows if large else 2 * k, dtype=np.int32)  # as QueryScratch.heap
         rows = np.empty(k, dtype=np.int32)
         scores = np.empty(k, dtype=np.float32)
-        if large:
-            maxima = np.empty(n_rows // 4 + 1, dtype=np.float32)
-            n = _c_kernel[3](out.ctypes.data, n_rows, k, cand.ctypes.data, maxima.ctypes.data, rows.ctypes.data,
-                             scores.ctypes.data)
-        else:
-            n = _c_kernel[1](out.ctypes.data, n_rows, k, cand.ctypes.data, rows.ctypes.data, scores.ctypes.data)
+        maxima = np.empty(n_rows // 4 + 1 if large else 0, dtype=np.float32)
+        n = _top_c(out.ctypes.data, n_rows, k, large, cand.ctypes.data, maxima.ctypes.data, rows.ctypes.data,
+                   scores.ctypes.data)
         return rows[:n].astype(np.int64), scores[:n]
     accumulate(indptr, indices, data, n_rows, cols, weights, out, dense_terms, dense_columns, use_c=False)
     rows = top_rows(out[:n_rows], k)
     return rows, out[rows].copy()
 
+
+def _top_c(scores_p: int, n_rows: int, k: int, large: bool, cand_p: int, maxima_p: int, rows_p: int,
+           top_p: int) -> int:
+    """The compiled top k of a shard's scores into rows_p / top_p; how many. A large k (above
+    :data:`HEAP_K`): a strided bound, then the rows above it selected (``d2s_top_large``; the
+    heap is slower there; cand_p holds 4 * n_rows int32, maxima_p n_rows // 4 + 1 floats);
+    otherwise the heap (cand_p holds 2 * k int32)."""
+    if large:
+        return _c_kernel[3](scores_p, n_rows, k, cand_p, maxima_p, rows_p, top_p)
+    return _c_kernel[1](scores_p, n_rows, k, cand_p, rows_p, top_p)
 
 class QueryScratch:
     """One query's buffers for the compiled kernel, their addresses taken once: the columns and
@@ -326,12 +333,9 @@ class BoundShard:
                                None if slots is None else slots.ctypes.data, *self._dense, scores_p)
         if bad:
             raise DamagedArrays(f"{bad} postings point outside the shard")
-        k = max(0, min(query.k, self.n_rows))
         at = 4 * slot * query.width
-        if query.k > HEAP_K:  # a large k: a strided bound, then the rows above it selected (the heap is slower)
-            n = _c_kernel[3](scores_p, self.n_rows, k, heap_p, maxima_p, rows_p + at, top_p + at)
-        else:
-            n = _c_kernel[1](scores_p, self.n_rows, k, heap_p, rows_p + at, top_p + at)
+        n = _top_c(scores_p, self.n_rows, max(0, min(query.k, self.n_rows)), query.k > HEAP_K, heap_p, maxima_p,
+                   rows_p + at, top_p + at)
         return query.rows[slot, :n].astype(np.int64), query.top[slot, :n]
 
 
@@ -507,6 +511,7 @@ def _explain_inputs(indptr, indices, data, rows, query_cols, query_weights):
     return (np.ascontiguousarray(rows, dtype=np.int64), np.ascontiguousarray(query_cols, dtype=np.int64),
             np.ascontiguousarray(query_weights, dtype=np.float32))
 
+
 def _explain_rows_c(indptr, indices, data, rows, query_cols, query_weights, n) -> list | None:
     """:func:`explain_rows` in one C call per shard (a query's 10 hits: 58 against 111 us for
     the numpy path), or None when the kernel is not built or the arrays do not suit it."""
@@ -571,7 +576,6 @@ def explain_by_postings(indptr: np.ndarray, indices: np.ndarray, data: np.ndarra
     contrib = contrib.T[np.argsort(order)]  # back to the order of ``rows``
     best = np.argsort(-contrib, axis=1, kind="stable")[:, :n]
     return best, np.take_along_axis(contrib, best, axis=1)
-
 
 
 def explain_slots(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, rows: np.ndarray,
