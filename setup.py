@@ -20,6 +20,14 @@ setup(
             extra_compile_args=FLAGS,
             optional=True,
         ),
+        # A CPython extension: a sparse query's top k, with _score.c compiled in.
+        Extension(
+            "d2s_search.backends.local._query",
+            ["d2s_search/backends/local/_query.c"],
+            depends=["d2s_search/backends/local/_score.c"],
+            extra_compile_args=FLAGS,
+            optional=True,
+        ),
         # A CPython extension (imported, not loaded with ctypes): builds search hits.
         Extension(
             "d2s_search.backends.local._hits",

@@ -29,7 +29,7 @@ from benchmarks.bench_local_backend import benchmark_queries, build_index  # noq
 from d2s_search.backends.local import LocalBackend, graph, kernels  # noqa: E402
 from d2s_search.search import SearchOptions, run_query  # noqa: E402
 
-STAGES = ("_search_state", "_query_columns", "_sparse_top", "_dense_top", "_fused_hits", "_hits", "_explain")
+STAGES = ("_search_state", "_query_top", "_query_columns", "_sparse_top", "_dense_top", "_fused_hits", "_hits", "_explain")
 PLANS = (("sparse", 10, 0), ("sparse", 1000, 0), ("sparse", 1000, 5), ("dense", 10, 0), ("hybrid", 10, 5))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
@@ -121,7 +122,11 @@ def encode_image_query(encoder, image, top_k: int | None = None) -> QueryVectors
 
 
 def _top(vector: SparseVector, n: int) -> SparseVector:
-    return dict(sorted(vector.items(), key=lambda kv: (-kv[1], kv[0]))[:n])
+    """The n strongest terms, by weight then term: sorted by term, then stably by weight
+    (two sorts in C; a Python key per term cost 0.05 ms of a cold search)."""
+    items = sorted(vector.items())
+    items.sort(key=itemgetter(1), reverse=True)  # stable: equal weights stay in term order
+    return dict(items[:n])
 
 
 # --- plans -----------------------------------------------------------------------------

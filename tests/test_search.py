@@ -322,3 +322,17 @@ def test_weak_queries_say_so(searchable, tmp_path, tiny_blip_bundle, image_folde
     assert code == 0 and result["weak_query"] is True and result["unrecognised_words"] == ["qwertyuiop"]
     code, out, err = run_cli(["query", "a dog in a car", "--bundle", tiny_blip_bundle, "--index", index], capsys)
     assert code == 0 and "no word the model knows" not in err
+
+
+def test_query_terms_shown_are_the_strongest_by_weight_then_term():
+    """``SearchResult.query_terms``: the 50 strongest terms, equal weights in term order."""
+    import random
+
+    from d2s_search.search import _top
+
+    for seed in range(100):
+        r = random.Random(seed)
+        vector = {f"t{r.randrange(120)}": r.choice([0.5, 1.0, 2.0, r.random()]) for _ in range(r.randrange(0, 90))}
+        want = sorted(vector.items(), key=lambda kv: (-kv[1], kv[0]))[:50]
+        assert list(_top(vector, 50).items()) == want
+    assert list(_top({"b": 1.0, "a": 1.0, "c": 3.0}, 2).items()) == [("c", 3.0), ("a", 1.0)]

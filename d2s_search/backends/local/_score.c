@@ -23,10 +23,12 @@ static inline float decode_weight(uint16_t stored) {
     return value;
 }
 
+#ifndef D2S_EXPORT /* _query.c includes this file with its own (static) */
 #if defined(_WIN32)
 #define D2S_EXPORT __declspec(dllexport)
 #else
 #define D2S_EXPORT __attribute__((visibility("default")))
+#endif
 #endif
 
 typedef struct {

@@ -17,6 +17,7 @@ import os
 import shutil
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -96,6 +97,7 @@ class LocalBackend:
         self._seen_header: bytes | None = None  # its bytes when _seen_version was read
         self._write_checked = False
         self._warned: set[str] = set()
+        self._per_thread = threading.local()  # each search thread's kernels.QueryTop buffers
         self.identity: IndexIdentity | None = None
         self.last_fusion: str | None = None  # who fused the last hybrid search (run_query reports it)
 
@@ -625,12 +627,46 @@ class LocalBackend:
 
         return kernels.merge_top(self._by_shard_groups(tops, len(state.shards), SPARSE_PARALLEL_FROM), k)
 
+    def _query_top(self, state: Structures, query: SparseVector, k: int):
+        """(rows, scores, QueryColumns) of the exact sparse top k from ``_query.c`` in two calls
+        (kernels.QueryTop): what _query_columns and _sparse_top give, for a small k searched in
+        the calling thread. None when that path does not apply (not built, a large k, shards
+        searched in parallel, a shard the kernel does not take, a query not a dict of floats)."""
+        if kernels._c_query is None or not 0 < k <= kernels.HEAP_K or type(query) is not dict or not state.size:
+            return None
+        if self._n_groups(len(state.shards), SPARSE_PARALLEL_FROM) > 1:
+            return None
+        table = state.shard_table
+        if table is None:
+            for shard in state.shards:
+                self._validated(shard)
+            bound = [shard.bound_kernel() for shard in state.shards]
+            table = kernels.ShardTable(bound, [s.start for s in state.shards]) if all(bound) else False
+            state.shard_table = table
+        if table is False:
+            return None
+        top = getattr(self._per_thread, "query_top", None)
+        if top is None or not top.fits(table, len(query)):
+            top = self._per_thread.query_top = kernels.QueryTop(state.shard_rows, table.n_shards, len(query))
+        try:
+            found = top.run(table, query, self._term_ids, k)
+        except kernels.DamagedArrays as exc:  # the kernel's own bounds checks
+            self._damaged(exc)
+        if found is None:
+            return None
+        rows, scores, cols, weights = found
+        return rows, scores, QueryColumns(cols, weights)
+
+    def _n_groups(self, n_shards: int, parallel_from: int) -> int:
+        """How many groups of shards :meth:`_by_shard_groups` searches at once."""
+        return min(self.threads, n_shards) if n_shards >= parallel_from else 1
+
     def _by_shard_groups(self, fn, n_shards: int, parallel_from: int) -> list:
         """``fn(shard numbers)`` over contiguous groups of the shards, one group per search
         thread (the calling thread takes the first) when there are at least ``parallel_from``
         shards, its lists joined in shard order. Every group has finished before this returns
         or raises (they share the shards' buffers)."""
-        n_groups = min(self.threads, n_shards) if n_shards >= parallel_from else 1
+        n_groups = self._n_groups(n_shards, parallel_from)
         if n_groups <= 1:
             return fn(range(n_shards))
         import concurrent.futures  # here: 6 ms of imports a one-shard index (the CLI's usual case) never needs
@@ -682,8 +718,12 @@ class LocalBackend:
     @_db_errors
     def sparse_search(self, query: SparseVector, k: int, explain: int = 5) -> list[Hit]:
         def run(state: Structures) -> list[Hit]:
-            columns = self._query_columns(query)
-            rows, scores = self._sparse_top(state, columns, k)
+            found = self._query_top(state, query, k)
+            if found is not None:
+                rows, scores, columns = found
+            else:
+                columns = self._query_columns(query)
+                rows, scores = self._sparse_top(state, columns, k)
             return self._hits(state, rows, scores, columns, explain)
 
         return self._searching(run)

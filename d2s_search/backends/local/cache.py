@@ -263,6 +263,9 @@ class Structures:
     shard_rows: int  # every shard but the last holds exactly this many rows
     state_dir: Path | None = None  # None: in memory only (the cache could not be written)
     _hit_sources: tuple | None = field(default=None, repr=False, compare=False)
+    # kernels.ShardTable of every shard once validated and bound (False: a shard the kernel does
+    # not take), made by the backend's first small-k sparse search; the shards never change
+    shard_table: object = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:

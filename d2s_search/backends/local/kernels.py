@@ -104,8 +104,8 @@ def _load_c_kernel():
 _c_kernel = _load_c_kernel()
 
 
-def _load_c_hits():
-    """The compiled hit builder (``_hits.c``, built by ``pip install`` beside the kernel;
+def _load_c_module(name: str):
+    """A compiled CPython extension of this package (built by ``pip install`` beside the kernel;
     optional), or None; ``D2S_C_KERNEL=0`` turns it off with the kernel."""
     import os
 
@@ -114,12 +114,13 @@ def _load_c_hits():
     import importlib
 
     try:  # by name: "from . import _hits" would read as importing this package back
-        return importlib.import_module(__name__.rpartition(".")[0] + "._hits")
+        return importlib.import_module(__name__.rpartition(".")[0] + "." + name)
     except ImportError:
         return None
 
 
-_c_hits = _load_c_hits()
+_c_hits = _load_c_module("_hits")  # hits and their words (_hits.c)
+_c_query = _load_c_module("_query")  # a sparse query's top k in one call (_query.c, see QueryTop)
 
 
 def c_kernel_loaded() -> bool:
@@ -293,12 +294,13 @@ class BoundShard:
     (the addresses point into them); :meth:`bound_to` says whether they are still the shard's.
     Only for arrays :func:`check_postings` accepted (the kernel still checks every id)."""
 
-    __slots__ = ("_arrays", "_accumulate", "_fixed", "_slot_of", "_dense", "n_rows")
+    __slots__ = ("_arrays", "_accumulate", "_fixed", "_slot_of", "_dense", "n_rows", "id_bits")
 
     def __init__(self, accumulate, indptr, indices, data, n_rows, dense_terms, dense_columns):
         self._arrays = (indptr, indices, data, dense_terms, dense_columns)
         self._accumulate = accumulate
         self.n_rows = n_rows
+        self.id_bits = 8 * indices.dtype.itemsize
         self._fixed = (indptr.ctypes.data, indptr.size - 1, indices.ctypes.data, data.ctypes.data, indices.size, n_rows)
         has_dense = dense_terms is not None and dense_terms.size > 0
         self._slot_of = None  # column -> its row in dense_columns or -1 (one take per query, not a search)
@@ -337,6 +339,73 @@ class BoundShard:
         n = _top_c(scores_p, self.n_rows, max(0, min(query.k, self.n_rows)), query.k > HEAP_K, heap_p, maxima_p,
                    rows_p + at, top_p + at)
         return query.rows[slot, :n].astype(np.int64), query.top[slot, :n]
+
+
+class ShardTable:
+    """Every shard of a state bound to the kernel, as the table of int64 fields ``_query.top``
+    reads (one row of :data:`FIELDS` per shard, _query.c's enum in this order). It keeps the
+    shards' bound kernels (:class:`BoundShard`), and so their arrays, alive while the addresses are used."""
+
+    FIELDS = ("indptr", "n_cols", "indices", "data", "nnz", "n_rows", "id_bits", "slot_of", "slot_of_len",
+              "dense", "n_dense", "start")
+
+    def __init__(self, bound: list[BoundShard], starts: list[int]):
+        self._bound = bound
+        rows = []
+        for shard, start in zip(bound, starts):
+            slot_of, (dense_p, n_dense) = shard._slot_of, shard._dense
+            rows.append((*shard._fixed[:6], shard.id_bits, 0 if slot_of is None else slot_of.ctypes.data,
+                         0 if slot_of is None else slot_of.size, dense_p or 0, n_dense, start))
+        self.table = np.array(rows, dtype=np.int64).reshape(len(bound), len(self.FIELDS))
+        self.address = self.table.ctypes.data
+        self.n_shards = len(bound)
+        self.max_rows = max((shard.n_rows for shard in bound), default=0)
+
+
+class QueryTop:
+    """A sparse query's exact top k (k <= :data:`HEAP_K`) over a :class:`ShardTable` in two calls
+    of ``_query.c``: the query dict to sorted columns and weights, then every shard scored by
+    the kernel, its top k kept and the lists merged. The same columns, rows and scores as
+    ``backend._query_columns``, :func:`shard_top` per shard and :func:`merge_top` (tests compare
+    them), without the Python between them (0.3 ms of a cold 123k search, docs/benchmarks.md
+    "Session 19"). Its buffers are reused query after query: one per thread."""
+
+    def __init__(self, shard_rows: int, n_shards: int, capacity: int):
+        self.capacity = max(64, capacity)
+        self.cols = np.empty(self.capacity, dtype=np.int64)
+        self.weights = np.empty(self.capacity, dtype=np.float32)
+        self.slots = np.empty(self.capacity, dtype=np.int64)
+        self.scores = np.empty(max(1, shard_rows), dtype=np.float32)
+        self.heap = np.empty(2 * HEAP_K, dtype=np.int32)  # HEAP_K (float32 score, int32 row) entries
+        self.tops_rows = np.empty(max(1, n_shards) * HEAP_K, dtype=np.int32)
+        self.tops_scores = np.empty(max(1, n_shards) * HEAP_K, dtype=np.float32)
+        self.out_rows = np.empty(HEAP_K, dtype=np.int64)
+        self.out_scores = np.empty(HEAP_K, dtype=np.float32)
+        self.n_shards = n_shards
+        self._ptrs = tuple(a.ctypes.data for a in (self.cols, self.weights, self.slots, self.scores, self.heap,
+                                                  self.tops_rows, self.tops_scores, self.out_rows, self.out_scores))
+
+    def fits(self, table: ShardTable, n_terms: int) -> bool:
+        return table.max_rows <= self.scores.size and table.n_shards <= self.n_shards and n_terms <= self.capacity
+
+    def run(self, table: ShardTable, query: dict, term_ids: dict, k: int):
+        """(rows, scores, cols, weights) as new arrays, or None when the C path does not take
+        this query (not a dict of str to float, or k above HEAP_K): the Python path then.
+        DamagedArrays when a shard's postings point outside it."""
+        cols_p, weights_p, slots_p, scores_p, heap_p, tops_rows_p, tops_scores_p, out_rows_p, out_scores_p = self._ptrs
+        if not self.fits(table, len(query)):
+            return None
+        n_terms = _c_query.columns(query, term_ids, cols_p, weights_p, self.capacity)
+        if n_terms < 0:
+            return None
+        n = _c_query.top(table.address, table.n_shards, cols_p, weights_p, n_terms, k, slots_p, scores_p,
+                         self.scores.size, heap_p, tops_rows_p, tops_scores_p, out_rows_p, out_scores_p)
+        if n == -2:
+            raise DamagedArrays("postings point outside the shard")
+        if n < 0:
+            return None
+        return self.out_rows[:n].copy(), self.out_scores[:n].copy(), self.cols[:n_terms].copy(), \
+            self.weights[:n_terms].copy()
 
 
 def accumulate(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows: int,

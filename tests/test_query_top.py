@@ -1,0 +1,187 @@
+"""A sparse query's top k in two C calls (``backends/local/_query.c``, kernels.QueryTop) against
+the Python path it replaces: the query's columns as ``_query_columns`` makes them, every shard
+through the ctypes kernel (:func:`kernels.shard_top`), the lists merged (:func:`kernels.merge_top`).
+Same columns, rows and scores bit for bit, ties by row, across shards of different widths; the
+queries it does not take are handed back; damaged postings are refused without writing outside
+its buffers; and the backend answers through it with the same hits as without it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from d2s_search.backends.base import Document, IndexIdentity
+from d2s_search.backends.local import LocalBackend, kernels
+from d2s_search.backends.local import cache as cache_mod
+from d2s_search.backends.local.cache import dense_columns
+
+pytestmark = pytest.mark.skipif(kernels._c_query is None or not kernels.c_kernel_loaded(),
+                                reason="the C parts were not built (no C compiler at install time)")
+
+TERMS = [f"w{i}" for i in range(90)]
+
+
+def shard_arrays(rng: np.random.Generator, rows: int, n_cols: int, id_type):
+    """CSC postings with ids ascending in every list (as the cache writes them), Zipf-like term
+    popularity, a few terms on most rows (dense columns) and few distinct weights (ties)."""
+    popularity = 1.0 / np.arange(1, n_cols + 1)
+    popularity /= popularity.sum()
+    row_of = np.repeat(np.arange(rows), 6)
+    col_of = rng.choice(n_cols, size=row_of.size, p=popularity)
+    common = np.flatnonzero(rng.random((rows, 3)) < 0.8)
+    row_of, col_of = np.concatenate([row_of, common // 3]), np.concatenate([col_of, common % 3])
+    keys = np.unique(col_of.astype(np.int64) * rows + row_of)
+    col_of, row_of = keys // rows, keys % rows
+    indptr = np.zeros(n_cols + 1, dtype=np.int32)
+    np.cumsum(np.bincount(col_of, minlength=n_cols), out=indptr[1:])
+    data = kernels.encode_weights(rng.choice(np.array([0.25, 0.5, 1.0, 1.7], np.float32), size=keys.size))
+    indices = row_of.astype(id_type)
+    terms, columns = dense_columns(indptr, indices, data, rows)
+    return indptr, indices, data, terms, columns
+
+
+def collection(rng: np.random.Generator, id_type, sizes: list[int]):
+    """Shards in row order; later shards know more terms (their columns are wider), as an index
+    that grew does."""
+    shards, starts, start = [], [], 0
+    for j, rows in enumerate(sizes):
+        shards.append((shard_arrays(rng, rows, 60 + 10 * j, id_type), rows))
+        starts.append(start)
+        start += rows
+    return shards, starts
+
+
+def python_path(shards, starts, query: dict, term_ids: dict, k: int):
+    pairs = sorted((term_ids[t], w) for t, w in query.items() if w > 0 and t in term_ids)
+    cols = np.fromiter((c for c, _ in pairs), dtype=np.int64, count=len(pairs))
+    weights = np.fromiter((w for _, w in pairs), dtype=np.float32, count=len(pairs))
+    lists = []
+    for ((indptr, indices, data, terms, columns), rows), start in zip(shards, starts):
+        buffer = np.empty(rows, np.float32)
+        r, s = kernels.shard_top(indptr, indices, data, rows, cols, weights, buffer, k, terms, columns)
+        lists.append((r + start, s))
+    rows, scores = kernels.merge_top(lists, k)
+    return cols, weights, rows, scores
+
+
+def table_of(shards, starts) -> kernels.ShardTable:
+    bound = [kernels.BoundShard.bind(*arrays[:3], rows, *arrays[3:]) for arrays, rows in shards]
+    assert all(bound)
+    return kernels.ShardTable(bound, starts)
+
+
+@pytest.mark.parametrize("id_type", [np.uint16, np.int32])
+@pytest.mark.parametrize("seed", range(5))
+def test_the_c_path_equals_the_python_path_bit_for_bit(seed, id_type):
+    rng = np.random.default_rng(seed)
+    sizes = [int(x) for x in rng.integers(1, 400, size=int(rng.integers(1, 5)))]
+    shards, starts = collection(rng, id_type, sizes)
+    table = table_of(shards, starts)
+    term_ids = {t: i for i, t in enumerate(TERMS)}  # w60-w89: columns only the wider shards have
+    top = kernels.QueryTop(max(sizes), len(sizes), 8)
+    for _ in range(25):
+        words = rng.choice(len(TERMS) + 5, size=int(rng.integers(0, 30)), replace=False)
+        query = {(TERMS[i] if i < len(TERMS) else f"unknown{i}"): float(rng.choice([0.5, 1.0, 0.3, 2.0, 0.0, -1.0]))
+                 for i in words}
+        for k in (1, 3, 10, 20):
+            want_cols, want_weights, want_rows, want_scores = python_path(shards, starts, query, term_ids, k)
+            if not top.fits(table, len(query)):
+                top = kernels.QueryTop(max(sizes), len(sizes), len(query))
+            got = top.run(table, query, term_ids, k)
+            assert got is not None
+            rows, scores, cols, weights = got
+            assert cols.tolist() == want_cols.tolist() and np.array_equal(weights, want_weights)
+            assert rows.dtype == np.int64 and rows.tolist() == want_rows.tolist()
+            assert scores.dtype == np.float32 and np.array_equal(scores, want_scores)  # bit for bit
+
+
+def test_ties_across_shards_go_to_the_earlier_row():
+    """Every row scores the same: the first k rows of the collection, shard after shard."""
+    indptr = np.array([0, 5], dtype=np.int32)
+    indices = np.arange(5, dtype=np.uint16)
+    data = kernels.encode_weights(np.ones(5, np.float32))
+    shards = [((indptr, indices, data, None, None), 5), ((indptr, indices.copy(), data, None, None), 5)]
+    table = table_of(shards, [0, 5])
+    rows, scores, _, _ = kernels.QueryTop(5, 2, 4).run(table, {"a": 2.0}, {"a": 0}, 8)
+    assert rows.tolist() == list(range(8)) and scores.tolist() == [2.0] * 8
+    rows, _, _, _ = kernels.QueryTop(5, 2, 4).run(table, {"a": 2.0}, {"a": 0}, 20)  # k above the rows
+    assert rows.tolist() == list(range(10))
+
+
+def test_queries_it_does_not_take_are_handed_back():
+    rng = np.random.default_rng(3)
+    shards, starts = collection(rng, np.uint16, [50, 60])
+    table = table_of(shards, starts)
+    term_ids = {t: i for i, t in enumerate(TERMS)}
+    top = kernels.QueryTop(60, 2, 8)
+    assert top.run(table, {"w1": 1.0}, term_ids, 21) is None  # k above HEAP_K: the ctypes path
+    assert top.run(table, {"w1": 1}, term_ids, 5) is None  # an int weight: Python compares it
+    assert top.run(table, {"w1": np.float32(1.0)}, term_ids, 5) is None
+    assert top.run(table, {1: 1.0}, term_ids, 5) is None  # not a str
+    assert top.run(table, {"w1": 1.0}, {"w1": np.int64(1)}, 5) is None  # a column not an int
+    assert top.run(table, {f"w{i}": 1.0 for i in range(top.capacity + 1)}, term_ids, 5) is None  # more than it holds
+    assert not kernels.QueryTop(59, 2, 8).fits(table, 1) and not kernels.QueryTop(60, 1, 8).fits(table, 1)
+    rows, scores, cols, _ = top.run(table, {"nothing": 1.0, "w2": -1.0}, term_ids, 5)
+    assert rows.size == scores.size == cols.size == 0
+
+
+@pytest.mark.parametrize("damage", ["id too large", "pointer past the end", "pointer backwards"])
+def test_damaged_postings_are_refused_without_writing_outside_the_buffers(damage):
+    indptr = np.array([0, 2, 4], dtype=np.int32)
+    indices = np.array([0, 1, 1, 2], dtype=np.uint16)
+    data = kernels.encode_weights(np.ones(4, dtype=np.float32))
+    if damage == "id too large":
+        indices[1] = 3
+    elif damage == "pointer past the end":
+        indptr[2] = 900
+    else:
+        indptr[1] = 5
+    bound = kernels.BoundShard.bind(indptr, indices, data, 3)
+    table = kernels.ShardTable([bound], [0])
+    top = kernels.QueryTop(3, 1, 4)
+    guard = np.full(9, 9.0, dtype=np.float32)
+    top.scores = guard[3:6]  # the shard's 3 rows inside a larger block: the guards must stay
+    top._ptrs = (*top._ptrs[:3], top.scores.ctypes.data, *top._ptrs[4:])
+    with pytest.raises(kernels.DamagedArrays):
+        top.run(table, {"a": 1.0, "b": 1.0}, {"a": 0, "b": 1}, 3)
+    assert np.all(guard[:3] == 9.0) and np.all(guard[6:] == 9.0)
+
+
+IDENTITY = IndexIdentity("fp", 4, "tiny")
+
+
+def test_the_backend_answers_through_it_with_the_same_hits(tmp_path, monkeypatch):
+    monkeypatch.setattr(cache_mod, "SHARD_ROWS", 16)  # 100 documents: seven shards
+    rng = np.random.default_rng(11)
+    docs = []
+    for i in range(100):
+        words = rng.choice(30, size=int(rng.integers(1, 8)), replace=False)
+        docs.append(Document(id=f"d{i:03d}", path=f"/p/{i}.jpg", size_bytes=1, width=1, height=1,
+                             sparse={TERMS[w]: float(rng.choice([0.5, 1.0, 1.5])) for w in words},
+                             dense=rng.standard_normal(4).astype(np.float32)))
+    backend = LocalBackend(tmp_path / "idx")
+    backend.open(IDENTITY)
+    backend.upsert(docs)
+    calls = []
+    run = kernels.QueryTop.run
+    monkeypatch.setattr(kernels.QueryTop, "run", lambda self, *a: calls.append(1) or run(self, *a))
+    queries = [{TERMS[w]: float(rng.choice([0.4, 1.0, 2.0])) for w in rng.choice(32, size=5, replace=False)}
+               for _ in range(20)]
+    for explain in (0, 3):
+        for k in (1, 7, 20):
+            fast = [backend.sparse_search(q, k, explain=explain) for q in queries]
+            assert len(calls) == len(queries)
+            calls.clear()
+            monkeypatch.setattr(kernels, "_c_query", None)
+            slow = [backend.sparse_search(q, k, explain=explain) for q in queries]
+            monkeypatch.undo()
+            monkeypatch.setattr(cache_mod, "SHARD_ROWS", 16)
+            monkeypatch.setattr(kernels.QueryTop, "run", lambda self, *a: calls.append(1) or run(self, *a))
+            assert not calls
+            for a, b in zip(fast, slow):
+                assert [(h.id, h.score, h.path, h.matched) for h in a] == [(h.id, h.score, h.path, h.matched) for h in b]
+    # shards searched in parallel (threads, at least SPARSE_PARALLEL_FROM shards): not this path
+    backend.threads = 2
+    backend.sparse_search(queries[0], 5, explain=0)
+    assert not calls
+    backend.close()
