@@ -100,6 +100,15 @@ def test_built_by_hand():
         ("id1", 4.0, "", None), ("id1", 3.0, "é", "https://x/1"), ("id0", 2.0, "\udcff", None), ("id0", 1.0, "a", None)]
     assert [h.matched for h in hits] == [[("w", 1.0)], [], [], [("v", 2.0)]]
     assert build([], [], 4, srcs) == []
+    # the first count rows of longer buffers (reused query after query); rows past them are not read
+    rows, scores = np.array([5, 1, -7], np.int64), np.array([4.0, 3.0, 9.0])
+    hits = kernels._c_hits.build(Hit, rows, scores, 4, tuple(srcs), None, 2)
+    assert [(h.id, h.score) for h in hits] == [("id1", 4.0), ("id1", 3.0)]
+    assert kernels._c_hits.build(Hit, rows, scores, 4, tuple(srcs), None, 0) == []
+    with pytest.raises(ValueError):  # more than the buffers hold, or matched of another length
+        kernels._c_hits.build(Hit, rows, scores, 4, tuple(srcs), None, 4)
+    with pytest.raises(ValueError):
+        kernels._c_hits.build(Hit, rows, scores, 4, tuple(srcs), [[]], 2)
 
 
 def test_explained_lists_by_hand_and_refused():

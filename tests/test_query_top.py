@@ -1,4 +1,4 @@
-"""A sparse query's top k in two C calls (``backends/local/_query.c``, kernels.QueryTop) against
+"""A sparse query's top k in one C call (``backends/local/_query.c``, kernels.QueryTop) against
 the Python path it replaces: the query's columns as ``_query_columns`` makes them, every shard
 through the ctypes kernel (:func:`kernels.shard_top`), the lists merged (:func:`kernels.merge_top`).
 Same columns, rows and scores bit for bit, ties by row, across shards of different widths; the
@@ -87,9 +87,9 @@ def test_the_c_path_equals_the_python_path_bit_for_bit(seed, id_type):
             want_cols, want_weights, want_rows, want_scores = python_path(shards, starts, query, term_ids, k)
             if not top.fits(table, len(query)):
                 top = kernels.QueryTop(max(sizes), len(sizes), len(query))
-            got = top.run(table, query, term_ids, k)
-            assert got is not None
-            rows, scores, cols, weights = got
+            assert top.run(table, query, term_ids, k) == want_rows.size
+            rows, scores, cols, weights = top.results()
+            assert np.array_equal(top.out_rows[: top.found], rows) and np.array_equal(top.out_scores64[: top.found], scores)
             assert cols.tolist() == want_cols.tolist() and np.array_equal(weights, want_weights)
             assert rows.dtype == np.int64 and rows.tolist() == want_rows.tolist()
             assert scores.dtype == np.float32 and np.array_equal(scores, want_scores)  # bit for bit
@@ -102,10 +102,12 @@ def test_ties_across_shards_go_to_the_earlier_row():
     data = kernels.encode_weights(np.ones(5, np.float32))
     shards = [((indptr, indices, data, None, None), 5), ((indptr, indices.copy(), data, None, None), 5)]
     table = table_of(shards, [0, 5])
-    rows, scores, _, _ = kernels.QueryTop(5, 2, 4).run(table, {"a": 2.0}, {"a": 0}, 8)
+    top = kernels.QueryTop(5, 2, 4)
+    assert top.run(table, {"a": 2.0}, {"a": 0}, 8) == 8
+    rows, scores, _, _ = top.results()
     assert rows.tolist() == list(range(8)) and scores.tolist() == [2.0] * 8
-    rows, _, _, _ = kernels.QueryTop(5, 2, 4).run(table, {"a": 2.0}, {"a": 0}, 20)  # k above the rows
-    assert rows.tolist() == list(range(10))
+    assert top.run(table, {"a": 2.0}, {"a": 0}, 20) == 10  # k above the rows
+    assert top.results()[0].tolist() == list(range(10))
 
 
 def test_queries_it_does_not_take_are_handed_back():
@@ -121,7 +123,8 @@ def test_queries_it_does_not_take_are_handed_back():
     assert top.run(table, {"w1": 1.0}, {"w1": np.int64(1)}, 5) is None  # a column not an int
     assert top.run(table, {f"w{i}": 1.0 for i in range(top.capacity + 1)}, term_ids, 5) is None  # more than it holds
     assert not kernels.QueryTop(59, 2, 8).fits(table, 1) and not kernels.QueryTop(60, 1, 8).fits(table, 1)
-    rows, scores, cols, _ = top.run(table, {"nothing": 1.0, "w2": -1.0}, term_ids, 5)
+    assert top.run(table, {"nothing": 1.0, "w2": -1.0}, term_ids, 5) == 0
+    rows, scores, cols, _ = top.results()
     assert rows.size == scores.size == cols.size == 0
 
 
@@ -141,7 +144,7 @@ def test_damaged_postings_are_refused_without_writing_outside_the_buffers(damage
     top = kernels.QueryTop(3, 1, 4)
     guard = np.full(9, 9.0, dtype=np.float32)
     top.scores = guard[3:6]  # the shard's 3 rows inside a larger block: the guards must stay
-    top._ptrs = (*top._ptrs[:3], top.scores.ctypes.data, *top._ptrs[4:])
+    top._args = (*top._args[:4], top.scores.ctypes.data, 3, *top._args[6:])
     with pytest.raises(kernels.DamagedArrays):
         top.run(table, {"a": 1.0, "b": 1.0}, {"a": 0, "b": 1}, 3)
     assert np.all(guard[:3] == 9.0) and np.all(guard[6:] == 9.0)

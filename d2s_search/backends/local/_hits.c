@@ -150,8 +150,9 @@ static PyObject *make_hit(PyTypeObject *type, const source *src, int64_t local, 
 static PyObject *build(PyObject *Py_UNUSED(module), PyObject *args) {
     PyObject *type_obj, *rows_obj, *scores_obj, *sources, *matched;
     long long shard_rows;
-    if (!PyArg_ParseTuple(args, "OOOLO!O", &type_obj, &rows_obj, &scores_obj, &shard_rows, &PyTuple_Type, &sources,
-                          &matched)) {
+    Py_ssize_t count = -1; /* the first count rows only (a buffer reused query after query) */
+    if (!PyArg_ParseTuple(args, "OOOLO!O|n", &type_obj, &rows_obj, &scores_obj, &shard_rows, &PyTuple_Type, &sources,
+                          &matched, &count)) {
         return NULL;
     }
     if (!PyType_Check(type_obj) || find_slots((PyTypeObject *)type_obj) < 0) {
@@ -184,8 +185,12 @@ static PyObject *build(PyObject *Py_UNUSED(module), PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    if (rows.itemsize != 8 || scores.itemsize != 8 || scores.len != rows.len ||
-        (matched != Py_None && PyList_GET_SIZE(matched) != n)) {
+    if (rows.itemsize != 8 || scores.itemsize != 8 || scores.len != rows.len || count > n) {
+        PyErr_SetString(PyExc_ValueError, "rows (int64), scores (float64) and matched must have one item per hit");
+        goto done;
+    }
+    if (count >= 0) n = count;
+    if (matched != Py_None && PyList_GET_SIZE(matched) != n) {
         PyErr_SetString(PyExc_ValueError, "rows (int64), scores (float64) and matched must have one item per hit");
         goto done;
     }
@@ -398,8 +403,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"build", build, METH_VARARGS,
-     "build(Hit, rows, scores, shard_rows, sources, matched) -> list of Hit\n\n"
-     "rows: int64 global rows; scores: float64, one per row; sources: per shard (start, rows, ids_blob,\n"
+     "build(Hit, rows, scores, shard_rows, sources, matched[, count]) -> list of Hit\n\n"
+     "rows: int64 global rows; scores: float64, one per row (the first count only, if given); sources: per shard (start, rows, ids_blob,\n"
      "ids_offsets, paths_blob, paths_offsets, urls_blob, urls_offsets, has_url); matched: None or a\n"
      "list with one item per row. ValueError when the arrays do not hold together."},
     {"explained", explained, METH_VARARGS,

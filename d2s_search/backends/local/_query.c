@@ -5,10 +5,10 @@
  * Python around it (the query's dict lookups and sort, per-shard numpy buffers and slot
  * arrays, two ctypes calls per shard, the merge) took another 0.3 ms cold, most of it the
  * interpreter's own code and data missing the CPU caches (docs/benchmarks.md, "Session 19").
- * Here the same steps run in C: columns() turns the query dict into sorted column ids and
- * float32 weights exactly as backend._query_columns does, and top() scores each shard with
- * _score.c's own functions (compiled into this module), keeps each shard's top k and merges
- * them, ties by row: the rows and scores of kernels.merge over kernels.shard_top, bit for bit.
+ * Here the same steps run in one call: the query dict becomes sorted column ids and float32
+ * weights exactly as backend._query_columns makes them, then each shard is scored by _score.c's
+ * own functions (compiled into this module), its top k kept and the lists merged, ties by row:
+ * the rows and scores of kernels.merge_top over kernels.shard_top, bit for bit.
  *
  * Buffers are passed as addresses with their sizes (as the ctypes calls do); the shards are
  * described by a table of int64 fields made by kernels.ShardTable from arrays the kernel
@@ -44,48 +44,40 @@ static int by_column(const void *a, const void *b) {
     return x->weight < y->weight ? -1 : x->weight > y->weight; /* sorted() on (column, weight) pairs */
 }
 
-/* columns(query, term_ids, cols_addr, weights_addr, capacity) -> n, or -1 when the query is not
- * a dict of floats, a column not an int, or capacity too small (the Python path then). */
-static PyObject *columns(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "columns(query, term_ids, cols_addr, weights_addr, capacity)");
-        return NULL;
-    }
-    PyObject *query = args[0], *term_ids = args[1];
-    int64_t *cols = PyLong_AsVoidPtr(args[2]);
-    float *weights = PyLong_AsVoidPtr(args[3]);
-    Py_ssize_t capacity = PyLong_AsSsize_t(args[4]);
-    if (PyErr_Occurred()) return NULL;
-    if (!PyDict_CheckExact(query) || !PyDict_CheckExact(term_ids) || PyDict_GET_SIZE(query) > capacity) {
-        return PyLong_FromLong(-1);
-    }
+/* The query's positive known terms into cols / weights, sorted by column: n, or -1 when the
+ * query is not a dict of str to float, a column not an int or there are more than capacity
+ * terms (the Python path then), or -3 with an exception set. */
+static Py_ssize_t query_columns(PyObject *query, PyObject *term_ids, int64_t *cols, float *weights,
+                                Py_ssize_t capacity) {
+    if (!PyDict_CheckExact(query) || !PyDict_CheckExact(term_ids) || PyDict_GET_SIZE(query) > capacity) return -1;
     term small[64];
     term *terms = small;
     if (PyDict_GET_SIZE(query) > 64 && !(terms = PyMem_Malloc(sizeof(term) * (size_t)PyDict_GET_SIZE(query)))) {
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        return -3;
     }
-    Py_ssize_t pos = 0, n = 0;
-    PyObject *key, *value, *result = NULL;
+    Py_ssize_t pos = 0, n = 0, result = -1;
+    PyObject *key, *value;
     while (PyDict_Next(query, &pos, &key, &value)) {
         /* Anything but str keys and float values could run Python code (__eq__, __gt__) while
          * the query is read: the Python path takes those. */
-        if (!PyUnicode_CheckExact(key) || !PyFloat_CheckExact(value)) {
-            result = PyLong_FromLong(-1);
-            goto done;
-        }
+        if (!PyUnicode_CheckExact(key) || !PyFloat_CheckExact(value)) goto done;
         double w = PyFloat_AS_DOUBLE(value);
         if (!(w > 0)) continue;
         PyObject *col = PyDict_GetItemWithError(term_ids, key);
         if (col == NULL) {
-            if (PyErr_Occurred()) goto done;
+            if (PyErr_Occurred()) {
+                result = -3;
+                goto done;
+            }
             continue;
         }
-        if (!PyLong_CheckExact(col)) {
-            result = PyLong_FromLong(-1);
+        if (!PyLong_CheckExact(col)) goto done;
+        long long c = PyLong_AsLongLong(col);
+        if (c == -1 && PyErr_Occurred()) {
+            result = -3;
             goto done;
         }
-        long long c = PyLong_AsLongLong(col);
-        if (c == -1 && PyErr_Occurred()) goto done;
         terms[n].col = c;
         terms[n].weight = w;
         terms[n].weight32 = (float)w;
@@ -96,48 +88,22 @@ static PyObject *columns(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
         cols[i] = terms[i].col;
         weights[i] = terms[i].weight32;
     }
-    result = PyLong_FromSsize_t(n);
+    result = n;
 done:
     if (terms != small) PyMem_Free(terms);
     return result;
 }
 
-/* top(table_addr, n_shards, cols_addr, weights_addr, n_terms, k, slots_addr, scores_addr,
- *     scores_len, heap_addr, tops_rows_addr, tops_scores_addr, out_rows_addr, out_scores_addr)
- * -> n (<= k), the rows (global, int64) and scores (float32) best first, ties by row; -1 when
- * this call does not suit (k above HEAP_K, too many shards): the ctypes path then; -2 when a
- * shard's postings point outside it (damage). slots holds n_terms int64; heap 2k int32 (k
- * entries); tops_rows / tops_scores n_shards * k; scores scores_len floats (>= every shard). */
-static PyObject *top(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 14) {
-        PyErr_SetString(PyExc_TypeError, "top() takes 14 arguments");
-        return NULL;
-    }
-    const int64_t *table = PyLong_AsVoidPtr(args[0]);
-    Py_ssize_t n_shards = PyLong_AsSsize_t(args[1]);
-    const int64_t *cols = PyLong_AsVoidPtr(args[2]);
-    const float *weights = PyLong_AsVoidPtr(args[3]);
-    Py_ssize_t n_terms = PyLong_AsSsize_t(args[4]), k = PyLong_AsSsize_t(args[5]);
-    int64_t *slots = PyLong_AsVoidPtr(args[6]);
-    float *scores = PyLong_AsVoidPtr(args[7]);
-    Py_ssize_t scores_len = PyLong_AsSsize_t(args[8]);
-    entry *heap = PyLong_AsVoidPtr(args[9]);
-    int32_t *tops_rows = PyLong_AsVoidPtr(args[10]);
-    float *tops_scores = PyLong_AsVoidPtr(args[11]);
-    int64_t *out_rows = PyLong_AsVoidPtr(args[12]);
-    float *out_scores = PyLong_AsVoidPtr(args[13]);
-    if (PyErr_Occurred()) return NULL;
-    if (k > HEAP_K || n_shards > MAX_SHARDS || n_shards < 0 || n_terms < 0) return PyLong_FromLong(-1);
-    if (k <= 0 || n_terms == 0) return PyLong_FromLong(0);
-    int64_t status = 0, n = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t j = 0; j < n_shards && status == 0; j++) {
+/* Every shard's top k, merged: n (<= k) rows (global) and scores best first, ties by row, or -2
+ * when a shard's postings point outside it. Runs without the GIL. */
+static int64_t shards_top(const int64_t *table, Py_ssize_t n_shards, const int64_t *cols, const float *weights,
+                          Py_ssize_t n_terms, Py_ssize_t k, int64_t *slots, float *scores, Py_ssize_t scores_len,
+                          entry *heap, int32_t *tops_rows, float *tops_scores, int64_t *out_rows, float *out_scores,
+                          double *out_scores64) {
+    for (Py_ssize_t j = 0; j < n_shards; j++) {
         const int64_t *f = table + j * N_FIELDS;
         int64_t n_rows = f[F_N_ROWS], n_cols = f[F_N_COLS];
-        if (n_rows > scores_len || n_rows < 0) {
-            status = -2;
-            break;
-        }
+        if (n_rows > scores_len || n_rows < 0) return -2;
         const int64_t *slot_of = (const int64_t *)(intptr_t)f[F_SLOT_OF];
         if (slot_of) {
             for (Py_ssize_t t = 0; t < n_terms; t++) {
@@ -155,50 +121,80 @@ static PyObject *top(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
             bad = d2s_accumulate(indptr, n_cols, (const int32_t *)(intptr_t)f[F_INDICES], data, f[F_NNZ], n_rows,
                                  cols, weights, n_terms, slot_of ? slots : NULL, dense, f[F_N_DENSE], scores);
         }
-        if (bad) {
-            status = -2;
-            break;
-        }
-        int64_t kk = k < n_rows ? k : n_rows;
-        int64_t got = d2s_top_positive(scores, n_rows, kk, heap, tops_rows + j * k, tops_scores + j * k);
+        if (bad) return -2;
+        int64_t got = d2s_top_positive(scores, n_rows, k < n_rows ? k : n_rows, heap, tops_rows + j * k,
+                                       tops_scores + j * k);
         for (int64_t i = got; i < k; i++) tops_rows[j * k + i] = -1; /* the end of this shard's list */
     }
-    if (status == 0) { /* k-way merge of the shards' lists (each best first, ties by row; shards in row order) */
-        int32_t at[MAX_SHARDS];
-        for (Py_ssize_t j = 0; j < n_shards; j++) at[j] = 0;
-        for (; n < k; n++) {
-            Py_ssize_t best = -1;
-            float best_score = 0.0f;
-            int64_t best_row = 0;
-            for (Py_ssize_t j = 0; j < n_shards; j++) {
-                if (at[j] == k || tops_rows[j * k + at[j]] < 0) continue;
-                float s = tops_scores[j * k + at[j]];
-                int64_t r = table[j * N_FIELDS + F_START] + tops_rows[j * k + at[j]];
-                if (best < 0 || s > best_score || (s == best_score && r < best_row)) {
-                    best = j;
-                    best_score = s;
-                    best_row = r;
-                }
+    /* k-way merge of the shards' lists (each best first, ties by row; shards in row order) */
+    int32_t at[MAX_SHARDS];
+    for (Py_ssize_t j = 0; j < n_shards; j++) at[j] = 0;
+    int64_t n = 0;
+    for (; n < k; n++) {
+        Py_ssize_t best = -1;
+        float best_score = 0.0f;
+        int64_t best_row = 0;
+        for (Py_ssize_t j = 0; j < n_shards; j++) {
+            if (at[j] == k || tops_rows[j * k + at[j]] < 0) continue;
+            float s = tops_scores[j * k + at[j]];
+            int64_t r = table[j * N_FIELDS + F_START] + tops_rows[j * k + at[j]];
+            if (best < 0 || s > best_score || (s == best_score && r < best_row)) {
+                best = j;
+                best_score = s;
+                best_row = r;
             }
-            if (best < 0) break;
-            out_rows[n] = best_row;
-            out_scores[n] = best_score;
-            at[best]++;
         }
+        if (best < 0) break;
+        out_rows[n] = best_row;
+        out_scores[n] = best_score;
+        out_scores64[n] = best_score;
+        at[best]++;
     }
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLongLong(status ? status : n);
+    return n;
+}
+
+/* search(query, term_ids, table_addr, n_shards, k, capacity, cols_addr, weights_addr, slots_addr,
+ *        scores_addr, scores_len, heap_addr, tops_rows_addr, tops_scores_addr, out_rows_addr,
+ *        out_scores_addr, out_scores64_addr) -> (n_terms, n)
+ * The query's columns and weights (n_terms, capacity at most) and its top k: n rows (global,
+ * int64) and scores (float32, and float64 for the hit builder), best first, ties by row.
+ * n_terms -1: not for this call (the query is not a dict of str to float, too many terms,
+ * k above HEAP_K, too many shards): the Python path then. n -2: a shard's postings point
+ * outside it (damage). Buffers: slots capacity int64; heap 2k int32 (k entries); tops_rows /
+ * tops_scores n_shards * k; scores scores_len floats (at least every shard's rows). */
+static PyObject *search(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 17) {
+        PyErr_SetString(PyExc_TypeError, "search() takes 17 arguments");
+        return NULL;
+    }
+    PyObject *query = args[0], *term_ids = args[1];
+    void *p[11];
+    const int64_t *table = PyLong_AsVoidPtr(args[2]);
+    Py_ssize_t n_shards = PyLong_AsSsize_t(args[3]), k = PyLong_AsSsize_t(args[4]);
+    Py_ssize_t capacity = PyLong_AsSsize_t(args[5]), scores_len = PyLong_AsSsize_t(args[10]);
+    for (int i = 0; i < 11; i++) p[i] = i == 4 ? NULL : PyLong_AsVoidPtr(args[6 + i]);
+    if (PyErr_Occurred()) return NULL;
+    if (k > HEAP_K || n_shards > MAX_SHARDS || n_shards < 0 || capacity < 0) return Py_BuildValue("(ii)", -1, 0);
+    Py_ssize_t n_terms = query_columns(query, term_ids, p[0], p[1], capacity);
+    if (n_terms == -3) return NULL;
+    if (n_terms < 0) return Py_BuildValue("(ii)", -1, 0);
+    int64_t n = 0;
+    if (k > 0 && n_terms > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        n = shards_top(table, n_shards, p[0], p[1], n_terms, k, p[2], p[3], scores_len, p[5], p[6], p[7], p[8], p[9],
+                       p[10]);
+        Py_END_ALLOW_THREADS
+    }
+    return Py_BuildValue("(nL)", n_terms, (long long)n);
 }
 
 static PyMethodDef methods[] = {
-    {"columns", (PyCFunction)(void (*)(void))columns, METH_FASTCALL,
-     "columns(query, term_ids, cols_addr, weights_addr, capacity) -> n\n\n"
-     "The query's positive known terms as sorted int64 columns and float32 weights (backend._query_columns);\n"
-     "-1 when the query is not a dict of floats or does not fit."},
-    {"top", (PyCFunction)(void (*)(void))top, METH_FASTCALL,
-     "top(table_addr, n_shards, cols_addr, weights_addr, n_terms, k, slots_addr, scores_addr, scores_len,\n"
-     "    heap_addr, tops_rows_addr, tops_scores_addr, out_rows_addr, out_scores_addr) -> n\n\n"
-     "The exact top k (<= 20) of every shard, merged; -1: not for this call, -2: postings out of bounds."},
+    {"search", (PyCFunction)(void (*)(void))search, METH_FASTCALL,
+     "search(query, term_ids, table_addr, n_shards, k, capacity, cols_addr, weights_addr, slots_addr, scores_addr,\n"
+     "       scores_len, heap_addr, tops_rows_addr, tops_scores_addr, out_rows_addr, out_scores_addr,\n"
+     "       out_scores64_addr) -> (n_terms, n)\n\n"
+     "A sparse query's columns and exact top k (<= 20) over every shard; n_terms -1: not for this call,\n"
+     "n -2: postings out of bounds."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -121,15 +121,21 @@ D2S_ACCUMULATE(d2s_accumulate16, uint16_t)
 
 /* The k highest positive scores of scores[0:n_rows], best first, ties by row; returns how
  * many (<= k). heap must hold k entries. */
-D2S_EXPORT int64_t d2s_top_positive(const float *scores, int64_t n_rows, int64_t k, entry *heap,
-                                    int32_t *out_rows, float *out_scores) {
+#define TOP_BLOCK 32 /* rows compared at once: a fixed count the compiler turns into a few vector compares */
+
+D2S_EXPORT D2S_CLONES int64_t d2s_top_positive(const float *scores, int64_t n_rows, int64_t k, entry *heap,
+                                               int32_t *out_rows, float *out_scores) {
     int64_t n = 0;
     float floor = 0.0f; /* a score must exceed this to enter: 0, then the heap's worst */
     if (k <= 0) return 0;
-    for (int64_t base = 0; base < n_rows; base += 16) {
-        int64_t end = base + 16 < n_rows ? base + 16 : n_rows;
+    for (int64_t base = 0; base < n_rows; base += TOP_BLOCK) {
+        int64_t end = base + TOP_BLOCK < n_rows ? base + TOP_BLOCK : n_rows;
         int any = 0;
-        for (int64_t r = base; r < end; r++) any |= scores[r] > floor; /* vectorised: most blocks end here */
+        if (end - base == TOP_BLOCK) {
+            for (int64_t i = 0; i < TOP_BLOCK; i++) any |= scores[base + i] > floor; /* most blocks end here */
+        } else {
+            for (int64_t r = base; r < end; r++) any |= scores[r] > floor;
+        }
         if (!any) continue;
         for (int64_t r = base; r < end; r++) {
             float s = scores[r];

@@ -627,11 +627,12 @@ class LocalBackend:
 
         return kernels.merge_top(self._by_shard_groups(tops, len(state.shards), SPARSE_PARALLEL_FROM), k)
 
-    def _query_top(self, state: Structures, query: SparseVector, k: int):
-        """(rows, scores, QueryColumns) of the exact sparse top k from ``_query.c`` in two calls
-        (kernels.QueryTop): what _query_columns and _sparse_top give, for a small k searched in
-        the calling thread. None when that path does not apply (not built, a large k, shards
-        searched in parallel, a shard the kernel does not take, a query not a dict of floats)."""
+    def _query_top(self, state: Structures, query: SparseVector, k: int) -> kernels.QueryTop | None:
+        """The exact sparse top k found by ``_query.c`` in one call (kernels.QueryTop, this
+        thread's, holding the result): what _query_columns and _sparse_top give, for a small k
+        searched in the calling thread. None when that path does not apply (not built, a large
+        k, shards searched in parallel, a shard the kernel does not take, a query not a dict of
+        floats)."""
         if kernels._c_query is None or not 0 < k <= kernels.HEAP_K or type(query) is not dict or not state.size:
             return None
         if self._n_groups(len(state.shards), SPARSE_PARALLEL_FROM) > 1:
@@ -649,13 +650,9 @@ class LocalBackend:
         if top is None or not top.fits(table, len(query)):
             top = self._per_thread.query_top = kernels.QueryTop(state.shard_rows, table.n_shards, len(query))
         try:
-            found = top.run(table, query, self._term_ids, k)
+            return top if top.run(table, query, self._term_ids, k) is not None else None
         except kernels.DamagedArrays as exc:  # the kernel's own bounds checks
             self._damaged(exc)
-        if found is None:
-            return None
-        rows, scores, cols, weights = found
-        return rows, scores, QueryColumns(cols, weights)
 
     def _n_groups(self, n_shards: int, parallel_from: int) -> int:
         """How many groups of shards :meth:`_by_shard_groups` searches at once."""
@@ -718,12 +715,15 @@ class LocalBackend:
     @_db_errors
     def sparse_search(self, query: SparseVector, k: int, explain: int = 5) -> list[Hit]:
         def run(state: Structures) -> list[Hit]:
-            found = self._query_top(state, query, k)
-            if found is not None:
-                rows, scores, columns = found
-            else:
+            top = self._query_top(state, query, k)
+            if top is None:
                 columns = self._query_columns(query)
                 rows, scores = self._sparse_top(state, columns, k)
+            elif not explain and kernels._c_hits is not None:  # straight from its buffers
+                return self._built_hits(state, top.out_rows, top.out_scores64, None, top.found)
+            else:
+                rows, scores, cols, weights = top.results()
+                columns = QueryColumns(cols, weights)
             return self._hits(state, rows, scores, columns, explain)
 
         return self._searching(run)
@@ -898,6 +898,14 @@ class LocalBackend:
             out.append(row)
         return out
 
+    def _built_hits(self, state: Structures, rows: np.ndarray, scores: np.ndarray, matched: list | None,
+                    count: int) -> list[Hit]:
+        """The first ``count`` hits built by ``_hits.c`` (rows int64, scores float64)."""
+        try:
+            return kernels._c_hits.build(Hit, rows, scores, state.shard_rows, state.hit_sources(), matched, count)
+        except ValueError as exc:  # its bounds checks: the cache changed since validation
+            self._damaged(exc)
+
     def _hits(self, state: Structures, rows: np.ndarray, scores: np.ndarray, query: SparseVector | QueryColumns,
               explain: int) -> list[Hit]:
         """Hits from the cached arrays (no SQLite): ids, paths, URLs, explained words."""
@@ -905,12 +913,8 @@ class LocalBackend:
             return []
         matched = self._explain(state, rows, query, explain) if (explain and query) else None
         if kernels._c_hits is not None:  # the same hits built in C (1,000: 0.32 against 0.80 ms warm)
-            try:
-                return kernels._c_hits.build(Hit, np.ascontiguousarray(rows, dtype=np.int64),
-                                             np.ascontiguousarray(scores, dtype=np.float64), state.shard_rows,
-                                             state.hit_sources(), matched)
-            except ValueError as exc:  # its bounds checks: the cache changed since validation
-                self._damaged(exc)
+            return self._built_hits(state, np.ascontiguousarray(rows, dtype=np.int64),
+                                    np.ascontiguousarray(scores, dtype=np.float64), matched, len(rows))
         score_list = np.asarray(scores, dtype=np.float64).tolist()
         if len(rows) <= FEW_HITS:  # row by row: no array calls per shard
             shards, size = state.shards, state.shard_rows

@@ -363,15 +363,16 @@ class ShardTable:
 
 
 class QueryTop:
-    """A sparse query's exact top k (k <= :data:`HEAP_K`) over a :class:`ShardTable` in two calls
+    """A sparse query's exact top k (k <= :data:`HEAP_K`) over a :class:`ShardTable` in one call
     of ``_query.c``: the query dict to sorted columns and weights, then every shard scored by
     the kernel, its top k kept and the lists merged. The same columns, rows and scores as
     ``backend._query_columns``, :func:`shard_top` per shard and :func:`merge_top` (tests compare
     them), without the Python between them (0.3 ms of a cold 123k search, docs/benchmarks.md
-    "Session 19"). Its buffers are reused query after query: one per thread."""
+    "Session 19"). Its buffers are reused query after query: one per thread. After :meth:`run`,
+    ``out_rows[:found]`` and ``out_scores64[:found]`` hold the hits' rows and scores."""
 
     def __init__(self, shard_rows: int, n_shards: int, capacity: int):
-        self.capacity = max(64, capacity)
+        self.capacity = max(64, capacity)  # query terms
         self.cols = np.empty(self.capacity, dtype=np.int64)
         self.weights = np.empty(self.capacity, dtype=np.float32)
         self.slots = np.empty(self.capacity, dtype=np.int64)
@@ -381,31 +382,34 @@ class QueryTop:
         self.tops_scores = np.empty(max(1, n_shards) * HEAP_K, dtype=np.float32)
         self.out_rows = np.empty(HEAP_K, dtype=np.int64)
         self.out_scores = np.empty(HEAP_K, dtype=np.float32)
+        self.out_scores64 = np.empty(HEAP_K, dtype=np.float64)
         self.n_shards = n_shards
-        self._ptrs = tuple(a.ctypes.data for a in (self.cols, self.weights, self.slots, self.scores, self.heap,
-                                                  self.tops_rows, self.tops_scores, self.out_rows, self.out_scores))
+        self.n_terms = self.found = 0
+        self._args = (self.capacity, *(a.ctypes.data for a in (self.cols, self.weights, self.slots, self.scores)),
+                      self.scores.size, *(a.ctypes.data for a in (self.heap, self.tops_rows, self.tops_scores,
+                                                                  self.out_rows, self.out_scores, self.out_scores64)))
 
     def fits(self, table: ShardTable, n_terms: int) -> bool:
         return table.max_rows <= self.scores.size and table.n_shards <= self.n_shards and n_terms <= self.capacity
 
-    def run(self, table: ShardTable, query: dict, term_ids: dict, k: int):
-        """(rows, scores, cols, weights) as new arrays, or None when the C path does not take
-        this query (not a dict of str to float, or k above HEAP_K): the Python path then.
+    def run(self, table: ShardTable, query: dict, term_ids: dict, k: int) -> int | None:
+        """How many hits were found (``found``), or None when the C path does not take this
+        query (not a dict of str to float, or k above HEAP_K): the Python path then.
         DamagedArrays when a shard's postings point outside it."""
-        cols_p, weights_p, slots_p, scores_p, heap_p, tops_rows_p, tops_scores_p, out_rows_p, out_scores_p = self._ptrs
         if not self.fits(table, len(query)):
             return None
-        n_terms = _c_query.columns(query, term_ids, cols_p, weights_p, self.capacity)
+        n_terms, n = _c_query.search(query, term_ids, table.address, table.n_shards, k, *self._args)
         if n_terms < 0:
             return None
-        n = _c_query.top(table.address, table.n_shards, cols_p, weights_p, n_terms, k, slots_p, scores_p,
-                         self.scores.size, heap_p, tops_rows_p, tops_scores_p, out_rows_p, out_scores_p)
         if n == -2:
             raise DamagedArrays("postings point outside the shard")
-        if n < 0:
-            return None
-        return self.out_rows[:n].copy(), self.out_scores[:n].copy(), self.cols[:n_terms].copy(), \
-            self.weights[:n_terms].copy()
+        self.n_terms, self.found = n_terms, n
+        return n
+
+    def results(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, scores, cols, weights) of the last :meth:`run`, as new arrays."""
+        n, m = self.found, self.n_terms
+        return self.out_rows[:n].copy(), self.out_scores[:n].copy(), self.cols[:m].copy(), self.weights[:m].copy()
 
 
 def accumulate(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows: int,
