@@ -181,6 +181,33 @@ def open_in_new_process(path: Path, queries: list) -> dict:
             "rss_mb_after_100_more_dense_queries_k100": best["rss_mb_after_dense_queries"], "peak_rss_mb": best["peak_rss_mb"]}
 
 
+def brute_force(backend: LocalBackend, state) -> tuple:
+    """(brute_sparse(q, k), brute_dense(q, k)): the references, over one contiguous copy of
+    everything (built here, outside the timings): exhaustive doc-at-a-time scoring of every
+    document (scipy CSR mat-vec) and a numpy mat-vec over all vectors, each with a full sort."""
+    import scipy.sparse as sp
+
+    csr = sp.vstack([sp.csr_matrix((kernels.decode_weights(s.arrays["csr_data"]), s.arrays["csr_indices"], s.arrays["csr_indptr"]),
+                                   shape=(s.rows, s.n_cols)) for s in state.shards], format="csr")
+    n_cols = csr.shape[1]
+    dense_matrix = np.vstack([s.dense_rows() for s in state.shards])
+    term_col = backend._term_ids
+
+    def brute_sparse(q: QueryVectors, k: int):
+        qvec = np.zeros(n_cols, dtype=np.float32)
+        for t, w in q.full.items():
+            if t in term_col and term_col[t] < n_cols:
+                qvec[term_col[t]] = w
+        scores = csr @ qvec  # every document, doc-at-a-time
+        return np.argsort(-scores, kind="stable")[:k]
+
+    def brute_dense(q: QueryVectors, k: int):
+        scores = dense_matrix @ q.dense
+        return np.argsort(-scores, kind="stable")[:k]
+
+    return brute_sparse, brute_dense
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--docs", type=int, default=123_000)
@@ -207,26 +234,7 @@ def main() -> None:
     queries = benchmark_queries(args.queries)
     assert all(q.full for q in queries)
 
-    # References over one contiguous copy of everything (built outside the timings).
-    import scipy.sparse as sp
-
-    csr = sp.vstack([sp.csr_matrix((kernels.decode_weights(s.arrays["csr_data"]), s.arrays["csr_indices"], s.arrays["csr_indptr"]),
-                                   shape=(s.rows, s.n_cols)) for s in state.shards], format="csr")
-    n_cols = csr.shape[1]
-    dense_matrix = np.vstack([s.dense_rows() for s in state.shards])
-    term_col = backend._term_ids
-
-    def brute_sparse(q: QueryVectors, k: int):
-        qvec = np.zeros(n_cols, dtype=np.float32)
-        for t, w in q.full.items():
-            if t in term_col and term_col[t] < n_cols:
-                qvec[term_col[t]] = w
-        scores = csr @ qvec  # every document, doc-at-a-time
-        return np.argsort(-scores, kind="stable")[:k]
-
-    def brute_dense(q: QueryVectors, k: int):
-        scores = dense_matrix @ q.dense
-        return np.argsort(-scores, kind="stable")[:k]
+    brute_sparse, brute_dense = brute_force(backend, state)
 
     def plan(mode: str, k: int, explain: int):
         options = SearchOptions(mode=mode, k=k, explain=explain)
@@ -264,7 +272,8 @@ def main() -> None:
         len({h.id for h in backend.dense_search(q.dense, 10, explain=0)} & {ids[r] for r in brute_dense(q, 10)}) / 10
         for q in queries[:100]
     ])
-    posting_lengths = np.zeros(n_cols, dtype=np.int64)
+    postings = sum(int(shard.arrays["csc_indptr"][-1]) for shard in state.shards)
+    posting_lengths = np.zeros(max(shard.n_cols for shard in state.shards), dtype=np.int64)
     for shard in state.shards:
         per_term = np.diff(shard.arrays["csc_indptr"])
         posting_lengths[: per_term.size] += per_term
@@ -276,8 +285,8 @@ def main() -> None:
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {args.threads} search thread(s)",
         "docs": args.docs,
         "shards": len(state.shards),
-        "postings": int(csr.nnz),
-        "mean_terms_per_doc": round(csr.nnz / max(1, state.size), 1),
+        "postings": postings,
+        "mean_terms_per_doc": round(postings / max(1, state.size), 1),
         "longest_posting_list": int(posting_lengths.max()),
         "mean_query_terms": round(float(np.mean([len(q.full) for q in queries])), 1),
         "empty_queries": sum(not q.full for q in queries),

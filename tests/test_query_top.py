@@ -78,15 +78,15 @@ def test_the_c_path_equals_the_python_path_bit_for_bit(seed, id_type):
     shards, starts = collection(rng, id_type, sizes)
     table = table_of(shards, starts)
     term_ids = {t: i for i, t in enumerate(TERMS)}  # w60-w89: columns only the wider shards have
-    top = kernels.QueryTop(max(sizes), len(sizes), 8)
+    top = kernels.QueryTop(max(sizes), len(sizes), 8, 1000)
     for _ in range(25):
         words = rng.choice(len(TERMS) + 5, size=int(rng.integers(0, 30)), replace=False)
         query = {(TERMS[i] if i < len(TERMS) else f"unknown{i}"): float(rng.choice([0.5, 1.0, 0.3, 2.0, 0.0, -1.0]))
                  for i in words}
-        for k in (1, 3, 10, 20):
+        for k in (1, 3, 10, 20, 21, 64, 1000):  # above 20 (HEAP_K): d2s_top_large per shard
             want_cols, want_weights, want_rows, want_scores = python_path(shards, starts, query, term_ids, k)
-            if not top.fits(table, len(query)):
-                top = kernels.QueryTop(max(sizes), len(sizes), len(query))
+            if not top.fits(table, len(query), k):
+                top = kernels.QueryTop(max(sizes), len(sizes), len(query), 1000)
             assert top.run(table, query, term_ids, k) == want_rows.size
             rows, scores, cols, weights = top.results()
             assert np.array_equal(top.out_rows[: top.found], rows) and np.array_equal(top.out_scores64[: top.found], scores)
@@ -116,13 +116,14 @@ def test_queries_it_does_not_take_are_handed_back():
     table = table_of(shards, starts)
     term_ids = {t: i for i, t in enumerate(TERMS)}
     top = kernels.QueryTop(60, 2, 8)
-    assert top.run(table, {"w1": 1.0}, term_ids, 21) is None  # k above HEAP_K: the ctypes path
+    assert top.run(table, {"w1": 1.0}, term_ids, 21) is None  # k above its buffers: the ctypes path
     assert top.run(table, {"w1": 1}, term_ids, 5) is None  # an int weight: Python compares it
     assert top.run(table, {"w1": np.float32(1.0)}, term_ids, 5) is None
     assert top.run(table, {1: 1.0}, term_ids, 5) is None  # not a str
     assert top.run(table, {"w1": 1.0}, {"w1": np.int64(1)}, 5) is None  # a column not an int
     assert top.run(table, {f"w{i}": 1.0 for i in range(top.capacity + 1)}, term_ids, 5) is None  # more than it holds
-    assert not kernels.QueryTop(59, 2, 8).fits(table, 1) and not kernels.QueryTop(60, 1, 8).fits(table, 1)
+    assert not kernels.QueryTop(59, 2, 8).fits(table, 1, 5) and not kernels.QueryTop(60, 1, 8).fits(table, 1, 5)
+    assert kernels.QueryTop(60, 2, 8, 50).fits(table, 1, 50) and not kernels.QueryTop(60, 2, 8, 50).fits(table, 1, 51)
     assert top.run(table, {"nothing": 1.0, "w2": -1.0}, term_ids, 5) == 0
     rows, scores, cols, _ = top.results()
     assert rows.size == scores.size == cols.size == 0
@@ -144,7 +145,7 @@ def test_damaged_postings_are_refused_without_writing_outside_the_buffers(damage
     top = kernels.QueryTop(3, 1, 4)
     guard = np.full(9, 9.0, dtype=np.float32)
     top.scores = guard[3:6]  # the shard's 3 rows inside a larger block: the guards must stay
-    top._args = (*top._args[:4], top.scores.ctypes.data, 3, *top._args[6:])
+    top._args = (*top._args[:5], top.scores.ctypes.data, 3, *top._args[7:])
     with pytest.raises(kernels.DamagedArrays):
         top.run(table, {"a": 1.0, "b": 1.0}, {"a": 0, "b": 1}, 3)
     assert np.all(guard[:3] == 9.0) and np.all(guard[6:] == 9.0)
@@ -171,7 +172,7 @@ def test_the_backend_answers_through_it_with_the_same_hits(tmp_path, monkeypatch
     queries = [{TERMS[w]: float(rng.choice([0.4, 1.0, 2.0])) for w in rng.choice(32, size=5, replace=False)}
                for _ in range(20)]
     for explain in (0, 3):
-        for k in (1, 7, 20):
+        for k in (1, 7, 20, 21, 150):
             fast = [backend.sparse_search(q, k, explain=explain) for q in queries]
             assert len(calls) == len(queries)
             calls.clear()
@@ -183,6 +184,19 @@ def test_the_backend_answers_through_it_with_the_same_hits(tmp_path, monkeypatch
             assert not calls
             for a, b in zip(fast, slow):
                 assert [(h.id, h.score, h.path, h.matched) for h in a] == [(h.id, h.score, h.path, h.matched) for h in b]
+    # hybrid: its sparse run (the candidates, k=100 here) through it too, the same fused hits
+    from d2s_search.search import SearchOptions
+
+    options = SearchOptions(mode="hybrid", k=5, explain=2)
+    vector = rng.standard_normal(4).astype(np.float32)
+    fast = [backend.hybrid_search(q, vector, options) for q in queries]
+    assert len(calls) == len(queries)
+    monkeypatch.setattr(kernels, "_c_query", None)
+    slow = [backend.hybrid_search(q, vector, options) for q in queries]
+    monkeypatch.setattr(kernels, "_c_query", kernels._load_c_module("_query"))
+    for a, b in zip(fast, slow):
+        assert [(h.id, h.score, h.matched, h.parts) for h in a] == [(h.id, h.score, h.matched, h.parts) for h in b]
+    calls.clear()
     # shards searched in parallel (threads, at least SPARSE_PARALLEL_FROM shards): not this path
     backend.threads = 2
     backend.sparse_search(queries[0], 5, explain=0)

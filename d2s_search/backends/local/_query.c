@@ -25,7 +25,7 @@
 #endif
 #include "_score.c"
 
-#define HEAP_K 20       /* kernels.HEAP_K: above it, the ctypes path (d2s_top_large) */
+#define HEAP_K 20       /* kernels.HEAP_K: above it, d2s_top_large */
 #define MAX_SHARDS 4096 /* more: the ctypes path */
 
 /* One shard's fields in the table (int64 each), kernels.ShardTable.FIELDS in this order. */
@@ -95,11 +95,12 @@ done:
 }
 
 /* Every shard's top k, merged: n (<= k) rows (global) and scores best first, ties by row, or -2
- * when a shard's postings point outside it. Runs without the GIL. */
+ * when a shard's postings point outside it. work: a small k's heap, or a large k's candidates
+ * (with maxima; d2s_top_large). Runs without the GIL. */
 static int64_t shards_top(const int64_t *table, Py_ssize_t n_shards, const int64_t *cols, const float *weights,
                           Py_ssize_t n_terms, Py_ssize_t k, int64_t *slots, float *scores, Py_ssize_t scores_len,
-                          entry *heap, int32_t *tops_rows, float *tops_scores, int64_t *out_rows, float *out_scores,
-                          double *out_scores64) {
+                          void *work, float *maxima, int32_t *tops_rows, float *tops_scores, int64_t *out_rows,
+                          float *out_scores, double *out_scores64) {
     for (Py_ssize_t j = 0; j < n_shards; j++) {
         const int64_t *f = table + j * N_FIELDS;
         int64_t n_rows = f[F_N_ROWS], n_cols = f[F_N_COLS];
@@ -122,8 +123,12 @@ static int64_t shards_top(const int64_t *table, Py_ssize_t n_shards, const int64
                                  cols, weights, n_terms, slot_of ? slots : NULL, dense, f[F_N_DENSE], scores);
         }
         if (bad) return -2;
-        int64_t got = d2s_top_positive(scores, n_rows, k < n_rows ? k : n_rows, heap, tops_rows + j * k,
-                                       tops_scores + j * k);
+        int64_t kk = k < n_rows ? k : n_rows, got;
+        if (kk > HEAP_K) {
+            got = d2s_top_large(scores, n_rows, kk, work, maxima, tops_rows + j * k, tops_scores + j * k);
+        } else {
+            got = d2s_top_positive(scores, n_rows, kk, work, tops_rows + j * k, tops_scores + j * k);
+        }
         for (int64_t i = got; i < k; i++) tops_rows[j * k + i] = -1; /* the end of this shard's list */
     }
     /* k-way merge of the shards' lists (each best first, ties by row; shards in row order) */
@@ -153,28 +158,34 @@ static int64_t shards_top(const int64_t *table, Py_ssize_t n_shards, const int64
     return n;
 }
 
-/* search(query, term_ids, table_addr, n_shards, k, capacity, cols_addr, weights_addr, slots_addr,
- *        scores_addr, scores_len, heap_addr, tops_rows_addr, tops_scores_addr, out_rows_addr,
- *        out_scores_addr, out_scores64_addr) -> (n_terms, n)
+/* search(query, term_ids, table_addr, n_shards, k, capacity, k_capacity, cols_addr, weights_addr,
+ *        slots_addr, scores_addr, scores_len, work_addr, maxima_addr, tops_rows_addr,
+ *        tops_scores_addr, out_rows_addr, out_scores_addr, out_scores64_addr) -> (n_terms, n)
  * The query's columns and weights (n_terms, capacity at most) and its top k: n rows (global,
  * int64) and scores (float32, and float64 for the hit builder), best first, ties by row.
  * n_terms -1: not for this call (the query is not a dict of str to float, too many terms,
- * k above HEAP_K, too many shards): the Python path then. n -2: a shard's postings point
- * outside it (damage). Buffers: slots capacity int64; heap 2k int32 (k entries); tops_rows /
- * tops_scores n_shards * k; scores scores_len floats (at least every shard's rows). */
+ * k above k_capacity, too many shards): the Python path then. n -2: a shard's postings point
+ * outside it (damage). Buffers: slots capacity int64; scores scores_len floats (at least every
+ * shard's rows); work 2 * HEAP_K int32 (a heap) when k_capacity <= HEAP_K, else 4 * scores_len
+ * int32 (d2s_top_large's candidates) and maxima scores_len / 4 + 1 floats; tops_rows /
+ * tops_scores n_shards * k; out_* k_capacity. */
 static PyObject *search(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 17) {
-        PyErr_SetString(PyExc_TypeError, "search() takes 17 arguments");
+    if (nargs != 19) {
+        PyErr_SetString(PyExc_TypeError, "search() takes 19 arguments");
         return NULL;
     }
     PyObject *query = args[0], *term_ids = args[1];
-    void *p[11];
+    void *p[12];
     const int64_t *table = PyLong_AsVoidPtr(args[2]);
     Py_ssize_t n_shards = PyLong_AsSsize_t(args[3]), k = PyLong_AsSsize_t(args[4]);
-    Py_ssize_t capacity = PyLong_AsSsize_t(args[5]), scores_len = PyLong_AsSsize_t(args[10]);
-    for (int i = 0; i < 11; i++) p[i] = i == 4 ? NULL : PyLong_AsVoidPtr(args[6 + i]);
+    Py_ssize_t capacity = PyLong_AsSsize_t(args[5]), k_capacity = PyLong_AsSsize_t(args[6]);
+    Py_ssize_t scores_len = PyLong_AsSsize_t(args[11]);
+    for (int i = 0; i < 12; i++) p[i] = i == 4 ? NULL : PyLong_AsVoidPtr(args[7 + i]);
     if (PyErr_Occurred()) return NULL;
-    if (k > HEAP_K || n_shards > MAX_SHARDS || n_shards < 0 || capacity < 0) return Py_BuildValue("(ii)", -1, 0);
+    if (k > k_capacity || (k > HEAP_K && (k_capacity <= HEAP_K || p[6] == NULL)) || n_shards > MAX_SHARDS ||
+        n_shards < 0 || capacity < 0) {
+        return Py_BuildValue("(ii)", -1, 0);
+    }
     Py_ssize_t n_terms = query_columns(query, term_ids, p[0], p[1], capacity);
     if (n_terms == -3) return NULL;
     if (n_terms < 0) return Py_BuildValue("(ii)", -1, 0);
@@ -182,7 +193,7 @@ static PyObject *search(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
     if (k > 0 && n_terms > 0) {
         Py_BEGIN_ALLOW_THREADS
         n = shards_top(table, n_shards, p[0], p[1], n_terms, k, p[2], p[3], scores_len, p[5], p[6], p[7], p[8], p[9],
-                       p[10]);
+                       p[10], p[11]);
         Py_END_ALLOW_THREADS
     }
     return Py_BuildValue("(nL)", n_terms, (long long)n);
@@ -190,10 +201,10 @@ static PyObject *search(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
 
 static PyMethodDef methods[] = {
     {"search", (PyCFunction)(void (*)(void))search, METH_FASTCALL,
-     "search(query, term_ids, table_addr, n_shards, k, capacity, cols_addr, weights_addr, slots_addr, scores_addr,\n"
-     "       scores_len, heap_addr, tops_rows_addr, tops_scores_addr, out_rows_addr, out_scores_addr,\n"
-     "       out_scores64_addr) -> (n_terms, n)\n\n"
-     "A sparse query's columns and exact top k (<= 20) over every shard; n_terms -1: not for this call,\n"
+     "search(query, term_ids, table_addr, n_shards, k, capacity, k_capacity, cols_addr, weights_addr, slots_addr,\n"
+     "       scores_addr, scores_len, work_addr, maxima_addr, tops_rows_addr, tops_scores_addr, out_rows_addr,\n"
+     "       out_scores_addr, out_scores64_addr) -> (n_terms, n)\n\n"
+     "A sparse query's columns and exact top k over every shard; n_terms -1: not for this call,\n"
      "n -2: postings out of bounds."},
     {NULL, NULL, 0, NULL},
 };

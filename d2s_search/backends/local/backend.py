@@ -629,11 +629,10 @@ class LocalBackend:
 
     def _query_top(self, state: Structures, query: SparseVector, k: int) -> kernels.QueryTop | None:
         """The exact sparse top k found by ``_query.c`` in one call (kernels.QueryTop, this
-        thread's, holding the result): what _query_columns and _sparse_top give, for a small k
-        searched in the calling thread. None when that path does not apply (not built, a large
-        k, shards searched in parallel, a shard the kernel does not take, a query not a dict of
-        floats)."""
-        if kernels._c_query is None or not 0 < k <= kernels.HEAP_K or type(query) is not dict or not state.size:
+        thread's, holding the result): what _query_columns and _sparse_top give, for shards
+        searched in the calling thread. None when that path does not apply (not built, shards
+        searched in parallel, a shard the kernel does not take, a query not a dict of floats)."""
+        if kernels._c_query is None or k <= 0 or type(query) is not dict or not state.size:
             return None
         if self._n_groups(len(state.shards), SPARSE_PARALLEL_FROM) > 1:
             return None
@@ -647,8 +646,9 @@ class LocalBackend:
         if table is False:
             return None
         top = getattr(self._per_thread, "query_top", None)
-        if top is None or not top.fits(table, len(query)):
-            top = self._per_thread.query_top = kernels.QueryTop(state.shard_rows, table.n_shards, len(query))
+        if top is None or not top.fits(table, len(query), k):  # buffers for the largest k this thread asked for
+            k_most = max(k, top.k if top is not None else 0)
+            top = self._per_thread.query_top = kernels.QueryTop(state.shard_rows, table.n_shards, len(query), k_most)
         try:
             return top if top.run(table, query, self._term_ids, k) is not None else None
         except kernels.DamagedArrays as exc:  # the kernel's own bounds checks
@@ -796,8 +796,14 @@ class LocalBackend:
         def run(state: Structures) -> list[Hit]:
             if state.size and query.shape[0] != state.dim:
                 raise QueryError(f"query vector has {query.shape[0]} dims, the index {state.dim}")
-            columns = self._query_columns(sparse)
-            runs = [("sparse", *self._sparse_top(state, columns, n))]
+            top = self._query_top(state, sparse, n)
+            if top is None:
+                columns = self._query_columns(sparse)
+                runs = [("sparse", *self._sparse_top(state, columns, n))]
+            else:
+                rows, scores, cols, weights = top.results()
+                columns = QueryColumns(cols, weights)
+                runs = [("sparse", rows, scores)]
             runs.append(("dense", *(self._dense_top(state, query, n) if state.size else (np.zeros(0, np.int64),) * 2)))
             if options.fusion == "rrf":
                 weights = {name: 1.0 / (int(options.rrf_k) + np.arange(1, rows.size + 1)) for name, rows, _ in runs}

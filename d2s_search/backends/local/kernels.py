@@ -363,40 +363,48 @@ class ShardTable:
 
 
 class QueryTop:
-    """A sparse query's exact top k (k <= :data:`HEAP_K`) over a :class:`ShardTable` in one call
-    of ``_query.c``: the query dict to sorted columns and weights, then every shard scored by
-    the kernel, its top k kept and the lists merged. The same columns, rows and scores as
-    ``backend._query_columns``, :func:`shard_top` per shard and :func:`merge_top` (tests compare
-    them), without the Python between them (0.3 ms of a cold 123k search, docs/benchmarks.md
-    "Session 19"). Its buffers are reused query after query: one per thread. After :meth:`run`,
-    ``out_rows[:found]`` and ``out_scores64[:found]`` hold the hits' rows and scores."""
+    """A sparse query's exact top k over a :class:`ShardTable` in one call of ``_query.c``: the
+    query dict to sorted columns and weights, then every shard scored by the kernel, its top k
+    kept (a heap, or ``d2s_top_large`` above :data:`HEAP_K`) and the lists merged. The same
+    columns, rows and scores as ``backend._query_columns``, :func:`shard_top` per shard and
+    :func:`merge_top` (tests compare them), without the Python between them (0.3 ms of a cold
+    123k search, docs/benchmarks.md "Session 19"). Its buffers are reused query after query:
+    one per thread, for any k up to its ``k``. After :meth:`run`, ``out_rows[:found]`` and
+    ``out_scores64[:found]`` hold the hits' rows and scores."""
 
-    def __init__(self, shard_rows: int, n_shards: int, capacity: int):
+    def __init__(self, shard_rows: int, n_shards: int, capacity: int, k: int = HEAP_K):
         self.capacity = max(64, capacity)  # query terms
+        self.k = max(k, HEAP_K)
+        large = self.k > HEAP_K
         self.cols = np.empty(self.capacity, dtype=np.int64)
         self.weights = np.empty(self.capacity, dtype=np.float32)
         self.slots = np.empty(self.capacity, dtype=np.int64)
         self.scores = np.empty(max(1, shard_rows), dtype=np.float32)
-        self.heap = np.empty(2 * HEAP_K, dtype=np.int32)  # HEAP_K (float32 score, int32 row) entries
-        self.tops_rows = np.empty(max(1, n_shards) * HEAP_K, dtype=np.int32)
-        self.tops_scores = np.empty(max(1, n_shards) * HEAP_K, dtype=np.float32)
-        self.out_rows = np.empty(HEAP_K, dtype=np.int64)
-        self.out_scores = np.empty(HEAP_K, dtype=np.float32)
-        self.out_scores64 = np.empty(HEAP_K, dtype=np.float64)
+        # a small k's heap ((float32 score, int32 row) entries), or a large k's candidates as
+        # 64-bit keys and as many again for sorting them, and d2s_top_large's group maxima
+        self.work = np.empty(4 * self.scores.size if large else 2 * HEAP_K, dtype=np.int32)
+        self.maxima = np.empty(self.scores.size // 4 + 1 if large else 0, dtype=np.float32)
+        self.tops_rows = np.empty(max(1, n_shards) * self.k, dtype=np.int32)
+        self.tops_scores = np.empty(max(1, n_shards) * self.k, dtype=np.float32)
+        self.out_rows = np.empty(self.k, dtype=np.int64)
+        self.out_scores = np.empty(self.k, dtype=np.float32)
+        self.out_scores64 = np.empty(self.k, dtype=np.float64)
         self.n_shards = n_shards
         self.n_terms = self.found = 0
-        self._args = (self.capacity, *(a.ctypes.data for a in (self.cols, self.weights, self.slots, self.scores)),
-                      self.scores.size, *(a.ctypes.data for a in (self.heap, self.tops_rows, self.tops_scores,
-                                                                  self.out_rows, self.out_scores, self.out_scores64)))
+        self._args = (self.capacity, self.k, *(a.ctypes.data for a in (self.cols, self.weights, self.slots, self.scores)),
+                      self.scores.size, self.work.ctypes.data, self.maxima.ctypes.data if large else 0,
+                      *(a.ctypes.data for a in (self.tops_rows, self.tops_scores, self.out_rows, self.out_scores,
+                                                self.out_scores64)))
 
-    def fits(self, table: ShardTable, n_terms: int) -> bool:
-        return table.max_rows <= self.scores.size and table.n_shards <= self.n_shards and n_terms <= self.capacity
+    def fits(self, table: ShardTable, n_terms: int, k: int) -> bool:
+        return (table.max_rows <= self.scores.size and table.n_shards <= self.n_shards and n_terms <= self.capacity
+                and k <= self.k)
 
     def run(self, table: ShardTable, query: dict, term_ids: dict, k: int) -> int | None:
         """How many hits were found (``found``), or None when the C path does not take this
-        query (not a dict of str to float, or k above HEAP_K): the Python path then.
+        query (not a dict of str to float, or more than the buffers hold): the Python path then.
         DamagedArrays when a shard's postings point outside it."""
-        if not self.fits(table, len(query)):
+        if not self.fits(table, len(query), k):
             return None
         n_terms, n = _c_query.search(query, term_ids, table.address, table.n_shards, k, *self._args)
         if n_terms < 0:
