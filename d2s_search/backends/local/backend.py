@@ -428,6 +428,8 @@ class LocalBackend:
             # which scoring kernel this install has: "numpy" means no C compiler at install time
             "scoring_kernel": "compiled" if kernels.c_kernel_loaded() else "numpy",
             "hit_builder": "compiled" if kernels._c_hits is not None else "python",  # _hits.c, built with it
+            # _query.c: a sparse query's columns, every shard's top k and their merge in one call
+            "sparse_query": "compiled" if kernels._c_query is not None and kernels.c_kernel_loaded() else "python",
             # "hnsw": dense search proposes candidates from graphs (approximate), see APPROXIMATE_DENSE_FROM
             "dense_search": "hnsw" if docs >= APPROXIMATE_DENSE_FROM and graph.available() else "exact",
         }
