@@ -64,10 +64,31 @@ def python_path(shards, starts, query: dict, term_ids: dict, k: int):
     return cols, weights, rows, scores
 
 
+def row_wise(indptr, indices, data, rows: int):
+    """The same postings row by row (CSR: int64 pointers, int32 column ids), as the cache keeps them."""
+    col_of = np.repeat(np.arange(indptr.size - 1), np.diff(indptr))
+    order = np.lexsort((col_of, indices.astype(np.int64)))
+    row_ptr = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(indices.astype(np.int64), minlength=rows), out=row_ptr[1:])
+    return row_ptr, col_of[order].astype(np.int32), data[order]
+
+
 def table_of(shards, starts) -> kernels.ShardTable:
     bound = [kernels.BoundShard.bind(*arrays[:3], rows, *arrays[3:]) for arrays, rows in shards]
     assert all(bound)
-    return kernels.ShardTable(bound, starts)
+    return kernels.ShardTable(bound, starts, [row_wise(*arrays[:3], rows) for arrays, rows in shards])
+
+
+def words_of(shards, starts, rows, cols, weights, n):
+    """Each hit's n strongest words as the backend's _explain gives them (kernels.explain_rows)."""
+    out = []
+    for row in rows.tolist():
+        j = max(i for i, start in enumerate(starts) if start <= row)
+        (arrays, n_rows) = shards[j]
+        csr = row_wise(*arrays[:3], n_rows)
+        pairs = kernels.explain_rows(*csr, np.array([row - starts[j]]), cols, weights, n)[0]
+        out.append([(TERMS[c], v) for c, v in pairs])
+    return out
 
 
 @pytest.mark.parametrize("id_type", [np.uint16, np.int32])
@@ -78,18 +99,23 @@ def test_the_c_path_equals_the_python_path_bit_for_bit(seed, id_type):
     shards, starts = collection(rng, id_type, sizes)
     table = table_of(shards, starts)
     term_ids = {t: i for i, t in enumerate(TERMS)}  # w60-w89: columns only the wider shards have
-    top = kernels.QueryTop(max(sizes), len(sizes), 8, 1000)
+    top = kernels.QueryTop(max(sizes), len(sizes), 8, 1000, 7, table.n_cols)
     for _ in range(25):
         words = rng.choice(len(TERMS) + 5, size=int(rng.integers(0, 30)), replace=False)
         query = {(TERMS[i] if i < len(TERMS) else f"unknown{i}"): float(rng.choice([0.5, 1.0, 0.3, 2.0, 0.0, -1.0]))
                  for i in words}
         for k in (1, 3, 10, 20, 21, 64, 1000):  # above 20 (HEAP_K): d2s_top_large per shard
             want_cols, want_weights, want_rows, want_scores = python_path(shards, starts, query, term_ids, k)
-            if not top.fits(table, len(query), k):
-                top = kernels.QueryTop(max(sizes), len(sizes), len(query), 1000)
-            assert top.run(table, query, term_ids, k) == want_rows.size
+            if not top.fits(table, len(query), k, 7):
+                top = kernels.QueryTop(max(sizes), len(sizes), len(query), 1000, 7, table.n_cols)
+            words = (0, 1, 3, 7)[k % 4]
+            assert top.run(table, query, term_ids, k, words, TERMS) == want_rows.size
             rows, scores, cols, weights = top.results()
             assert np.array_equal(top.out_rows[: top.found], rows) and np.array_equal(top.out_scores64[: top.found], scores)
+            if words:  # each hit's words, as _explain reads them from its own postings
+                assert top.matched == words_of(shards, starts, want_rows, want_cols, want_weights, words)
+            else:
+                assert top.matched is None
             assert cols.tolist() == want_cols.tolist() and np.array_equal(weights, want_weights)
             assert rows.dtype == np.int64 and rows.tolist() == want_rows.tolist()
             assert scores.dtype == np.float32 and np.array_equal(scores, want_scores)  # bit for bit
@@ -123,6 +149,8 @@ def test_queries_it_does_not_take_are_handed_back():
     assert top.run(table, {"w1": 1.0}, {"w1": np.int64(1)}, 5) is None  # a column not an int
     assert top.run(table, {f"w{i}": 1.0 for i in range(top.capacity + 1)}, term_ids, 5) is None  # more than it holds
     assert not kernels.QueryTop(59, 2, 8).fits(table, 1, 5) and not kernels.QueryTop(60, 1, 8).fits(table, 1, 5)
+    assert not top.fits(table, 1, 5, 1)  # no room for words
+    assert not kernels.QueryTop(60, 2, 8, 20, 3, table.n_cols - 1).fits(table, 1, 5, 3)  # a slot table too short
     assert kernels.QueryTop(60, 2, 8, 50).fits(table, 1, 50) and not kernels.QueryTop(60, 2, 8, 50).fits(table, 1, 51)
     assert top.run(table, {"nothing": 1.0, "w2": -1.0}, term_ids, 5) == 0
     rows, scores, cols, _ = top.results()
@@ -141,7 +169,7 @@ def test_damaged_postings_are_refused_without_writing_outside_the_buffers(damage
     else:
         indptr[1] = 5
     bound = kernels.BoundShard.bind(indptr, indices, data, 3)
-    table = kernels.ShardTable([bound], [0])
+    table = kernels.ShardTable([bound], [0], [(np.zeros(4, np.int64), np.zeros(0, np.int32), np.zeros(0, np.uint16))])
     top = kernels.QueryTop(3, 1, 4)
     guard = np.full(9, 9.0, dtype=np.float32)
     top.scores = guard[3:6]  # the shard's 3 rows inside a larger block: the guards must stay
@@ -149,6 +177,21 @@ def test_damaged_postings_are_refused_without_writing_outside_the_buffers(damage
     with pytest.raises(kernels.DamagedArrays):
         top.run(table, {"a": 1.0, "b": 1.0}, {"a": 0, "b": 1}, 3)
     assert np.all(guard[:3] == 9.0) and np.all(guard[6:] == 9.0)
+
+
+def test_a_hits_damaged_row_is_refused():
+    """A row pointer past the row-wise postings: DamagedArrays (the cache is rebuilt), nothing read."""
+    indptr = np.array([0, 3], dtype=np.int32)
+    indices = np.array([0, 1, 2], dtype=np.uint16)
+    data = kernels.encode_weights(np.array([1.0, 2.0, 3.0], np.float32))
+    csr = row_wise(indptr, indices, data, 3)
+    table = kernels.ShardTable([kernels.BoundShard.bind(indptr, indices, data, 3)], [0], [csr])
+    top = kernels.QueryTop(3, 1, 4, 20, 2, table.n_cols)
+    assert top.run(table, {"a": 1.0}, {"a": 0}, 2, 2, ["a"]) == 2 and top.matched == [[("a", 3.0)], [("a", 2.0)]]
+    csr[0][3] = 99  # the last row's end past the postings
+    with pytest.raises(kernels.DamagedArrays):
+        top.run(table, {"a": 1.0}, {"a": 0}, 2, 2, ["a"])
+    assert np.all(top.slot_of == -1)  # the slot table is left clean for the next query
 
 
 IDENTITY = IndexIdentity("fp", 4, "tiny")

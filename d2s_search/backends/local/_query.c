@@ -30,7 +30,7 @@
 
 /* One shard's fields in the table (int64 each), kernels.ShardTable.FIELDS in this order. */
 enum { F_INDPTR, F_N_COLS, F_INDICES, F_DATA, F_NNZ, F_N_ROWS, F_ID_BITS, F_SLOT_OF, F_SLOT_OF_LEN, F_DENSE,
-       F_N_DENSE, F_START, N_FIELDS };
+       F_N_DENSE, F_START, F_CSR_INDPTR, F_CSR_INDICES, F_CSR_DATA, F_CSR_NNZ, N_FIELDS };
 
 typedef struct {
     int64_t col;
@@ -158,53 +158,175 @@ static int64_t shards_top(const int64_t *table, Py_ssize_t n_shards, const int64
     return n;
 }
 
+/* The shard holding a global row: the last whose start is at or below it (starts ascending). */
+static Py_ssize_t shard_of(const int64_t *table, Py_ssize_t n_shards, int64_t row) {
+    Py_ssize_t lo = 0, hi = n_shards;
+    while (hi - lo > 1) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (table[mid * N_FIELDS + F_START] <= row) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+/* The words of the n hits: d2s_explain_slots's slots and values for each (m per hit), read from
+ * the hits' own postings (CSR) with slot_of (column -> query slot, n_map entries, -1 elsewhere;
+ * filled here for the query's columns and cleared again before returning). Returns the number
+ * of hits whose row or pointers were out of bounds. Runs without the GIL. */
+static int64_t explain_hits(const int64_t *table, Py_ssize_t n_shards, const int64_t *rows, int64_t n,
+                            const int64_t *cols, const float *weights, Py_ssize_t n_terms, int64_t m,
+                            int16_t *slot_of, int64_t n_map, int64_t *slots, float *vals) {
+    int64_t bad = 0;
+    for (Py_ssize_t t = 0; t < n_terms; t++)
+        if (cols[t] >= 0 && cols[t] < n_map) slot_of[cols[t]] = (int16_t)t;
+    for (int64_t i = 0; i < n && i < PREFETCH_ROWS; i++) { /* the first hits' pointers */
+        const int64_t *g = table + shard_of(table, n_shards, rows[i]) * N_FIELDS;
+        int64_t local = rows[i] - g[F_START];
+        if (local >= 0 && local < g[F_N_ROWS]) __builtin_prefetch((const int64_t *)(intptr_t)g[F_CSR_INDPTR] + local);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        /* as d2s_explain_slots: a later hit's postings, and a still later one's pointers, asked for ahead */
+        if (i + PREFETCH_ROWS < n) {
+            const int64_t *g = table + shard_of(table, n_shards, rows[i + PREFETCH_ROWS]) * N_FIELDS;
+            prefetch_row((const int64_t *)(intptr_t)g[F_CSR_INDPTR], g[F_N_ROWS], (const int32_t *)(intptr_t)g[F_CSR_INDICES],
+                         (const uint16_t *)(intptr_t)g[F_CSR_DATA], g[F_CSR_NNZ], rows[i + PREFETCH_ROWS] - g[F_START]);
+        }
+        if (i + 2 * PREFETCH_ROWS < n) {
+            const int64_t *g = table + shard_of(table, n_shards, rows[i + 2 * PREFETCH_ROWS]) * N_FIELDS;
+            int64_t later = rows[i + 2 * PREFETCH_ROWS] - g[F_START];
+            if (later >= 0 && later < g[F_N_ROWS]) __builtin_prefetch((const int64_t *)(intptr_t)g[F_CSR_INDPTR] + later);
+        }
+        const int64_t *f = table + shard_of(table, n_shards, rows[i]) * N_FIELDS;
+        bad += explain_row_slots((const int64_t *)(intptr_t)f[F_CSR_INDPTR], f[F_N_ROWS],
+                                 (const int32_t *)(intptr_t)f[F_CSR_INDICES], (const uint16_t *)(intptr_t)f[F_CSR_DATA],
+                                 f[F_CSR_NNZ], rows[i] - f[F_START], slot_of, n_map, weights, n_terms, m,
+                                 slots + i * m, vals + i * m);
+    }
+    for (Py_ssize_t t = 0; t < n_terms; t++)
+        if (cols[t] >= 0 && cols[t] < n_map) slot_of[cols[t]] = -1;
+    return bad;
+}
+
+/* Each hit's words as _hits.explained makes them: [(terms[column], value)] for its leading
+ * positive values ("" for a column past the term list). NULL with an exception set. */
+static PyObject *matched_lists(PyObject *terms, const int64_t *cols, const int64_t *slots, const float *vals,
+                               int64_t n, int64_t m) {
+    PyObject *out = PyList_New((Py_ssize_t)n), *empty = NULL;
+    if (out == NULL) return NULL;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t count = 0;
+        while (count < m && vals[i * m + count] > 0) count++;
+        PyObject *pairs = PyList_New((Py_ssize_t)count);
+        if (pairs == NULL) goto fail;
+        PyList_SET_ITEM(out, (Py_ssize_t)i, pairs);
+        for (int64_t j = 0; j < count; j++) {
+            int64_t col = cols[slots[i * m + j]];
+            PyObject *name;
+            if (col >= 0 && col < PyList_GET_SIZE(terms)) {
+                name = Py_NewRef(PyList_GET_ITEM(terms, col));
+            } else {
+                if (empty == NULL && (empty = PyUnicode_FromString("")) == NULL) goto fail;
+                name = Py_NewRef(empty);
+            }
+            PyObject *value = PyFloat_FromDouble((double)vals[i * m + j]), *pair = value ? PyTuple_New(2) : NULL;
+            if (pair == NULL) {
+                Py_DECREF(name);
+                Py_XDECREF(value);
+                goto fail;
+            }
+            PyTuple_SET_ITEM(pair, 0, name);
+            PyTuple_SET_ITEM(pair, 1, value);
+            PyList_SET_ITEM(pairs, (Py_ssize_t)j, pair);
+        }
+    }
+    Py_XDECREF(empty);
+    return out;
+fail:
+    Py_XDECREF(empty);
+    Py_DECREF(out);
+    return NULL;
+}
+
 /* search(query, term_ids, table_addr, n_shards, k, capacity, k_capacity, cols_addr, weights_addr,
  *        slots_addr, scores_addr, scores_len, work_addr, maxima_addr, tops_rows_addr,
- *        tops_scores_addr, out_rows_addr, out_scores_addr, out_scores64_addr) -> (n_terms, n)
+ *        tops_scores_addr, out_rows_addr, out_scores_addr, out_scores64_addr,
+ *        m, m_capacity, terms, slot_of_addr, n_map, words_slots_addr, words_values_addr)
+ * -> (n_terms, n, matched)
  * The query's columns and weights (n_terms, capacity at most) and its top k: n rows (global,
- * int64) and scores (float32, and float64 for the hit builder), best first, ties by row.
+ * int64) and scores (float32, and float64 for the hit builder), best first, ties by row; with
+ * m > 0 each hit's m strongest words, matched = [[(word, value), ...] per hit] as
+ * backend._explain gives them (terms: the index's words by column), else None.
  * n_terms -1: not for this call (the query is not a dict of str to float, too many terms,
- * k above k_capacity, too many shards): the Python path then. n -2: a shard's postings point
- * outside it (damage). Buffers: slots capacity int64; scores scores_len floats (at least every
- * shard's rows); work 2 * HEAP_K int32 (a heap) when k_capacity <= HEAP_K, else 4 * scores_len
- * int32 (d2s_top_large's candidates) and maxima scores_len / 4 + 1 floats; tops_rows /
- * tops_scores n_shards * k; out_* k_capacity. */
+ * k above k_capacity or m above m_capacity, too many shards): the Python path then. n -2: a
+ * shard's postings or a hit's row point outside it (damage). Buffers: slots capacity int64;
+ * scores scores_len floats (at least every shard's rows); work 2 * HEAP_K int32 (a heap) when
+ * k_capacity <= HEAP_K, else 4 * scores_len int32 (d2s_top_large's candidates) and maxima
+ * scores_len / 4 + 1 floats; tops_rows / tops_scores n_shards * k; out_* k_capacity;
+ * slot_of n_map int16, all -1 (and left so), n_map above every shard's columns; words_*
+ * k_capacity * m_capacity. */
 static PyObject *search(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 19) {
-        PyErr_SetString(PyExc_TypeError, "search() takes 19 arguments");
+    if (nargs != 26) {
+        PyErr_SetString(PyExc_TypeError, "search() takes 26 arguments");
         return NULL;
     }
-    PyObject *query = args[0], *term_ids = args[1];
+    PyObject *query = args[0], *term_ids = args[1], *terms = args[21];
     void *p[12];
     const int64_t *table = PyLong_AsVoidPtr(args[2]);
     Py_ssize_t n_shards = PyLong_AsSsize_t(args[3]), k = PyLong_AsSsize_t(args[4]);
     Py_ssize_t capacity = PyLong_AsSsize_t(args[5]), k_capacity = PyLong_AsSsize_t(args[6]);
     Py_ssize_t scores_len = PyLong_AsSsize_t(args[11]);
     for (int i = 0; i < 12; i++) p[i] = i == 4 ? NULL : PyLong_AsVoidPtr(args[7 + i]);
+    Py_ssize_t m = PyLong_AsSsize_t(args[19]), m_capacity = PyLong_AsSsize_t(args[20]);
+    int16_t *slot_of = PyLong_AsVoidPtr(args[22]);
+    Py_ssize_t n_map = PyLong_AsSsize_t(args[23]);
+    int64_t *word_slots = PyLong_AsVoidPtr(args[24]);
+    float *word_values = PyLong_AsVoidPtr(args[25]);
     if (PyErr_Occurred()) return NULL;
     if (k > k_capacity || (k > HEAP_K && (k_capacity <= HEAP_K || p[6] == NULL)) || n_shards > MAX_SHARDS ||
-        n_shards < 0 || capacity < 0) {
-        return Py_BuildValue("(ii)", -1, 0);
+        n_shards < 0 || capacity < 0 || m < 0 || m > m_capacity || capacity > INT16_MAX ||
+        (m > 0 && (!PyList_CheckExact(terms) || slot_of == NULL || word_slots == NULL || word_values == NULL))) {
+        return Py_BuildValue("(iiO)", -1, 0, Py_None);
     }
     Py_ssize_t n_terms = query_columns(query, term_ids, p[0], p[1], capacity);
     if (n_terms == -3) return NULL;
-    if (n_terms < 0) return Py_BuildValue("(ii)", -1, 0);
-    int64_t n = 0;
+    if (n_terms < 0) return Py_BuildValue("(iiO)", -1, 0, Py_None);
+    int64_t n = 0, bad = 0;
     if (k > 0 && n_terms > 0) {
         Py_BEGIN_ALLOW_THREADS
         n = shards_top(table, n_shards, p[0], p[1], n_terms, k, p[2], p[3], scores_len, p[5], p[6], p[7], p[8], p[9],
                        p[10], p[11]);
+        if (n > 0 && m > 0) {
+            bad = explain_hits(table, n_shards, p[9], n, p[0], p[1], n_terms, m < n_terms ? m : n_terms, slot_of,
+                               n_map, word_slots, word_values);
+        }
         Py_END_ALLOW_THREADS
     }
-    return Py_BuildValue("(nL)", n_terms, (long long)n);
+    if (n == -2 || bad) return Py_BuildValue("(niO)", n_terms, -2, Py_None);
+    if (m == 0) return Py_BuildValue("(nLO)", n_terms, (long long)n, Py_None);
+    int64_t words = m < n_terms ? m : n_terms;
+    PyObject *matched = words > 0 ? matched_lists(terms, p[0], word_slots, word_values, n, words) : NULL;
+    if (words > 0 && matched == NULL) return NULL;
+    if (words == 0) { /* no query term: every hit matched nothing */
+        matched = PyList_New((Py_ssize_t)n);
+        if (matched == NULL) return NULL;
+        for (int64_t i = 0; i < n; i++) {
+            PyObject *none = PyList_New(0);
+            if (none == NULL) {
+                Py_DECREF(matched);
+                return NULL;
+            }
+            PyList_SET_ITEM(matched, (Py_ssize_t)i, none);
+        }
+    }
+    return Py_BuildValue("(nLN)", n_terms, (long long)n, matched);
 }
 
 static PyMethodDef methods[] = {
     {"search", (PyCFunction)(void (*)(void))search, METH_FASTCALL,
      "search(query, term_ids, table_addr, n_shards, k, capacity, k_capacity, cols_addr, weights_addr, slots_addr,\n"
      "       scores_addr, scores_len, work_addr, maxima_addr, tops_rows_addr, tops_scores_addr, out_rows_addr,\n"
-     "       out_scores_addr, out_scores64_addr) -> (n_terms, n)\n\n"
-     "A sparse query's columns and exact top k over every shard; n_terms -1: not for this call,\n"
+     "       out_scores_addr, out_scores64_addr, m, m_capacity, terms, slot_of_addr, n_map, words_slots_addr,\n"
+     "       words_values_addr) -> (n_terms, n, matched)\n\n"
+     "A sparse query's columns, exact top k over every shard and (m > 0) each hit's words; n_terms -1: not for this call,\n"
      "n -2: postings out of bounds."},
     {NULL, NULL, 0, NULL},
 };

@@ -319,6 +319,51 @@ D2S_EXPORT int64_t d2s_explain_rows(const int64_t *indptr, int64_t n_rows, const
 #define PREFETCH_ROWS 8                /* rows whose postings are asked for ahead */
 #define MAX_TABLE_COLUMNS (1 << 24)     /* larger than any vocabulary */
 
+/* One row of d2s_explain_slots: its m largest products over the query's terms (slot_of: column
+ * -> query slot or -1, n_map entries), largest first, ties by slot, then the zero-valued slots
+ * in slot order. Returns 1, with zeros written, when the row or its pointers are out of bounds. */
+static inline int64_t explain_row_slots(const int64_t *indptr, int64_t n_rows, const int32_t *indices,
+                                        const uint16_t *data, int64_t nnz, int64_t row, const int16_t *slot_of,
+                                        int64_t n_map, const float *qweights, int64_t n_q, int64_t m,
+                                        int64_t *slots, float *vals) {
+    int64_t have = 0;
+    if (row < 0 || row >= n_rows || indptr[row] < 0 || indptr[row] > indptr[row + 1] || indptr[row + 1] > nnz) {
+        for (int64_t j = 0; j < m; j++) {
+            slots[j] = j;
+            vals[j] = 0.0f;
+        }
+        return 1;
+    }
+    for (int64_t p = indptr[row]; p < indptr[row + 1]; p++) {
+        uint64_t col = (uint64_t)(uint32_t)indices[p];
+        if (col >= (uint64_t)n_map || slot_of[col] < 0) continue;
+        int64_t t = slot_of[col];
+        float value = qweights[t] * decode_weight(data[p]);
+        if (value > 0.0f) keep_best(slots, vals, &have, m, t, value); /* zeros are placed below, in slot order */
+    }
+    /* the rest: the smallest slots without a positive value, ascending (fewer than m positives
+     * means every positive one is among the have placed) */
+    for (int64_t t = 0, filled = have; filled < m && t < n_q; t++) {
+        int taken = 0;
+        for (int64_t j = 0; j < have; j++) taken |= slots[j] == t;
+        if (taken) continue;
+        slots[filled] = t;
+        vals[filled] = 0.0f;
+        filled++;
+    }
+    return 0;
+}
+
+/* Ask for a row's postings (indices and weights) ahead of reading them. */
+static inline void prefetch_row(const int64_t *indptr, int64_t n_rows, const int32_t *indices, const uint16_t *data,
+                                int64_t nnz, int64_t row) {
+    if (row < 0 || row >= n_rows) return;
+    int64_t lo = indptr[row], hi = indptr[row + 1];
+    if (lo < 0 || lo > hi || hi > nnz) return;
+    for (int64_t q = lo; q < hi; q += 16) __builtin_prefetch(indices + q);
+    for (int64_t q = lo; q < hi; q += 32) __builtin_prefetch(data + q);
+}
+
 /* kernels.explain_by_postings's result read from the rows' own postings (row-wise, CSR), in one
  * call per shard: for each of the n_sel given rows, the m largest products query weight *
  * stored weight over the query's n_q terms, largest first, ties by query slot (qcols strictly
@@ -344,50 +389,15 @@ D2S_EXPORT int64_t d2s_explain_slots(const int64_t *indptr, int64_t n_rows, cons
     memset(slot_of, 0xff, (size_t)n_map * sizeof(int16_t)); /* -1: not a query term */
     for (int64_t t = 0; t < n_q; t++) slot_of[qcols[t]] = (int16_t)t;
     for (int64_t i = 0; i < n_sel; i++) {
-        int64_t *slots = out_slots + i * m;
-        float *vals = out_vals + i * m;
-        int64_t have = 0, row = rows[i];
         /* The rows lie anywhere in the shard: their postings are asked for ahead, so that many
          * cache misses are in flight at once (reading them one by one waits on each). */
-        if (i + PREFETCH_ROWS < n_sel) {
-            int64_t ahead = rows[i + PREFETCH_ROWS];
-            if (ahead >= 0 && ahead < n_rows) {
-                int64_t lo = indptr[ahead], hi = indptr[ahead + 1];
-                if (lo >= 0 && lo <= hi && hi <= nnz) {
-                    for (int64_t q = lo; q < hi; q += 16) __builtin_prefetch(indices + q);
-                    for (int64_t q = lo; q < hi; q += 32) __builtin_prefetch(data + q);
-                }
-            }
-        }
+        if (i + PREFETCH_ROWS < n_sel) prefetch_row(indptr, n_rows, indices, data, nnz, rows[i + PREFETCH_ROWS]);
         if (i + 2 * PREFETCH_ROWS < n_sel) {
             int64_t later = rows[i + 2 * PREFETCH_ROWS];
             if (later >= 0 && later < n_rows) __builtin_prefetch(indptr + later);
         }
-        if (row < 0 || row >= n_rows || indptr[row] < 0 || indptr[row] > indptr[row + 1] || indptr[row + 1] > nnz) {
-            bad++;
-            for (int64_t j = 0; j < m; j++) {
-                slots[j] = j;
-                vals[j] = 0.0f;
-            }
-            continue;
-        }
-        for (int64_t p = indptr[row]; p < indptr[row + 1]; p++) {
-            uint64_t col = (uint64_t)(uint32_t)indices[p];
-            if (col >= (uint64_t)n_map || slot_of[col] < 0) continue;
-            int64_t t = slot_of[col];
-            float value = qweights[t] * decode_weight(data[p]);
-            if (value > 0.0f) keep_best(slots, vals, &have, m, t, value); /* zeros are placed below, in slot order */
-        }
-        /* the rest: the smallest slots without a positive value, ascending (fewer than m positives
-         * means every positive one is among the have placed) */
-        for (int64_t t = 0, filled = have; filled < m && t < n_q; t++) {
-            int taken = 0;
-            for (int64_t j = 0; j < have; j++) taken |= slots[j] == t;
-            if (taken) continue;
-            slots[filled] = t;
-            vals[filled] = 0.0f;
-            filled++;
-        }
+        bad += explain_row_slots(indptr, n_rows, indices, data, nnz, rows[i], slot_of, n_map, qweights, n_q, m,
+                                 out_slots + i * m, out_vals + i * m);
     }
     free(slot_of);
     return bad;

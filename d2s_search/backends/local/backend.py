@@ -629,11 +629,12 @@ class LocalBackend:
 
         return kernels.merge_top(self._by_shard_groups(tops, len(state.shards), SPARSE_PARALLEL_FROM), k)
 
-    def _query_top(self, state: Structures, query: SparseVector, k: int) -> kernels.QueryTop | None:
+    def _query_top(self, state: Structures, query: SparseVector, k: int, words: int = 0) -> kernels.QueryTop | None:
         """The exact sparse top k found by ``_query.c`` in one call (kernels.QueryTop, this
         thread's, holding the result): what _query_columns and _sparse_top give, for shards
-        searched in the calling thread. None when that path does not apply (not built, shards
-        searched in parallel, a shard the kernel does not take, a query not a dict of floats)."""
+        searched in the calling thread, with each hit's ``words`` strongest words (``matched``)
+        as _explain gives them. None when that path does not apply (not built, shards searched
+        in parallel, a shard the kernel does not take, a query not a dict of floats)."""
         if kernels._c_query is None or k <= 0 or type(query) is not dict or not state.size:
             return None
         if self._n_groups(len(state.shards), SPARSE_PARALLEL_FROM) > 1:
@@ -643,16 +644,24 @@ class LocalBackend:
             for shard in state.shards:
                 self._validated(shard)
             bound = [shard.bound_kernel() for shard in state.shards]
-            table = kernels.ShardTable(bound, [s.start for s in state.shards]) if all(bound) else False
+            table = False
+            if all(bound):
+                try:
+                    table = kernels.ShardTable(bound, [s.start for s in state.shards],
+                                               [(s.arrays["csr_indptr"], s.arrays["csr_indices"], s.arrays["csr_data"])
+                                                for s in state.shards])
+                except kernels.DamagedArrays:  # row-wise arrays it cannot read raw: the Python path
+                    table = False
             state.shard_table = table
         if table is False:
             return None
         top = getattr(self._per_thread, "query_top", None)
-        if top is None or not top.fits(table, len(query), k):  # buffers for the largest k this thread asked for
-            k_most = max(k, top.k if top is not None else 0)
-            top = self._per_thread.query_top = kernels.QueryTop(state.shard_rows, table.n_shards, len(query), k_most)
+        if top is None or not top.fits(table, len(query), k, words):  # buffers for the most this thread asked for
+            k_most, words_most = (k, words) if top is None else (max(k, top.k), max(words, top.words))
+            top = self._per_thread.query_top = kernels.QueryTop(state.shard_rows, table.n_shards, len(query), k_most,
+                                                                words_most, table.n_cols)
         try:
-            return top if top.run(table, query, self._term_ids, k) is not None else None
+            return top if top.run(table, query, self._term_ids, k, words, self._terms) is not None else None
         except kernels.DamagedArrays as exc:  # the kernel's own bounds checks
             self._damaged(exc)
 
@@ -717,12 +726,12 @@ class LocalBackend:
     @_db_errors
     def sparse_search(self, query: SparseVector, k: int, explain: int = 5) -> list[Hit]:
         def run(state: Structures) -> list[Hit]:
-            top = self._query_top(state, query, k)
+            top = self._query_top(state, query, k, explain)
             if top is None:
                 columns = self._query_columns(query)
                 rows, scores = self._sparse_top(state, columns, k)
-            elif not explain and kernels._c_hits is not None:  # straight from its buffers
-                return self._built_hits(state, top.out_rows, top.out_scores64, None, top.found)
+            elif kernels._c_hits is not None:  # straight from its buffers, with the words it read
+                return self._built_hits(state, top.out_rows, top.out_scores64, top.matched, top.found)
             else:
                 rows, scores, cols, weights = top.results()
                 columns = QueryColumns(cols, weights)

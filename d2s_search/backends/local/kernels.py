@@ -342,39 +342,51 @@ class BoundShard:
 
 
 class ShardTable:
-    """Every shard of a state bound to the kernel, as the table of int64 fields ``_query.top``
-    reads (one row of :data:`FIELDS` per shard, _query.c's enum in this order). It keeps the
-    shards' bound kernels (:class:`BoundShard`), and so their arrays, alive while the addresses are used."""
+    """Every shard of a state bound to the kernel, as the table of int64 fields ``_query.search``
+    reads (one row of :data:`FIELDS` per shard, _query.c's enum in this order), with each
+    shard's row-wise postings (``csr``: indptr int64, indices int32, weights uint16) for the
+    hits' words. It keeps the shards' bound kernels (:class:`BoundShard`) and those arrays,
+    and so the memory the addresses point into, alive while they are used."""
 
     FIELDS = ("indptr", "n_cols", "indices", "data", "nnz", "n_rows", "id_bits", "slot_of", "slot_of_len",
-              "dense", "n_dense", "start")
+              "dense", "n_dense", "start", "csr_indptr", "csr_indices", "csr_data", "csr_nnz")
 
-    def __init__(self, bound: list[BoundShard], starts: list[int]):
-        self._bound = bound
+    def __init__(self, bound: list[BoundShard], starts: list[int], csr: list[tuple[np.ndarray, np.ndarray, np.ndarray]]):
+        if not all(_c_ready(indptr, np.int64, indices, np.int32, data, np.uint16) and indptr.size == b.n_rows + 1
+                   and indices.size == data.size for b, (indptr, indices, data) in zip(bound, csr)):
+            raise DamagedArrays("row-wise postings the C search cannot read")
+        self._keep = (bound, csr)
         rows = []
-        for shard, start in zip(bound, starts):
+        for shard, start, (indptr, indices, data) in zip(bound, starts, csr):
             slot_of, (dense_p, n_dense) = shard._slot_of, shard._dense
             rows.append((*shard._fixed[:6], shard.id_bits, 0 if slot_of is None else slot_of.ctypes.data,
-                         0 if slot_of is None else slot_of.size, dense_p or 0, n_dense, start))
+                         0 if slot_of is None else slot_of.size, dense_p or 0, n_dense, start,
+                         indptr.ctypes.data, indices.ctypes.data, data.ctypes.data, indices.size))
         self.table = np.array(rows, dtype=np.int64).reshape(len(bound), len(self.FIELDS))
         self.address = self.table.ctypes.data
         self.n_shards = len(bound)
         self.max_rows = max((shard.n_rows for shard in bound), default=0)
+        # every column a shard's rows can hold is below this (check_postings on the row-wise copy)
+        self.n_cols = max((shard._fixed[1] for shard in bound), default=0)
 
 
 class QueryTop:
     """A sparse query's exact top k over a :class:`ShardTable` in one call of ``_query.c``: the
     query dict to sorted columns and weights, then every shard scored by the kernel, its top k
-    kept (a heap, or ``d2s_top_large`` above :data:`HEAP_K`) and the lists merged. The same
-    columns, rows and scores as ``backend._query_columns``, :func:`shard_top` per shard and
-    :func:`merge_top` (tests compare them), without the Python between them (0.3 ms of a cold
-    123k search, docs/benchmarks.md "Session 19"). Its buffers are reused query after query:
-    one per thread, for any k up to its ``k``. After :meth:`run`, ``out_rows[:found]`` and
-    ``out_scores64[:found]`` hold the hits' rows and scores."""
+    kept (a heap, or ``d2s_top_large`` above :data:`HEAP_K`), the lists merged, and each hit's
+    strongest words read from its own postings. The same columns, rows, scores and words as
+    ``backend._query_columns``, :func:`shard_top` per shard, :func:`merge_top` and
+    ``backend._explain`` (tests compare them), without the Python between them (0.3 ms of a
+    cold 123k search, docs/benchmarks.md "Session 19"). Its buffers are reused query after
+    query: one per thread, for any k up to its ``k`` and words up to its ``words``. After
+    :meth:`run`, ``out_rows[:found]`` and ``out_scores64[:found]`` hold the hits' rows and
+    scores, and ``matched`` their words (None when none were asked for)."""
 
-    def __init__(self, shard_rows: int, n_shards: int, capacity: int, k: int = HEAP_K):
+    def __init__(self, shard_rows: int, n_shards: int, capacity: int, k: int = HEAP_K, words: int = 0,
+                 n_cols: int = 0):
         self.capacity = max(64, capacity)  # query terms
         self.k = max(k, HEAP_K)
+        self.words = words
         large = self.k > HEAP_K
         self.cols = np.empty(self.capacity, dtype=np.int64)
         self.weights = np.empty(self.capacity, dtype=np.float32)
@@ -389,29 +401,39 @@ class QueryTop:
         self.out_rows = np.empty(self.k, dtype=np.int64)
         self.out_scores = np.empty(self.k, dtype=np.float32)
         self.out_scores64 = np.empty(self.k, dtype=np.float64)
+        # the words: column -> query slot (all -1 between calls), each hit's slots and values
+        self.slot_of = np.full(max(1, n_cols) if words else 1, -1, dtype=np.int16)
+        self.word_slots = np.empty(self.k * max(1, words), dtype=np.int64)
+        self.word_values = np.empty(self.k * max(1, words), dtype=np.float32)
         self.n_shards = n_shards
         self.n_terms = self.found = 0
+        self.matched: list | None = None
         self._args = (self.capacity, self.k, *(a.ctypes.data for a in (self.cols, self.weights, self.slots, self.scores)),
                       self.scores.size, self.work.ctypes.data, self.maxima.ctypes.data if large else 0,
                       *(a.ctypes.data for a in (self.tops_rows, self.tops_scores, self.out_rows, self.out_scores,
                                                 self.out_scores64)))
+        self._word_args = (self.slot_of.ctypes.data, self.slot_of.size, self.word_slots.ctypes.data,
+                           self.word_values.ctypes.data)
 
-    def fits(self, table: ShardTable, n_terms: int, k: int) -> bool:
+    def fits(self, table: ShardTable, n_terms: int, k: int, words: int = 0) -> bool:
         return (table.max_rows <= self.scores.size and table.n_shards <= self.n_shards and n_terms <= self.capacity
-                and k <= self.k)
+                and k <= self.k and words <= self.words and (not words or table.n_cols <= self.slot_of.size))
 
-    def run(self, table: ShardTable, query: dict, term_ids: dict, k: int) -> int | None:
-        """How many hits were found (``found``), or None when the C path does not take this
+    def run(self, table: ShardTable, query: dict, term_ids: dict, k: int, words: int = 0,
+            terms: list[str] | None = None) -> int | None:
+        """How many hits were found (``found``; with ``words``, each hit's words from ``terms``,
+        the index's words by column, in ``matched``), or None when the C path does not take this
         query (not a dict of str to float, or more than the buffers hold): the Python path then.
-        DamagedArrays when a shard's postings point outside it."""
-        if not self.fits(table, len(query), k):
+        DamagedArrays when a shard's postings or a hit's row point outside it."""
+        if not self.fits(table, len(query), k, words):
             return None
-        n_terms, n = _c_query.search(query, term_ids, table.address, table.n_shards, k, *self._args)
+        n_terms, n, matched = _c_query.search(query, term_ids, table.address, table.n_shards, k, *self._args, words,
+                                              self.words, terms, *self._word_args)
         if n_terms < 0:
             return None
         if n == -2:
             raise DamagedArrays("postings point outside the shard")
-        self.n_terms, self.found = n_terms, n
+        self.n_terms, self.found, self.matched = n_terms, n, matched
         return n
 
     def results(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
