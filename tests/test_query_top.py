@@ -232,8 +232,11 @@ def test_the_backend_answers_through_it_with_the_same_hits(tmp_path, monkeypatch
 
     options = SearchOptions(mode="hybrid", k=5, explain=2)
     vector = rng.standard_normal(4).astype(np.float32)
+    read = []  # the fused hits' words read in C too
+    words_of = kernels.QueryTop.words_of
+    monkeypatch.setattr(kernels.QueryTop, "words_of", lambda self, *a: read.append(1) or words_of(self, *a))
     fast = [backend.hybrid_search(q, vector, options) for q in queries]
-    assert len(calls) == len(queries)
+    assert len(calls) == len(read) == len(queries)
     monkeypatch.setattr(kernels, "_c_query", None)
     slow = [backend.hybrid_search(q, vector, options) for q in queries]
     monkeypatch.setattr(kernels, "_c_query", kernels._load_c_module("_query"))
@@ -245,3 +248,22 @@ def test_the_backend_answers_through_it_with_the_same_hits(tmp_path, monkeypatch
     backend.sparse_search(queries[0], 5, explain=0)
     assert not calls
     backend.close()
+
+
+def test_words_of_other_rows_equal_the_python_path():
+    """Rows found otherwise (hybrid's fused hits): their words for the last search's query."""
+    rng = np.random.default_rng(8)
+    shards, starts = collection(rng, np.uint16, [90, 70, 40])
+    table = table_of(shards, starts)
+    term_ids = {t: i for i, t in enumerate(TERMS)}
+    top = kernels.QueryTop(90, 3, 8)  # made without room for words: it makes it
+    query = {TERMS[i]: float(rng.choice([0.5, 1.0, 2.0])) for i in rng.choice(70, size=12, replace=False)}
+    assert top.run(table, query, term_ids, 5) is not None
+    _, _, cols, weights = top.results()
+    rows = rng.choice(200, size=40, replace=False)  # any rows, in any order, across the shards
+    for words in (1, 4, 30):
+        assert top.words_of(table, rows, words, TERMS) == words_of(shards, starts, rows, cols, weights, words)
+    assert top.words_of(table, rows, 0, TERMS) is None
+    with pytest.raises(kernels.DamagedArrays):
+        top.words_of(table, np.array([200]), 3, TERMS)  # past the last shard
+    assert np.all(top.slot_of == -1)

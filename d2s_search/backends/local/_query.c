@@ -246,6 +246,16 @@ fail:
     return NULL;
 }
 
+/* n empty lists: the words of hits when the query has no known term. */
+static PyObject *empty_lists(int64_t n) {
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (int64_t i = 0; out != NULL && i < n; i++) {
+        PyObject *none = PyList_New(0);
+        if (none == NULL) Py_CLEAR(out); else PyList_SET_ITEM(out, (Py_ssize_t)i, none);
+    }
+    return out;
+}
+
 /* search(query, term_ids, table_addr, n_shards, k, capacity, k_capacity, cols_addr, weights_addr,
  *        slots_addr, scores_addr, scores_len, work_addr, maxima_addr, tops_rows_addr,
  *        tops_scores_addr, out_rows_addr, out_scores_addr, out_scores64_addr,
@@ -305,19 +315,49 @@ static PyObject *search(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
     int64_t words = m < n_terms ? m : n_terms;
     PyObject *matched = words > 0 ? matched_lists(terms, p[0], word_slots, word_values, n, words) : NULL;
     if (words > 0 && matched == NULL) return NULL;
-    if (words == 0) { /* no query term: every hit matched nothing */
-        matched = PyList_New((Py_ssize_t)n);
-        if (matched == NULL) return NULL;
-        for (int64_t i = 0; i < n; i++) {
-            PyObject *none = PyList_New(0);
-            if (none == NULL) {
-                Py_DECREF(matched);
-                return NULL;
-            }
-            PyList_SET_ITEM(matched, (Py_ssize_t)i, none);
-        }
-    }
+    if (words == 0 && (matched = empty_lists(n)) == NULL) return NULL; /* no query term: nothing matched */
     return Py_BuildValue("(nLN)", n_terms, (long long)n, matched);
+}
+
+/* words(table_addr, n_shards, rows_addr, n, cols_addr, weights_addr, n_terms, m, terms, slot_of_addr,
+ *       n_map, words_slots_addr, words_values_addr, words_capacity) -> matched
+ * The m strongest words of n given rows (global, int64), for a query's n_terms sorted columns
+ * and weights (a search's, left in its buffers): as search() gives them for its hits, for rows
+ * found otherwise (hybrid's fused hits). None when the buffers (words_capacity entries) are too
+ * small or m <= 0; -2 when a row or its pointers are out of bounds. */
+static PyObject *words(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "words() takes 14 arguments");
+        return NULL;
+    }
+    const int64_t *table = PyLong_AsVoidPtr(args[0]);
+    Py_ssize_t n_shards = PyLong_AsSsize_t(args[1]);
+    const int64_t *rows = PyLong_AsVoidPtr(args[2]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[3]);
+    const int64_t *cols = PyLong_AsVoidPtr(args[4]);
+    const float *weights = PyLong_AsVoidPtr(args[5]);
+    Py_ssize_t n_terms = PyLong_AsSsize_t(args[6]), m = PyLong_AsSsize_t(args[7]);
+    PyObject *terms = args[8];
+    int16_t *slot_of = PyLong_AsVoidPtr(args[9]);
+    Py_ssize_t n_map = PyLong_AsSsize_t(args[10]);
+    int64_t *word_slots = PyLong_AsVoidPtr(args[11]);
+    float *word_values = PyLong_AsVoidPtr(args[12]);
+    Py_ssize_t capacity = PyLong_AsSsize_t(args[13]);
+    if (PyErr_Occurred()) return NULL;
+    int64_t kept = m < n_terms ? m : n_terms;
+    if (m <= 0 || n < 0 || n_terms < 0 || n_terms > INT16_MAX || n_shards <= 0 || n_shards > MAX_SHARDS ||
+        !PyList_CheckExact(terms) || slot_of == NULL || (kept > 0 && n > capacity / kept)) {
+        Py_RETURN_NONE;
+    }
+    int64_t bad = 0;
+    if (kept > 0 && n > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        bad = explain_hits(table, n_shards, rows, n, cols, weights, n_terms, kept, slot_of, n_map, word_slots,
+                           word_values);
+        Py_END_ALLOW_THREADS
+    }
+    if (bad) return PyLong_FromLong(-2);
+    return kept > 0 ? matched_lists(terms, cols, word_slots, word_values, n, kept) : empty_lists(n);
 }
 
 static PyMethodDef methods[] = {
@@ -328,6 +368,10 @@ static PyMethodDef methods[] = {
      "       words_values_addr) -> (n_terms, n, matched)\n\n"
      "A sparse query's columns, exact top k over every shard and (m > 0) each hit's words; n_terms -1: not for this call,\n"
      "n -2: postings out of bounds."},
+    {"words", (PyCFunction)(void (*)(void))words, METH_FASTCALL,
+     "words(table_addr, n_shards, rows_addr, n, cols_addr, weights_addr, n_terms, m, terms, slot_of_addr, n_map,\n"
+     "      words_slots_addr, words_values_addr, words_capacity) -> matched\n\n"
+     "The m strongest words of given rows, as search() gives them for its hits; None: buffers too small, -2: damage."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -828,15 +828,17 @@ class LocalBackend:
                 at = np.searchsorted(rows, run_rows)
                 totals[at] += weights[name]
                 parts.append((name, at, scores))
-            return self._fused_hits(state, rows, totals, parts, columns, k, int(options.explain))
+            return self._fused_hits(state, rows, totals, parts, columns, k, int(options.explain), top)
 
         hits = self._searching(run)
         self.last_fusion = f"client-{options.fusion}"
         return hits
 
     def _fused_hits(self, state: Structures, rows: np.ndarray, totals: np.ndarray, parts: list,
-                    query: SparseVector | QueryColumns, k: int, explain: int) -> list[Hit]:
-        """The k best fused rows, ties by document id (as the client's fusion), as hits."""
+                    query: SparseVector | QueryColumns, k: int, explain: int,
+                    top: kernels.QueryTop | None = None) -> list[Hit]:
+        """The k best fused rows, ties by document id (as the client's fusion), as hits; their
+        words read by ``top`` (the sparse run's C search) when it found them."""
         if rows.size == 0:
             return []
         if rows.size > k:
@@ -855,7 +857,13 @@ class LocalBackend:
                 if j >= 0:
                     hit.parts[name] = float(scores[j])
         if explain and query:
-            for hit, terms in zip(hits, self._explain(state, rows[keep], query, explain)):
+            matched = None
+            if top is not None and state.shard_table:
+                try:
+                    matched = top.words_of(state.shard_table, rows[keep], explain, self._terms)
+                except kernels.DamagedArrays as exc:
+                    self._damaged(exc)
+            for hit, terms in zip(hits, matched if matched is not None else self._explain(state, rows[keep], query, explain)):
                 hit.matched = terms
         return hits
 

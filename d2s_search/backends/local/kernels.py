@@ -436,6 +436,26 @@ class QueryTop:
         self.n_terms, self.found, self.matched = n_terms, n, matched
         return n
 
+    def words_of(self, table: ShardTable, rows: np.ndarray, words: int, terms: list[str]) -> list | None:
+        """The ``words`` strongest words of the given global rows for the last :meth:`run`'s query
+        (hybrid's fused hits), as :meth:`run` reads them for its own hits; None when this path
+        does not take them. DamagedArrays when a row or its pointers are out of bounds."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        if words <= 0:
+            return None
+        if table.n_cols > self.slot_of.size:  # made for a search without words
+            self.slot_of = np.full(table.n_cols, -1, dtype=np.int16)
+            self._word_args = (self.slot_of.ctypes.data, self.slot_of.size, *self._word_args[2:])
+        if rows.size * min(words, self.n_terms) > self.word_slots.size:
+            self.word_slots = np.empty(rows.size * words, dtype=np.int64)
+            self.word_values = np.empty(rows.size * words, dtype=np.float32)
+            self._word_args = (*self._word_args[:2], self.word_slots.ctypes.data, self.word_values.ctypes.data)
+        matched = _c_query.words(table.address, table.n_shards, rows.ctypes.data, rows.size, self._args[2],
+                                 self._args[3], self.n_terms, words, terms, *self._word_args, self.word_slots.size)
+        if isinstance(matched, int):
+            raise DamagedArrays("a hit's row points outside its shard")
+        return matched
+
     def results(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(rows, scores, cols, weights) of the last :meth:`run`, as new arrays."""
         n, m = self.found, self.n_terms
