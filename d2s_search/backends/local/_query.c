@@ -1,5 +1,6 @@
-/* A sparse query's exact top k over every shard of the local index, in two calls from Python
- * (optional: backend._sparse_top does the same through ctypes and numpy without it).
+/* A sparse query's exact top k over every shard of the local index, and its hits' words, in one
+ * call from Python (optional: backend._sparse_top and _explain do the same through ctypes and
+ * numpy without it).
  *
  * At 123k documents the scoring itself takes about 0.40 ms of a cold k=10 search, but the
  * Python around it (the query's dict lookups and sort, per-shard numpy buffers and slot
@@ -8,7 +9,10 @@
  * Here the same steps run in one call: the query dict becomes sorted column ids and float32
  * weights exactly as backend._query_columns makes them, then each shard is scored by _score.c's
  * own functions (compiled into this module), its top k kept and the lists merged, ties by row:
- * the rows and scores of kernels.merge_top over kernels.shard_top, bit for bit.
+ * the rows and scores of kernels.merge_top over kernels.shard_top, bit for bit. With words,
+ * each hit's strongest words are read from its own row-wise postings with _score.c's
+ * explain_row_slots, as _explain gives them; words() does the same for rows found otherwise
+ * (hybrid's fused hits).
  *
  * Buffers are passed as addresses with their sizes (as the ctypes calls do); the shards are
  * described by a table of int64 fields made by kernels.ShardTable from arrays the kernel
