@@ -145,6 +145,7 @@ def test_queries_it_does_not_take_are_handed_back():
     assert top.run(table, {"w1": 1.0}, term_ids, 21) is None  # k above its buffers: the ctypes path
     assert top.run(table, {"w1": 1}, term_ids, 5) is None  # an int weight: Python compares it
     assert top.run(table, {"w1": np.float32(1.0)}, term_ids, 5) is None
+    assert top.run(table, {"w1": 1e300}, term_ids, 5) is None  # infinite in float32: explain_slots refuses it
     assert top.run(table, {1: 1.0}, term_ids, 5) is None  # not a str
     assert top.run(table, {"w1": 1.0}, {"w1": np.int64(1)}, 5) is None  # a column not an int
     assert top.run(table, {f"w{i}": 1.0 for i in range(top.capacity + 1)}, term_ids, 5) is None  # more than it holds

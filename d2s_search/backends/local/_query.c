@@ -20,6 +20,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <float.h>
 #include <stdint.h>
 
 #if defined(__GNUC__)
@@ -49,8 +50,8 @@ static int by_column(const void *a, const void *b) {
 }
 
 /* The query's positive known terms into cols / weights, sorted by column: n, or -1 when the
- * query is not a dict of str to float, a column not an int or there are more than capacity
- * terms (the Python path then), or -3 with an exception set. */
+ * query is not a dict of str to float, a column not an int, a weight infinite in float32 or
+ * there are more than capacity terms (the Python path then), or -3 with an exception set. */
 static Py_ssize_t query_columns(PyObject *query, PyObject *term_ids, int64_t *cols, float *weights,
                                 Py_ssize_t capacity) {
     if (!PyDict_CheckExact(query) || !PyDict_CheckExact(term_ids) || PyDict_GET_SIZE(query) > capacity) return -1;
@@ -85,6 +86,8 @@ static Py_ssize_t query_columns(PyObject *query, PyObject *term_ids, int64_t *co
         terms[n].col = c;
         terms[n].weight = w;
         terms[n].weight32 = (float)w;
+        /* infinite in float32: the Python path, whose words (kernels.explain_slots) refuse it */
+        if (!(terms[n].weight32 <= FLT_MAX)) goto done;
         n++;
     }
     qsort(terms, (size_t)n, sizeof(term), by_column);

@@ -726,7 +726,8 @@ class LocalBackend:
     @_db_errors
     def sparse_search(self, query: SparseVector, k: int, explain: int = 5) -> list[Hit]:
         def run(state: Structures) -> list[Hit]:
-            top = self._query_top(state, query, k, explain)
+            # the words in the same call only when _hits.c builds the hits from it
+            top = self._query_top(state, query, k, explain if kernels._c_hits is not None else 0)
             if top is None:
                 columns = self._query_columns(query)
                 rows, scores = self._sparse_top(state, columns, k)
@@ -858,7 +859,7 @@ class LocalBackend:
                     hit.parts[name] = float(scores[j])
         if explain and query:
             matched = None
-            if top is not None and state.shard_table:
+            if top is not None:  # its search found the shard table
                 try:
                     matched = top.words_of(state.shard_table, rows[keep], explain, self._terms)
                 except kernels.DamagedArrays as exc:

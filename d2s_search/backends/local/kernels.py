@@ -264,6 +264,7 @@ def _top_c(scores_p: int, n_rows: int, k: int, large: bool, cand_p: int, maxima_
         return _c_kernel[3](scores_p, n_rows, k, cand_p, maxima_p, rows_p, top_p)
     return _c_kernel[1](scores_p, n_rows, k, cand_p, rows_p, top_p)
 
+
 class QueryScratch:
     """One query's buffers for the compiled kernel, their addresses taken once: the columns and
     weights, a shard-sized score array, and room for every shard's top k (numpy's
@@ -401,10 +402,7 @@ class QueryTop:
         self.out_rows = np.empty(self.k, dtype=np.int64)
         self.out_scores = np.empty(self.k, dtype=np.float32)
         self.out_scores64 = np.empty(self.k, dtype=np.float64)
-        # the words: column -> query slot (all -1 between calls), each hit's slots and values
-        self.slot_of = np.full(max(1, n_cols) if words else 1, -1, dtype=np.int16)
-        self.word_slots = np.empty(self.k * max(1, words), dtype=np.int64)
-        self.word_values = np.empty(self.k * max(1, words), dtype=np.float32)
+        self._word_buffers(max(1, n_cols) if words else 1, self.k * max(1, words))
         self.n_shards = n_shards
         self.n_terms = self.found = 0
         self.matched: list | None = None
@@ -412,6 +410,13 @@ class QueryTop:
                       self.scores.size, self.work.ctypes.data, self.maxima.ctypes.data if large else 0,
                       *(a.ctypes.data for a in (self.tops_rows, self.tops_scores, self.out_rows, self.out_scores,
                                                 self.out_scores64)))
+
+    def _word_buffers(self, n_cols: int, entries: int) -> None:
+        """The words' buffers: column -> query slot for n_cols columns (all -1 between calls), and
+        room for ``entries`` (slot, value) pairs."""
+        self.slot_of = np.full(n_cols, -1, dtype=np.int16)
+        self.word_slots = np.empty(entries, dtype=np.int64)
+        self.word_values = np.empty(entries, dtype=np.float32)
         self._word_args = (self.slot_of.ctypes.data, self.slot_of.size, self.word_slots.ctypes.data,
                            self.word_values.ctypes.data)
 
@@ -423,7 +428,8 @@ class QueryTop:
             terms: list[str] | None = None) -> int | None:
         """How many hits were found (``found``; with ``words``, each hit's words from ``terms``,
         the index's words by column, in ``matched``), or None when the C path does not take this
-        query (not a dict of str to float, or more than the buffers hold): the Python path then.
+        query (not a dict of str to float, a weight infinite in float32, or more than the buffers
+        hold): the Python path then.
         DamagedArrays when a shard's postings or a hit's row point outside it."""
         if not self.fits(table, len(query), k, words):
             return None
@@ -440,16 +446,12 @@ class QueryTop:
         """The ``words`` strongest words of the given global rows for the last :meth:`run`'s query
         (hybrid's fused hits), as :meth:`run` reads them for its own hits; None when this path
         does not take them. DamagedArrays when a row or its pointers are out of bounds."""
-        rows = np.ascontiguousarray(rows, dtype=np.int64)
         if words <= 0:
             return None
-        if table.n_cols > self.slot_of.size:  # made for a search without words
-            self.slot_of = np.full(table.n_cols, -1, dtype=np.int16)
-            self._word_args = (self.slot_of.ctypes.data, self.slot_of.size, *self._word_args[2:])
-        if rows.size * min(words, self.n_terms) > self.word_slots.size:
-            self.word_slots = np.empty(rows.size * words, dtype=np.int64)
-            self.word_values = np.empty(rows.size * words, dtype=np.float32)
-            self._word_args = (*self._word_args[:2], self.word_slots.ctypes.data, self.word_values.ctypes.data)
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        if table.n_cols > self.slot_of.size or rows.size * min(words, self.n_terms) > self.word_slots.size:
+            # made for a search without words, or for fewer rows
+            self._word_buffers(max(table.n_cols, self.slot_of.size), max(rows.size * words, self.word_slots.size))
         matched = _c_query.words(table.address, table.n_shards, rows.ctypes.data, rows.size, self._args[2],
                                  self._args[3], self.n_terms, words, terms, *self._word_args, self.word_slots.size)
         if isinstance(matched, int):
