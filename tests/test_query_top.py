@@ -7,6 +7,8 @@ its buffers; and the backend answers through it with the same hits as without it
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -244,10 +246,23 @@ def test_the_backend_answers_through_it_with_the_same_hits(tmp_path, monkeypatch
     for a, b in zip(fast, slow):
         assert [(h.id, h.score, h.matched, h.parts) for h in a] == [(h.id, h.score, h.matched, h.parts) for h in b]
     calls.clear()
-    # shards searched in parallel (threads, at least SPARSE_PARALLEL_FROM shards): not this path
-    backend.threads = 2
-    backend.sparse_search(queries[0], 5, explain=0)
-    assert not calls
+    # shards searched in groups at once (threads, at least SPARSE_PARALLEL_FROM shards): one call
+    # per group, each in its thread, merged; the same hits and words as one thread's
+    one = [[backend.sparse_search(q, k, explain=3) for q in queries] for k in (1, 7, 21, 150)]
+    one_hybrid = [backend.hybrid_search(q, vector, options) for q in queries]
+    monkeypatch.setattr(kernels.QueryTop, "run",
+                        lambda self, *a: calls.append(threading.current_thread().name) or run(self, *a))
+    for threads in (2, 3):
+        backend.threads = threads
+        calls.clear()
+        grouped = [[backend.sparse_search(q, k, explain=3) for q in queries] for k in (1, 7, 21, 150)]
+        assert len(calls) == 4 * len(queries) * threads  # one call per group
+        assert calls.count(threading.current_thread().name) == 4 * len(queries)  # the first group here
+        for a, b in zip(sum(grouped, []), sum(one, [])):
+            assert [(h.id, h.score, h.path, h.matched) for h in a] == [(h.id, h.score, h.path, h.matched) for h in b]
+        grouped = [backend.hybrid_search(q, vector, options) for q in queries]
+        for a, b in zip(grouped, one_hybrid):
+            assert [(h.id, h.score, h.matched, h.parts) for h in a] == [(h.id, h.score, h.matched, h.parts) for h in b]
     backend.close()
 
 

@@ -630,15 +630,47 @@ class LocalBackend:
         return kernels.merge_top(self._by_shard_groups(tops, len(state.shards), SPARSE_PARALLEL_FROM), k)
 
     def _query_top(self, state: Structures, query: SparseVector, k: int, words: int = 0) -> kernels.QueryTop | None:
-        """The exact sparse top k found by ``_query.c`` in one call (kernels.QueryTop, this
-        thread's, holding the result): what _query_columns and _sparse_top give, for shards
-        searched in the calling thread, with each hit's ``words`` strongest words (``matched``)
-        as _explain gives them. None when that path does not apply (not built, shards searched
-        in parallel, a shard the kernel does not take, a query not a dict of floats)."""
+        """The exact sparse top k found by ``_query.c`` (kernels.QueryTop, this thread's, holding
+        the result): what _query_columns and _sparse_top give, with each hit's ``words``
+        strongest words (``matched``) as _explain gives them. One call for all shards, or, when
+        shards are searched in groups at once, one call per group (each in its thread) with the
+        groups' lists merged here and the words read for the merged hits. None when that path
+        does not apply (not built, a shard the kernel does not take, a query not a dict of floats)."""
         if kernels._c_query is None or k <= 0 or type(query) is not dict or not state.size:
             return None
-        if self._n_groups(len(state.shards), SPARSE_PARALLEL_FROM) > 1:
+        table = self._shard_table(state)
+        if table is False:
             return None
+        n_shards = len(state.shards)
+        # sized for every shard and the words first: the calling thread searches the first group
+        # in it, which leaves the query's columns there for the words
+        top = self._thread_top(state, table, len(query), k, words)
+        try:
+            if self._n_groups(n_shards, SPARSE_PARALLEL_FROM) <= 1:
+                return top if top.run(table, query, self._term_ids, k, words, self._terms) is not None else None
+
+            def group_top(numbers: range) -> list:
+                part = table.part(numbers.start, numbers.stop)
+                mine = self._thread_top(state, part, len(query), k, 0)
+                if mine.run(part, query, self._term_ids, k) is None:
+                    return [None]
+                found = mine.found  # copied: this thread's buffers serve its next search
+                return [(mine.out_rows[:found].copy(), mine.out_scores[:found].copy())]
+
+            lists = self._by_shard_groups(group_top, n_shards, SPARSE_PARALLEL_FROM)
+            if any(item is None for item in lists):  # every group decides alike: the query is not for C
+                return None
+            rows, scores = kernels.merge_top(lists, k)
+            top.found = n = rows.size
+            top.out_rows[:n], top.out_scores[:n], top.out_scores64[:n] = rows, scores, scores
+            top.matched = top.words_of(table, rows, words, self._terms) if words else None
+            return top
+        except kernels.DamagedArrays as exc:  # the kernel's own bounds checks
+            self._damaged(exc)
+
+    def _shard_table(self, state: Structures) -> kernels.ShardTable | bool:
+        """The state's shards as one kernels.ShardTable (made on first use, every shard
+        validated), or False when a shard is not for the C search."""
         table = state.shard_table
         if table is None:
             for shard in state.shards:
@@ -653,17 +685,19 @@ class LocalBackend:
                 except kernels.DamagedArrays:  # row-wise arrays it cannot read raw: the Python path
                     table = False
             state.shard_table = table
-        if table is False:
-            return None
+        return table
+
+    def _thread_top(self, state: Structures, table: kernels.ShardTable, n_terms: int, k: int,
+                    words: int) -> kernels.QueryTop:
+        """This thread's kernels.QueryTop, its buffers grown to the most this thread has asked for."""
         top = getattr(self._per_thread, "query_top", None)
-        if top is None or not top.fits(table, len(query), k, words):  # buffers for the most this thread asked for
+        if top is None or not top.fits(table, n_terms, k, words):
             k_most, words_most = (k, words) if top is None else (max(k, top.k), max(words, top.words))
-            top = self._per_thread.query_top = kernels.QueryTop(state.shard_rows, table.n_shards, len(query), k_most,
+            n_shards, capacity = (table.n_shards, n_terms) if top is None else (max(table.n_shards, top.n_shards),
+                                                                                 max(n_terms, top.capacity))
+            top = self._per_thread.query_top = kernels.QueryTop(state.shard_rows, n_shards, capacity, k_most,
                                                                 words_most, table.n_cols)
-        try:
-            return top if top.run(table, query, self._term_ids, k, words, self._terms) is not None else None
-        except kernels.DamagedArrays as exc:  # the kernel's own bounds checks
-            self._damaged(exc)
+        return top
 
     def _n_groups(self, n_shards: int, parallel_from: int) -> int:
         """How many groups of shards :meth:`_by_shard_groups` searches at once."""

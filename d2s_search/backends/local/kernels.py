@@ -369,6 +369,20 @@ class ShardTable:
         self.max_rows = max((shard.n_rows for shard in bound), default=0)
         # every column a shard's rows can hold is below this (check_postings on the row-wise copy)
         self.n_cols = max((shard._fixed[1] for shard in bound), default=0)
+        self._parts: dict[tuple[int, int], ShardTable] = {}
+
+    def part(self, lo: int, hi: int) -> ShardTable:
+        """Shards ``lo:hi`` as a table of their own (its rows a view of this one's; global rows,
+        as every shard keeps its start), for searching groups of shards at once."""
+        got = self._parts.get((lo, hi))
+        if got is None:
+            got = object.__new__(ShardTable)
+            got._keep, got.table = self, self.table[lo:hi]
+            got.address, got.n_shards = got.table.ctypes.data, hi - lo
+            got.max_rows = int(got.table[:, self.FIELDS.index("n_rows")].max(initial=0))
+            got.n_cols, got._parts = self.n_cols, {}
+            self._parts[(lo, hi)] = got  # a benign race: two threads may each make an equal one
+        return got
 
 
 class QueryTop:
