@@ -5,8 +5,10 @@ query by query in one process.
     OMP_NUM_THREADS=1 python benchmarks/bench_search_threads.py [--docs 1000000] [--threads 2]
 
 The index is the one ``bench_local_backend.py`` builds (and caches under benchmarks/.cache/);
-a 1M index has 16 shards of 65,536 documents. Times ``LocalBackend._sparse_top`` (k=10) and
-``_dense_top`` (k=100, the candidates a hybrid query asks) on sub-collections of 2-16 shards,
+a 1M index has 16 shards of 65,536 documents. Times the sparse top 10 through ``_query.c``
+(``LocalBackend._query_top``: one call per group of shards) and through the ctypes kernel shard by
+shard (``_sparse_top``, the path without the build), and ``_dense_top`` (k=100, the candidates
+a hybrid query asks) on sub-collections of 2-16 shards,
 with grouping forced on (``parallel_from`` 1) so the crossover shows. The thresholds
 ``SPARSE_PARALLEL_FROM`` / ``DENSE_PARALLEL_FROM`` in ``backends/local/backend.py`` come from
 this table.
@@ -62,7 +64,8 @@ def main() -> None:
     for n in [int(x) for x in args.shards.split(",") if int(x) <= len(full.shards)]:
         part = dataclasses.replace(full, shards=full.shards[:n])
         row = {"shards": n}
-        plans = (("sparse k=10", lambda b, i, part=part: b._sparse_top(part, columns[i], 10)),
+        plans = (("sparse k=10", lambda b, i, part=part: b._query_top(part, queries[i], 10)),
+                 ("sparse k=10, ctypes", lambda b, i, part=part: b._sparse_top(part, columns[i], 10)),
                  ("dense k=100", lambda b, i, part=part: b._dense_top(part, vectors[i], 100)))
         for name, run in plans:
             for b in backends.values():

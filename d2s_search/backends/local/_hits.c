@@ -200,6 +200,9 @@ static PyObject *build(PyObject *Py_UNUSED(module), PyObject *args) {
     }
     const int64_t *row = (const int64_t *)rows.buf;
     const double *score = (const double *)scores.buf;
+    /* Every hit's shard opened and its rows checked first, so that the hits' string offsets, and
+     * then the strings they point to, are asked for all at once: read hit by hit, a search's
+     * first call after others (its cache lines evicted) waits on each in turn. */
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t r = row[i], j = r >= 0 ? r / shard_rows : -1;
         if (j < 0 || j >= n_sources) {
@@ -218,6 +221,20 @@ static PyObject *build(PyObject *Py_UNUSED(module), PyObject *args) {
             Py_CLEAR(out);
             goto done;
         }
+        for (int f = 0; f < 3; f++) __builtin_prefetch((const int64_t *)src->offsets[f].buf + local);
+        __builtin_prefetch((const uint8_t *)src->has_url.buf + local);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const source *src = &srcs[row[i] / shard_rows];
+        int64_t local = row[i] - src->start;
+        for (int f = 0; f < 3; f++) {
+            int64_t lo = ((const int64_t *)src->offsets[f].buf)[local];
+            if (lo >= 0 && lo < (int64_t)src->blob[f].len) __builtin_prefetch((const char *)src->blob[f].buf + lo);
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        source *src = &srcs[row[i] / shard_rows];
+        int64_t local = row[i] - src->start;
         if (matched != Py_None && i >= PyList_GET_SIZE(matched)) { /* shrunk meanwhile (a finalizer run by GC) */
             PyErr_SetString(PyExc_ValueError, "matched changed while hits were built");
             Py_CLEAR(out);
