@@ -43,6 +43,37 @@ def test_the_header_changes_with_every_commit_of_any_connection_and_only_then(tm
     reader.close()
 
 
+def test_the_mapped_header_reads_as_pread_does(tmp_path):
+    """Once its connection holds the WAL index open, the header is read through a map: every
+    commit still seen, and copies that differ (mid-write) still no answer."""
+    path = tmp_path / "a.sqlite"
+    writer, reader = wal_db(path), wal_db(path)
+    reader.execute("SELECT COUNT(*) FROM t").fetchone()
+    plain, mapped = store.CommitSignal(path), store.CommitSignal(path)
+    mapped.map_when_held()
+    assert mapped.read() == plain.read() is not None and mapped._map is not None
+    for i in range(3):
+        writer.execute("INSERT INTO t VALUES (?)", (i,))
+        assert mapped.read() == plain.read() is not None
+    with open(f"{path}-shm", "r+b") as fh:  # the second copy rewritten first, as SQLite does
+        fh.seek(store.CommitSignal.HEADER + 8)
+        fh.write(b"\xff\xff\xff\xff")
+    assert mapped.read() is None and plain.read() is None
+    mapped.close()
+    assert mapped._map is None and mapped._fd is None
+    plain.close()
+    writer.close()
+    reader.close()
+
+
+def test_a_search_maps_the_header_once_its_connection_has_read(tmp_path):
+    backend = filled_index(tmp_path / "idx", synthetic_docs(30, seed=1))
+    backend.sparse_search({"w1": 1.0}, 5, explain=0)
+    backend.sparse_search({"w1": 1.0}, 5, explain=0)
+    assert backend._commits._map is not None
+    backend.close()
+
+
 def test_no_answer_where_the_header_cannot_be_trusted(tmp_path):
     missing = store.CommitSignal(tmp_path / "none.sqlite")
     assert missing.read() is None  # no -shm (yet): ask SQLite

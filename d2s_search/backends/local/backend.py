@@ -217,12 +217,12 @@ class LocalBackend:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._commits is not None:  # unmapped while the connection still holds the file open
+            self._commits.close()
+            self._commits = None
         if self._db is not None:
             self._db.close()
             self._db = None
-        if self._commits is not None:
-            self._commits.close()
-            self._commits = None
         self._structures_cache = None
         self._seen_version = None
 
@@ -467,6 +467,8 @@ class LocalBackend:
             return current
         try:
             version = (db.execute("PRAGMA data_version").fetchone()[0], db.total_changes)
+            if self._commits is not None:
+                self._commits.map_when_held()  # the connection has read: it holds the WAL index open
             if current is not None and version == seen:
                 self._seen_header = header
                 return current
@@ -636,17 +638,21 @@ class LocalBackend:
         shards are searched in groups at once, one call per group (each in its thread) with the
         groups' lists merged here and the words read for the merged hits. None when that path
         does not apply (not built, a shard the kernel does not take, a query not a dict of floats)."""
-        if kernels._c_query is None or k <= 0 or type(query) is not dict or not state.size:
+        if kernels._c_query is None or k <= 0 or type(query) is not dict:
             return None
-        table = self._shard_table(state)
-        if table is False:
+        table = state.shard_table
+        if table is None:  # the first search of this state (a cold search pays every call: few here)
+            table = self._shard_table(state) if state.size else False
+        if table is False or not table.max_rows:
             return None
-        n_shards = len(state.shards)
+        n_shards = table.n_shards
         # sized for every shard and the words first: the calling thread searches the first group
         # in it, which leaves the query's columns there for the words
-        top = self._thread_top(state, table, len(query), k, words)
+        top = getattr(self._per_thread, "query_top", None)
+        if top is None or not top.fits(table, len(query), k, words):
+            top = self._thread_top(state, table, len(query), k, words)
         try:
-            if self._n_groups(n_shards, SPARSE_PARALLEL_FROM) <= 1:
+            if self.threads == 1 or n_shards < SPARSE_PARALLEL_FROM:  # _n_groups(...) == 1
                 return top if top.run(table, query, self._term_ids, k, words, self._terms) is not None else None
 
             def group_top(numbers: range) -> list:
