@@ -115,6 +115,37 @@ def test_c_kernel_equals_the_numpy_path_on_larger_shards(rows, id_type):
                 assert got_rows.tolist() == want_rows.tolist() and np.array_equal(got_top, want_top)
 
 
+def test_runs_of_dense_columns_add_as_one_pass_per_column():
+    """Consecutive dense terms are added in one pass over the scores, the first run writing them
+    unzeroed: the same bits as a pass per column whatever stands around the run (a term with
+    postings, one newer than the shard, nothing at all), every row written."""
+    rng = np.random.default_rng(3)
+    rows, n_cols = 5003, 300
+    indptr, indices, data = large_shard(rng, rows, n_cols, per_row=12)
+    indices = indices.astype(np.uint16)
+    terms, columns = dense_columns(indptr, indices, data, rows)
+    dense = terms[:6].tolist()
+    sparse = [c for c in range(10, n_cols) if c not in set(terms.tolist())][:3]
+    newer = [n_cols + 1, n_cols + 2]
+    queries = [
+        dense,  # one run longer than a pass takes, first: no zeroing at all
+        dense[:1] + sparse[:1],  # a run of one, then postings
+        sparse[:1] + dense[:5],  # postings first: zeroed, then a run
+        dense[:2] + newer[:1],  # a newer term after the run
+        newer,  # nothing this shard knows: zeros, still written
+        [dense[0], dense[2], sparse[0], dense[3], dense[4], dense[5], sparse[1]],
+    ]
+    for cols in queries:
+        cols = np.array(sorted(cols), dtype=np.int64)
+        weights = rng.choice([0.5, 1.0, 0.3, 2.0, 1.7], size=cols.size).astype(np.float32)
+        want_scores, want_rows, want_top = numpy_path(indptr, indices, data, rows, cols, weights, 10, terms, columns)
+        buffer = np.full(rows + 3, 7.0, dtype=np.float32)
+        got_rows, got_top = kernels.shard_top(indptr, indices, data, rows, cols, weights, buffer, 10, terms, columns)
+        assert np.array_equal(buffer[:rows], want_scores) and np.all(buffer[rows:] == 7.0)
+        assert got_rows.tolist() == want_rows.tolist() and np.array_equal(got_top, want_top)
+        assert np.any(buffer[:rows]) == (cols.tolist() != newer)  # only the unknown terms score nothing
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_large_k_selection_equals_a_full_sort(seed):
     """The compiled top k for k above the heap's (a strided bound, then selection): against a

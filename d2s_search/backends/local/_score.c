@@ -74,29 +74,83 @@ static void sift_up(entry *heap, int64_t i) {
 #define D2S_CLONES
 #endif
 
+#define DENSE_RUN 4 /* dense columns added in one pass over the scores */
+
+/* One pass over the scores for m (1..DENSE_RUN) dense columns whose terms follow one another in
+ * the query's order: each row's score (0 when fresh, the scores not yet written) plus their
+ * products, added one after another in that order, as a pass per column adds them (no other
+ * term's product falls between), so the sums are the same bit for bit; the scores are read and
+ * written once, not m times. Inlined into each clone of the accumulate loop. */
+#define D2S_ROW_SUMS(INIT, ADDS)                                                                  \
+    for (int64_t r = 0; r < n_rows; r++) {                                                        \
+        float s = INIT;                                                                           \
+        ADDS;                                                                                     \
+        scores[r] = s;                                                                            \
+    }
+#define D2S_ADD(J) s += decode_weight(c##J[r]) * w##J
+#define D2S_RUNS(INIT)                                                                            \
+    switch (m) {                                                                                  \
+    case 1: D2S_ROW_SUMS(INIT, D2S_ADD(0)) break;                                                 \
+    case 2: D2S_ROW_SUMS(INIT, D2S_ADD(0); D2S_ADD(1)) break;                                     \
+    case 3: D2S_ROW_SUMS(INIT, D2S_ADD(0); D2S_ADD(1); D2S_ADD(2)) break;                         \
+    default: D2S_ROW_SUMS(INIT, D2S_ADD(0); D2S_ADD(1); D2S_ADD(2); D2S_ADD(3)) break;            \
+    }
+
+#if defined(__GNUC__)
+#define D2S_INLINE static inline __attribute__((always_inline))
+#else
+#define D2S_INLINE static inline
+#endif
+
+D2S_INLINE void add_dense_run(float *scores, int64_t n_rows, const uint16_t *const *columns, const float *weights,
+                              int m, int fresh) {
+    const uint16_t *c0 = columns[0], *c1 = columns[m > 1 ? 1 : 0], *c2 = columns[m > 2 ? 2 : 0],
+                   *c3 = columns[m > 3 ? 3 : 0];
+    float w0 = weights[0], w1 = weights[m > 1 ? 1 : 0], w2 = weights[m > 2 ? 2 : 0], w3 = weights[m > 3 ? 3 : 0];
+    if (fresh) {
+        D2S_RUNS(0.0f)
+    } else {
+        D2S_RUNS(scores[r])
+    }
+}
+
 /* Accumulate the query's postings into scores[0:n_rows]. Returns the number of postings or
  * pointers found out of bounds (0 for a sound shard). dense_slots[t] >= 0 names a dense
- * column (n_rows weights at dense_columns + slot * n_rows) used instead of the postings.
+ * column (n_rows weights at dense_columns + slot * n_rows) used instead of the postings;
+ * consecutive ones are added in one pass (add_dense_run), the first of them writing the
+ * scores instead of zeroing them first.
  * Two instantiations: int32 ids, and the cache's 16-bit in-shard ids (with 16-bit weights,
  * 4 bytes read per posting instead of 8: the loop is bound by reading postings). */
+#define D2S_DENSE(T) (dense_slots && cols[T] >= 0 && cols[T] < n_cols && dense_slots[T] >= 0 && dense_slots[T] < n_dense)
 #define D2S_ACCUMULATE(NAME, ID_T)                                                                \
     D2S_EXPORT D2S_CLONES int64_t NAME(const int32_t *indptr, int64_t n_cols, const ID_T *indices, \
                             const uint16_t *data, int64_t nnz, int64_t n_rows, const int64_t *cols, \
                             const float *weights, int64_t n_terms, const int64_t *dense_slots,    \
                             const uint16_t *dense_columns, int64_t n_dense, float *scores) {      \
         int64_t bad = 0;                                                                          \
-        memset(scores, 0, (size_t)n_rows * sizeof(float));                                        \
+        int zeroed = 0; /* the scores written (by zeroing or by a dense run) */                   \
         for (int64_t t = 0; t < n_terms; t++) {                                                   \
             int64_t col = cols[t];                                                                \
             float w = weights[t];                                                                 \
             if (col < 0 || col >= n_cols) continue; /* a term newer than this shard */            \
-            if (dense_slots && dense_slots[t] >= 0 && dense_slots[t] < n_dense) {                 \
-                const uint16_t *column = dense_columns + dense_slots[t] * n_rows;                 \
-                for (int64_t r = 0; r < n_rows; r++) {                                            \
-                    float product = decode_weight(column[r]) * w;                                 \
-                    scores[r] += product;                                                         \
+            if (D2S_DENSE(t)) {                                                                   \
+                const uint16_t *run[DENSE_RUN];                                                   \
+                float run_weights[DENSE_RUN];                                                     \
+                int m = 0;                                                                        \
+                run[m] = dense_columns + dense_slots[t] * n_rows;                                 \
+                run_weights[m++] = w;                                                             \
+                while (m < DENSE_RUN && t + 1 < n_terms && D2S_DENSE(t + 1)) {                    \
+                    t++;                                                                          \
+                    run[m] = dense_columns + dense_slots[t] * n_rows;                             \
+                    run_weights[m++] = weights[t];                                                \
                 }                                                                                 \
+                add_dense_run(scores, n_rows, run, run_weights, m, !zeroed);                      \
+                zeroed = 1;                                                                       \
                 continue;                                                                         \
+            }                                                                                     \
+            if (!zeroed) {                                                                        \
+                memset(scores, 0, (size_t)n_rows * sizeof(float));                                \
+                zeroed = 1;                                                                       \
             }                                                                                     \
             int64_t start = indptr[col], end = indptr[col + 1];                                   \
             if (start < 0 || end > nnz || start > end) {                                          \
@@ -113,6 +167,7 @@ static void sift_up(entry *heap, int64_t i) {
                 scores[id] += product;                                                            \
             }                                                                                     \
         }                                                                                         \
+        if (!zeroed) memset(scores, 0, (size_t)n_rows * sizeof(float));                           \
         return bad;                                                                               \
     }
 
