@@ -17,6 +17,12 @@
 #include <structmember.h>
 #include <stdint.h>
 
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(address) __builtin_prefetch(address)
+#else
+#define PREFETCH(address) ((void)(address))
+#endif
+
 static const char *SLOT_NAMES[] = {"id", "score", "path", "url", "_matched", "_parts"};
 enum { SLOT_ID, SLOT_SCORE, SLOT_PATH, SLOT_URL, SLOT_MATCHED, SLOT_PARTS, N_SLOTS };
 
@@ -221,15 +227,15 @@ static PyObject *build(PyObject *Py_UNUSED(module), PyObject *args) {
             Py_CLEAR(out);
             goto done;
         }
-        for (int f = 0; f < 3; f++) __builtin_prefetch((const int64_t *)src->offsets[f].buf + local);
-        __builtin_prefetch((const uint8_t *)src->has_url.buf + local);
+        for (int f = 0; f < 3; f++) PREFETCH((const int64_t *)src->offsets[f].buf + local);
+        PREFETCH((const uint8_t *)src->has_url.buf + local);
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         const source *src = &srcs[row[i] / shard_rows];
         int64_t local = row[i] - src->start;
         for (int f = 0; f < 3; f++) {
             int64_t lo = ((const int64_t *)src->offsets[f].buf)[local];
-            if (lo >= 0 && lo < (int64_t)src->blob[f].len) __builtin_prefetch((const char *)src->blob[f].buf + lo);
+            if (lo >= 0 && lo < (int64_t)src->blob[f].len) PREFETCH((const char *)src->blob[f].buf + lo);
         }
     }
     for (Py_ssize_t i = 0; i < n; i++) {
