@@ -194,7 +194,7 @@ def test_a_hits_damaged_row_is_refused():
     csr[0][3] = 99  # the last row's end past the postings
     with pytest.raises(kernels.DamagedArrays):
         top.run(table, {"a": 1.0}, {"a": 0}, 2, 2, ["a"])
-    assert np.all(top.slot_of == -1)  # the slot table is left clean for the next query
+    assert np.all(top.slot_of == -1) and not np.any(top.member)  # left clean for the next query
 
 
 IDENTITY = IndexIdentity("fp", 4, "tiny")
@@ -282,4 +282,4 @@ def test_words_of_other_rows_equal_the_python_path():
     assert top.words_of(table, rows, 0, TERMS) is None
     with pytest.raises(kernels.DamagedArrays):
         top.words_of(table, np.array([200]), 3, TERMS)  # past the last shard
-    assert np.all(top.slot_of == -1)
+    assert np.all(top.slot_of == -1) and not np.any(top.member)

@@ -176,15 +176,20 @@ static Py_ssize_t shard_of(const int64_t *table, Py_ssize_t n_shards, int64_t ro
 }
 
 /* The words of the n hits: d2s_explain_slots's slots and values for each (m per hit), read from
- * the hits' own postings (CSR) with slot_of (column -> query slot, n_map entries, -1 elsewhere;
- * filled here for the query's columns and cleared again before returning). Returns the number
- * of hits whose row or pointers were out of bounds. Runs without the GIL. */
+ * the hits' own postings (CSR) with slot_of (column -> query slot, n_map entries, -1 elsewhere)
+ * and member (one bit per column, n_map / 64 + 1 words, 0 elsewhere), both filled here for the
+ * query's columns and cleared again before returning. Returns the number of hits whose row or
+ * pointers were out of bounds. Runs without the GIL. */
 static int64_t explain_hits(const int64_t *table, Py_ssize_t n_shards, const int64_t *rows, int64_t n,
                             const int64_t *cols, const float *weights, Py_ssize_t n_terms, int64_t m,
-                            int16_t *slot_of, int64_t n_map, int64_t *slots, float *vals) {
+                            int16_t *slot_of, uint64_t *member, int64_t n_map, int64_t *slots, float *vals) {
     int64_t bad = 0;
-    for (Py_ssize_t t = 0; t < n_terms; t++)
-        if (cols[t] >= 0 && cols[t] < n_map) slot_of[cols[t]] = (int16_t)t;
+    for (Py_ssize_t t = 0; t < n_terms; t++) {
+        if (cols[t] >= 0 && cols[t] < n_map) {
+            slot_of[cols[t]] = (int16_t)t;
+            member[cols[t] >> 6] |= (uint64_t)1 << (cols[t] & 63);
+        }
+    }
     for (int64_t i = 0; i < n && i < PREFETCH_ROWS; i++) { /* the first hits' pointers */
         const int64_t *g = table + shard_of(table, n_shards, rows[i]) * N_FIELDS;
         int64_t local = rows[i] - g[F_START];
@@ -206,10 +211,14 @@ static int64_t explain_hits(const int64_t *table, Py_ssize_t n_shards, const int
         bad += explain_row_slots((const int64_t *)(intptr_t)f[F_CSR_INDPTR], f[F_N_ROWS],
                                  (const int32_t *)(intptr_t)f[F_CSR_INDICES], (const uint16_t *)(intptr_t)f[F_CSR_DATA],
                                  f[F_CSR_NNZ], rows[i] - f[F_START], slot_of, n_map, weights, n_terms, m,
-                                 slots + i * m, vals + i * m);
+                                 slots + i * m, vals + i * m, member);
     }
-    for (Py_ssize_t t = 0; t < n_terms; t++)
-        if (cols[t] >= 0 && cols[t] < n_map) slot_of[cols[t]] = -1;
+    for (Py_ssize_t t = 0; t < n_terms; t++) {
+        if (cols[t] >= 0 && cols[t] < n_map) {
+            slot_of[cols[t]] = -1;
+            member[cols[t] >> 6] = 0; /* every bit set was one of these columns' */
+        }
+    }
     return bad;
 }
 
@@ -266,7 +275,7 @@ static PyObject *empty_lists(int64_t n) {
 /* search(query, term_ids, table_addr, n_shards, k, capacity, k_capacity, cols_addr, weights_addr,
  *        slots_addr, scores_addr, scores_len, work_addr, maxima_addr, tops_rows_addr,
  *        tops_scores_addr, out_rows_addr, out_scores_addr, out_scores64_addr,
- *        m, m_capacity, terms, slot_of_addr, n_map, words_slots_addr, words_values_addr)
+ *        m, m_capacity, terms, slot_of_addr, member_addr, n_map, words_slots_addr, words_values_addr)
  * -> (n_terms, n, matched)
  * The query's columns and weights (n_terms, capacity at most) and its top k: n rows (global,
  * int64) and scores (float32, and float64 for the hit builder), best first, ties by row; with
@@ -278,11 +287,11 @@ static PyObject *empty_lists(int64_t n) {
  * scores scores_len floats (at least every shard's rows); work 2 * HEAP_K int32 (a heap) when
  * k_capacity <= HEAP_K, else 4 * scores_len int32 (d2s_top_large's candidates) and maxima
  * scores_len / 4 + 1 floats; tops_rows / tops_scores n_shards * k; out_* k_capacity;
- * slot_of n_map int16, all -1 (and left so), n_map above every shard's columns; words_*
- * k_capacity * m_capacity. */
+ * slot_of n_map int16, all -1, and member n_map / 64 + 1 uint64, all 0 (both left so), n_map
+ * above every shard's columns; words_* k_capacity * m_capacity. */
 static PyObject *search(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 26) {
-        PyErr_SetString(PyExc_TypeError, "search() takes 26 arguments");
+    if (nargs != 27) {
+        PyErr_SetString(PyExc_TypeError, "search() takes 27 arguments");
         return NULL;
     }
     PyObject *query = args[0], *term_ids = args[1], *terms = args[21];
@@ -294,13 +303,15 @@ static PyObject *search(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
     for (int i = 0; i < 12; i++) p[i] = i == 4 ? NULL : PyLong_AsVoidPtr(args[7 + i]);
     Py_ssize_t m = PyLong_AsSsize_t(args[19]), m_capacity = PyLong_AsSsize_t(args[20]);
     int16_t *slot_of = PyLong_AsVoidPtr(args[22]);
-    Py_ssize_t n_map = PyLong_AsSsize_t(args[23]);
-    int64_t *word_slots = PyLong_AsVoidPtr(args[24]);
-    float *word_values = PyLong_AsVoidPtr(args[25]);
+    uint64_t *member = PyLong_AsVoidPtr(args[23]);
+    Py_ssize_t n_map = PyLong_AsSsize_t(args[24]);
+    int64_t *word_slots = PyLong_AsVoidPtr(args[25]);
+    float *word_values = PyLong_AsVoidPtr(args[26]);
     if (PyErr_Occurred()) return NULL;
     if (k > k_capacity || (k > HEAP_K && (k_capacity <= HEAP_K || p[6] == NULL)) || n_shards > MAX_SHARDS ||
         n_shards < 0 || capacity < 0 || m < 0 || m > m_capacity || capacity > INT16_MAX ||
-        (m > 0 && (!PyList_CheckExact(terms) || slot_of == NULL || word_slots == NULL || word_values == NULL))) {
+        (m > 0 && (!PyList_CheckExact(terms) || slot_of == NULL || member == NULL || word_slots == NULL ||
+                   word_values == NULL))) {
         return Py_BuildValue("(iiO)", -1, 0, Py_None);
     }
     Py_ssize_t n_terms = query_columns(query, term_ids, p[0], p[1], capacity);
@@ -313,7 +324,7 @@ static PyObject *search(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
                        p[10], p[11]);
         if (n > 0 && m > 0) {
             bad = explain_hits(table, n_shards, p[9], n, p[0], p[1], n_terms, m < n_terms ? m : n_terms, slot_of,
-                               n_map, word_slots, word_values);
+                               member, n_map, word_slots, word_values);
         }
         Py_END_ALLOW_THREADS
     }
@@ -327,14 +338,14 @@ static PyObject *search(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
 }
 
 /* words(table_addr, n_shards, rows_addr, n, cols_addr, weights_addr, n_terms, m, terms, slot_of_addr,
- *       n_map, words_slots_addr, words_values_addr, words_capacity) -> matched
+ *       member_addr, n_map, words_slots_addr, words_values_addr, words_capacity) -> matched
  * The m strongest words of n given rows (global, int64), for a query's n_terms sorted columns
  * and weights (a search's, left in its buffers): as search() gives them for its hits, for rows
  * found otherwise (hybrid's fused hits). None when the buffers (words_capacity entries) are too
  * small or m <= 0; -2 when a row or its pointers are out of bounds. */
 static PyObject *words(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 14) {
-        PyErr_SetString(PyExc_TypeError, "words() takes 14 arguments");
+    if (nargs != 15) {
+        PyErr_SetString(PyExc_TypeError, "words() takes 15 arguments");
         return NULL;
     }
     const int64_t *table = PyLong_AsVoidPtr(args[0]);
@@ -346,20 +357,21 @@ static PyObject *words(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
     Py_ssize_t n_terms = PyLong_AsSsize_t(args[6]), m = PyLong_AsSsize_t(args[7]);
     PyObject *terms = args[8];
     int16_t *slot_of = PyLong_AsVoidPtr(args[9]);
-    Py_ssize_t n_map = PyLong_AsSsize_t(args[10]);
-    int64_t *word_slots = PyLong_AsVoidPtr(args[11]);
-    float *word_values = PyLong_AsVoidPtr(args[12]);
-    Py_ssize_t capacity = PyLong_AsSsize_t(args[13]);
+    uint64_t *member = PyLong_AsVoidPtr(args[10]);
+    Py_ssize_t n_map = PyLong_AsSsize_t(args[11]);
+    int64_t *word_slots = PyLong_AsVoidPtr(args[12]);
+    float *word_values = PyLong_AsVoidPtr(args[13]);
+    Py_ssize_t capacity = PyLong_AsSsize_t(args[14]);
     if (PyErr_Occurred()) return NULL;
     int64_t kept = m < n_terms ? m : n_terms;
     if (m <= 0 || n < 0 || n_terms < 0 || n_terms > INT16_MAX || n_shards <= 0 || n_shards > MAX_SHARDS ||
-        !PyList_CheckExact(terms) || slot_of == NULL || (kept > 0 && n > capacity / kept)) {
+        !PyList_CheckExact(terms) || slot_of == NULL || member == NULL || (kept > 0 && n > capacity / kept)) {
         Py_RETURN_NONE;
     }
     int64_t bad = 0;
     if (kept > 0 && n > 0) {
         Py_BEGIN_ALLOW_THREADS
-        bad = explain_hits(table, n_shards, rows, n, cols, weights, n_terms, kept, slot_of, n_map, word_slots,
+        bad = explain_hits(table, n_shards, rows, n, cols, weights, n_terms, kept, slot_of, member, n_map, word_slots,
                            word_values);
         Py_END_ALLOW_THREADS
     }
@@ -371,13 +383,13 @@ static PyMethodDef methods[] = {
     {"search", (PyCFunction)(void (*)(void))search, METH_FASTCALL,
      "search(query, term_ids, table_addr, n_shards, k, capacity, k_capacity, cols_addr, weights_addr, slots_addr,\n"
      "       scores_addr, scores_len, work_addr, maxima_addr, tops_rows_addr, tops_scores_addr, out_rows_addr,\n"
-     "       out_scores_addr, out_scores64_addr, m, m_capacity, terms, slot_of_addr, n_map, words_slots_addr,\n"
-     "       words_values_addr) -> (n_terms, n, matched)\n\n"
+     "       out_scores_addr, out_scores64_addr, m, m_capacity, terms, slot_of_addr, member_addr, n_map,\n"
+     "       words_slots_addr, words_values_addr) -> (n_terms, n, matched)\n\n"
      "A sparse query's columns, exact top k over every shard and (m > 0) each hit's words; n_terms -1: not for this call,\n"
      "n -2: postings out of bounds."},
     {"words", (PyCFunction)(void (*)(void))words, METH_FASTCALL,
-     "words(table_addr, n_shards, rows_addr, n, cols_addr, weights_addr, n_terms, m, terms, slot_of_addr, n_map,\n"
-     "      words_slots_addr, words_values_addr, words_capacity) -> matched\n\n"
+     "words(table_addr, n_shards, rows_addr, n, cols_addr, weights_addr, n_terms, m, terms, slot_of_addr,\n"
+     "      member_addr, n_map, words_slots_addr, words_values_addr, words_capacity) -> matched\n\n"
      "The m strongest words of given rows, as search() gives them for its hits; None: buffers too small, -2: damage."},
     {NULL, NULL, 0, NULL},
 };

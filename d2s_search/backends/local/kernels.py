@@ -426,13 +426,16 @@ class QueryTop:
                                                 self.out_scores64)))
 
     def _word_buffers(self, n_cols: int, entries: int) -> None:
-        """The words' buffers: column -> query slot for n_cols columns (all -1 between calls), and
-        room for ``entries`` (slot, value) pairs."""
+        """The words' buffers: column -> query slot for n_cols columns (all -1 between calls), one
+        bit per column (the query's set while it is read, all 0 between calls: tested first, as
+        60 KB of slots would be missed line by line where these 4 KB are not), and room for
+        ``entries`` (slot, value) pairs."""
         self.slot_of = np.full(n_cols, -1, dtype=np.int16)
+        self.member = np.zeros(n_cols // 64 + 1, dtype=np.uint64)
         self.word_slots = np.empty(entries, dtype=np.int64)
         self.word_values = np.empty(entries, dtype=np.float32)
-        self._word_args = (self.slot_of.ctypes.data, self.slot_of.size, self.word_slots.ctypes.data,
-                           self.word_values.ctypes.data)
+        self._word_args = (self.slot_of.ctypes.data, self.member.ctypes.data, self.slot_of.size,
+                           self.word_slots.ctypes.data, self.word_values.ctypes.data)
 
     def fits(self, table: ShardTable, n_terms: int, k: int, words: int = 0) -> bool:
         return (table.max_rows <= self.scores.size and table.n_shards <= self.n_shards and n_terms <= self.capacity
