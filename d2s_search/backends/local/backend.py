@@ -640,19 +640,15 @@ class LocalBackend:
         does not apply (not built, a shard the kernel does not take, a query not a dict of floats)."""
         if kernels._c_query is None or k <= 0 or type(query) is not dict:
             return None
-        table = state.shard_table
-        if table is None:  # the first search of this state (a cold search pays every call: few here)
-            table = self._shard_table(state) if state.size else False
-        if table is False or not table.max_rows:
+        table = self._shard_table(state)
+        if table is False:
             return None
         n_shards = table.n_shards
         # sized for every shard and the words first: the calling thread searches the first group
         # in it, which leaves the query's columns there for the words
-        top = getattr(self._per_thread, "query_top", None)
-        if top is None or not top.fits(table, len(query), k, words):
-            top = self._thread_top(state, table, len(query), k, words)
+        top = self._thread_top(state, table, len(query), k, words)
         try:
-            if self.threads == 1 or n_shards < SPARSE_PARALLEL_FROM:  # _n_groups(...) == 1
+            if self._n_groups(n_shards, SPARSE_PARALLEL_FROM) <= 1:
                 return top if top.run(table, query, self._term_ids, k, words, self._terms) is not None else None
 
             def group_top(numbers: range) -> list:
@@ -676,8 +672,10 @@ class LocalBackend:
 
     def _shard_table(self, state: Structures) -> kernels.ShardTable | bool:
         """The state's shards as one kernels.ShardTable (made on first use, every shard
-        validated), or False when a shard is not for the C search."""
+        validated), or False when the state holds no rows or a shard is not for the C search."""
         table = state.shard_table
+        if table is None and not state.size:
+            table = state.shard_table = False
         if table is None:
             for shard in state.shards:
                 self._validated(shard)

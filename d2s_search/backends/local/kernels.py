@@ -363,12 +363,16 @@ class ShardTable:
             rows.append((*shard._fixed[:6], shard.id_bits, 0 if slot_of is None else slot_of.ctypes.data,
                          0 if slot_of is None else slot_of.size, dense_p or 0, n_dense, start,
                          indptr.ctypes.data, indices.ctypes.data, data.ctypes.data, indices.size))
-        self.table = np.array(rows, dtype=np.int64).reshape(len(bound), len(self.FIELDS))
-        self.address = self.table.ctypes.data
-        self.n_shards = len(bound)
-        self.max_rows = max((shard.n_rows for shard in bound), default=0)
         # every column a shard's rows can hold is below this (check_postings on the row-wise copy)
-        self.n_cols = max((shard._fixed[1] for shard in bound), default=0)
+        self._adopt(np.array(rows, dtype=np.int64).reshape(len(bound), len(self.FIELDS)),
+                    max((shard._fixed[1] for shard in bound), default=0))
+
+    def _adopt(self, table: np.ndarray, n_cols: int) -> None:
+        """Search through ``table`` (shards x FIELDS): its address, size and widest shard."""
+        self.table, self.n_cols = table, n_cols
+        self.address = table.ctypes.data
+        self.n_shards = table.shape[0]
+        self.max_rows = int(table[:, self.FIELDS.index("n_rows")].max(initial=0))
         self._parts: dict[tuple[int, int], ShardTable] = {}
 
     def part(self, lo: int, hi: int) -> ShardTable:
@@ -377,10 +381,8 @@ class ShardTable:
         got = self._parts.get((lo, hi))
         if got is None:
             got = object.__new__(ShardTable)
-            got._keep, got.table = self, self.table[lo:hi]
-            got.address, got.n_shards = got.table.ctypes.data, hi - lo
-            got.max_rows = int(got.table[:, self.FIELDS.index("n_rows")].max(initial=0))
-            got.n_cols, got._parts = self.n_cols, {}
+            got._keep = self
+            got._adopt(self.table[lo:hi], self.n_cols)
             self._parts[(lo, hi)] = got  # a benign race: two threads may each make an equal one
         return got
 
@@ -469,8 +471,9 @@ class QueryTop:
         if table.n_cols > self.slot_of.size or rows.size * min(words, self.n_terms) > self.word_slots.size:
             # made for a search without words, or for fewer rows
             self._word_buffers(max(table.n_cols, self.slot_of.size), max(rows.size * words, self.word_slots.size))
-        matched = _c_query.words(table.address, table.n_shards, rows.ctypes.data, rows.size, self._args[2],
-                                 self._args[3], self.n_terms, words, terms, *self._word_args, self.word_slots.size)
+        matched = _c_query.words(table.address, table.n_shards, rows.ctypes.data, rows.size, self.cols.ctypes.data,
+                                 self.weights.ctypes.data, self.n_terms, words, terms, *self._word_args,
+                                 self.word_slots.size)
         if isinstance(matched, int):
             raise DamagedArrays("a hit's row points outside its shard")
         return matched

@@ -99,11 +99,20 @@ class CommitSignal:
         self._may_map = True
 
     def read(self) -> bytes | None:
-        if self._map is not None:  # two copies, compared below
-            data = self._map[: 2 * self.HEADER]
-            if data[: self.HEADER] != data[self.HEADER :]:
-                return None
-            return data[: self.HEADER]
+        data = self._map[: 2 * self.HEADER] if self._map is not None else self._read_file()
+        if data is None or len(data) < 2 * self.HEADER or data[: self.HEADER] != data[self.HEADER :]:
+            return None  # being written, or not a WAL index
+        if self._map is None and self._may_map:
+            import mmap  # built in: no cost
+
+            try:
+                self._map = mmap.mmap(self._fd, 2 * self.HEADER, prot=mmap.PROT_READ)
+            except (OSError, ValueError):
+                self._may_map = False  # pread then
+        return data[: self.HEADER]
+
+    def _read_file(self) -> bytes | None:
+        """Both copies of the header by ``pread`` (the file opened on first use), or None."""
         if self._fd is None:
             if self._refused or not hasattr(os, "pread"):  # no pread (Windows): SQLite is asked
                 return None
@@ -116,19 +125,9 @@ class CommitSignal:
             except OSError:  # not there yet (no reader has opened the WAL), or unreadable
                 return None
         try:
-            data = os.pread(self._fd, 2 * self.HEADER, 0)
+            return os.pread(self._fd, 2 * self.HEADER, 0)
         except OSError:
             return None
-        if len(data) < 2 * self.HEADER or data[: self.HEADER] != data[self.HEADER :]:
-            return None  # being written, or not a WAL index
-        if self._may_map:
-            import mmap  # built in: no cost
-
-            try:
-                self._map = mmap.mmap(self._fd, 2 * self.HEADER, prot=mmap.PROT_READ)
-            except (OSError, ValueError):
-                self._may_map = False  # pread then
-        return data[: self.HEADER]
 
     def close(self) -> None:
         if self._map is not None:
