@@ -1,7 +1,7 @@
-"""Cost of checking a bundle at startup: size-only (the old query/serve check), a full
-hash of every file (ingest's check, and the first load), and the stamp (every later load).
+"""What checking a model bundle costs at start-up: every byte hashed (ingest, and the first
+load), against the stamp every later load compares, and the size of each file as the floor.
 
-    python benchmarks/bench_bundle_verify.py [--mb 120] [--repeats 5]
+    python benchmarks/bench_bundle_verify.py [--mb 120] [--repeats 5] [--json OUT]
 
 Builds a bundle-shaped folder in a temp dir: ``image.onnx`` and ``text.onnx`` of random bytes
 (``--mb`` in total, split like a CLIP-B bundle), a small tokenizer and vocab, and a manifest
@@ -15,15 +15,14 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _common
+
+_common.use_repository()
 
 from d2s_search.bundle import BUNDLE_FORMAT, Bundle, compute_fingerprint  # noqa: E402
 from d2s_search.bundle_stamp import STAMP_NAME  # noqa: E402
@@ -55,15 +54,17 @@ def timed(fn, repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=120)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
+    summary = _common.provenance()
     with tempfile.TemporaryDirectory() as tmp:
         bundle = make_bundle(Path(tmp), args.mb)
         Bundle.load(bundle, verify_hashes=True)  # warm the page cache and write the stamp
 
-        def size_only() -> None:  # the old query/serve check: stat each file
+        def size_only() -> None:  # the cheapest check there is: stat each file
             manifest = json.loads((bundle / "manifest.json").read_text())
             for name, entry in manifest["files"].items():
                 assert (bundle / name).stat().st_size == entry["bytes"]
@@ -72,17 +73,22 @@ def main() -> None:
             (bundle / STAMP_NAME).unlink(missing_ok=True)
             Bundle.load(bundle)
 
-        reference = timed(size_only, args.repeats)
-        full = timed(lambda: Bundle.load(bundle, verify_hashes=True), args.repeats)
-        first = timed(first_load, args.repeats)
-        stamped = timed(lambda: Bundle.load(bundle), args.repeats)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}; "
-          f"bundle {args.mb} MB; median of {args.repeats}")
-    print("| check | ms | vs size-only |")
-    print("|---|---|---|")
-    for label, ms in (("size only (old query/serve)", reference), ("full hash (ingest)", full),
-                      ("first load: hash + write stamp", first), ("later loads: stamp", stamped)):
-        print(f"| {label} | {ms:.2f} | {ms / reference:.1f}x |")
+        checks = {"size of each file only (reference)": timed(size_only, args.repeats),
+                  "every byte hashed (ingest; any load without a valid stamp)": timed(
+                      lambda: Bundle.load(bundle, verify_hashes=True), args.repeats),
+                  "first load: hash and write the stamp": timed(first_load, args.repeats),
+                  "later loads: the stamp matches the files' stat": timed(lambda: Bundle.load(bundle), args.repeats)}
+    summary.update({"bundle_mb": args.mb, "repeats": args.repeats, "ms": {k: round(v, 3) for k, v in checks.items()}})
+    _common.write_json(_common.finish(summary), args.json_out)
+
+
+def render(summary: dict) -> str:
+    ms = summary["ms"]
+    reference = next(iter(ms.values()))
+    rows = [[name, f"{v:.2f}", _common.ratio(v, reference)] for name, v in ms.items()]
+    return (_common.table(["bundle check", "ms", "vs size only"], rows)
+            + f"\n\nA {summary['bundle_mb']} MB bundle of random bytes, page cache warm, median of {summary['repeats']}.\n\n"
+            + _common.caption(summary))
 
 
 if __name__ == "__main__":

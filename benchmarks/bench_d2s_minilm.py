@@ -165,6 +165,7 @@ def main() -> None:
     ap.add_argument("--clip-epochs", type=int, default=40)
     ap.add_argument("--skip-clip", action="store_true")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--json", dest="json_out", help="also write the results here")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -201,6 +202,8 @@ def main() -> None:
     res_file.write_text(json.dumps(results, indent=2))
     (out / "results.md").write_text(markdown(results))
     print(markdown(results))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(results, indent=2))
 
 
 def time_epoch(splits, toks, args, out: Path) -> dict:

@@ -23,12 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import _common  # noqa: E402
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+_common.use_repository()
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from benchmarks.synthetic import dense_vectors  # noqa: E402
+from synthetic import dense_vectors  # noqa: E402
+
 from d2s_search.backends import local as local_pkg  # noqa: E402
 from d2s_search.backends.base import Document, IndexIdentity  # noqa: E402
 from d2s_search.backends.local import backend as backend_mod  # noqa: E402
@@ -141,9 +143,11 @@ def main() -> None:
     parser.add_argument("--photos-index", help="a local index of the flickr8k-800 photos (dense vectors from SQLite)")
     parser.add_argument("--bundle", help="the bundle that filled --photos-index (encodes the caption queries)")
     parser.add_argument("--captions", help="an .npy of caption vectors: the last --queries rows query the others")
+    parser.add_argument("--json", dest="json_out")
     parser.add_argument("--local-index", help="an existing local index (e.g. benchmarks/.cache/local-123000): "
                         "its graphs against an exact scan, per search width")
     args = parser.parse_args()
+    summary = _common.provenance()
     out = {"command": "python benchmarks/bench_dense_recall.py " + " ".join(sys.argv[1:]),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_average": os.getloadavg(), "runs": []}
     if CLIP.is_dir():
@@ -164,7 +168,7 @@ def main() -> None:
         vectors = dense_vectors(args.synthetic, 256, seed=1)
         queries = dense_vectors(args.queries, 256, seed=2)
         out["runs"].extend(measure("random unit vectors, 256-d", vectors, queries, widths=(64, 128, 256)))
-    print(json.dumps(out, indent=2))
+    _common.write_json(_common.finish({**summary, **out}), args.json_out)
 
 
 if __name__ == "__main__":

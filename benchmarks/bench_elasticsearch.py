@@ -15,19 +15,18 @@ timing are those of bench_opensearch.py (imported, not copied).
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
-import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _common  # noqa: E402
 
-from benchmarks.bench_opensearch import DIM, latency, make_docs, make_queries  # noqa: E402
+_common.use_repository()
+
+from bench_opensearch import DIM, latency, make_docs, make_queries  # noqa: E402
+
 from d2s_search.backends.base import IndexIdentity  # noqa: E402
 
 
@@ -65,6 +64,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", dest="json_out")
     args = ap.parse_args()
 
     from d2s_search.backends.elasticsearch.backend import ElasticsearchBackend
@@ -72,13 +72,7 @@ def main() -> None:
 
     docs = make_docs(args.docs, args.seed)
     queries = make_queries(args.queries, args.seed + 100)
-    report: dict = {
-        "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared), Python {platform.python_version()}",
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-        "docs": args.docs, "queries": args.queries, "k": args.k,
-        "command": "python " + " ".join(sys.argv),
-    }
+    report: dict = {**_common.provenance(), "docs": args.docs, "queries": args.queries, "k": args.k}
     if args.url:
         es = ElasticsearchBackend.from_env(url=args.url, index_name="d2s-bench", refresh=False, timeout=120.0)
         report["target"] = f"Elasticsearch {'.'.join(map(str, es.server_version()))} at {args.url}"
@@ -86,7 +80,7 @@ def main() -> None:
             report["elasticsearch"] = run(es, docs, queries, args.batch, args.k)
         finally:
             es.close()
-        print(json.dumps(report, indent=2))
+        _common.write_json(_common.finish(report), args.json_out)
         return
 
     from osmem_server import OsmemServer
@@ -114,7 +108,7 @@ def main() -> None:
             "sparse_p50": round(new["sparse"]["p50_ms"] / ref["sparse"]["p50_ms"], 3),
             "two_phase_p50": round(new["two_phase_w100"]["p50_ms"] / ref["two_phase_w100"]["p50_ms"], 3),
         }
-    print(json.dumps(report, indent=2))
+    _common.write_json(_common.finish(report), args.json_out)
 
 
 if __name__ == "__main__":

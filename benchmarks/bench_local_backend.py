@@ -1,6 +1,8 @@
-"""Local-backend query latency on a paper-shaped synthetic collection.
+"""Search latency and memory of the local index at 123k and 1M documents, against brute force
+and the reference engines, on a paper-shaped synthetic collection.
 
-    python benchmarks/bench_local_backend.py [--docs 123000] [--queries 300]
+    python benchmarks/bench_local_backend.py [--docs 123000] [--queries 300] [--json OUT]
+    python benchmarks/bench_local_backend.py --docs 1000000 --queries 100 --k 10 --threads 2
 
 Measures p50/p99 latency at k=10 and k=1000 of the full search call (hits with ids, paths,
 URLs; with and without 5 explained words) for sparse (exact), two-phase, dense and hybrid
@@ -12,7 +14,9 @@ timed), plans and references taking turns block by block. The references, measur
 (scipy CSR mat-vec) + full sort for sparse, a numpy mat-vec over all vectors + full sort
 for dense. Also: build time, open time (a new process, warm page cache), resident memory
 against the size of the stored matrices, and two-phase recall against exact.
-The index is built once through the real backend and cached under benchmarks/.cache/.
+Peers (``peers.py``: PISA, Seismic, faiss flat; each when installed) answer the same queries,
+timed the same two ways. The index is built once through the real backend and cached under
+benchmarks/.cache/.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -28,14 +31,16 @@ import sys
 import time
 from pathlib import Path
 
+import _common  # benchmarks/ is on sys.path when a script runs
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+_common.use_repository()
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-from benchmarks.synthetic import dense_vectors, sample_vectors, zipf_probabilities  # noqa: E402
+from synthetic import dense_vectors, sample_vectors, zipf_probabilities  # noqa: E402
+
 from d2s_search.backends.base import Document, IndexIdentity  # noqa: E402
 from d2s_search.backends.local import LocalBackend, kernels  # noqa: E402
 from d2s_search.search import QueryVectors, SearchOptions, run_query  # noqa: E402
@@ -95,11 +100,6 @@ def benchmark_queries(n: int) -> list[QueryVectors]:
     return queries
 
 
-def percentiles(samples: list[float]) -> dict:
-    arr = np.asarray(samples) * 1000
-    return {"p50_ms": round(float(np.percentile(arr, 50)), 3), "p99_ms": round(float(np.percentile(arr, 99)), 3)}
-
-
 def interleaved(plans: dict, references: dict, queries: list, warm: int = 10) -> dict:
     """Query by query, every plan right after a brute-force reference on the same query (the
     references taking turns): each plan starts cold, its postings evicted by a pass over the
@@ -119,7 +119,7 @@ def interleaved(plans: dict, references: dict, queries: list, warm: int = 10) ->
                 t0 = time.perf_counter()
                 run(q)
                 times[label].append(time.perf_counter() - t0)
-    return {name: percentiles(t) for name, t in times.items()}
+    return {name: _common.percentiles(t) for name, t in times.items()}
 
 
 def steady(plans: dict, queries: list, block: int = 50, settle: int = 10) -> dict:
@@ -137,7 +137,7 @@ def steady(plans: dict, queries: list, block: int = 50, settle: int = 10) -> dic
                 plans[name](q)
                 if i >= settle:
                     times[name].append(time.perf_counter() - t0)
-    return {name: percentiles(t) for name, t in times.items()}
+    return {name: _common.percentiles(t) for name, t in times.items()}
 
 
 OPEN_SCRIPT = """
@@ -208,17 +208,46 @@ def brute_force(backend: LocalBackend, state) -> tuple:
     return brute_sparse, brute_dense
 
 
+def build_peers(names: list[str], state, terms: list[str], ids: list[str], dense_matrix: np.ndarray, workdir: Path) -> list:
+    """The reference engines asked for and installed, over the index's own stored weights."""
+    import peers
+
+    def documents():
+        for s in state.shards:
+            data = kernels.decode_weights(s.arrays["csr_data"])
+            indices, indptr = s.arrays["csr_indices"], s.arrays["csr_indptr"]
+            for row in range(s.rows):
+                lo, hi = int(indptr[row]), int(indptr[row + 1])
+                yield s.string("ids", row), {terms[c]: float(w) for c, w in zip(indices[lo:hi].tolist(), data[lo:hi].tolist())}
+
+    have, built = peers.available(), []
+    for name in names:
+        if not have.get(name):
+            print(f"peer {name}: not installed (pip install -e '.[peers]'), skipped", file=sys.stderr)
+            continue
+        print(f"building peer {name} ...", file=sys.stderr)
+        if name == "pisa":
+            built.append(peers.pisa(documents(), workdir))
+        elif name == "seismic":
+            built.append(peers.seismic(documents()))
+        elif name == "faiss-flat":
+            built.append(peers.faiss_flat(ids, dense_matrix))
+    return built
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=123_000)
     parser.add_argument("--queries", type=int, default=300)
-    parser.add_argument("--cache", default=str(Path(__file__).parent / ".cache"))
+    parser.add_argument("--cache", default=str(_common.CACHE))
     parser.add_argument("--rebuild", action="store_true")
     parser.add_argument("--k", default="10,1000", help="comma-separated k values (e.g. 10 for a quick 1M run)")
+    parser.add_argument("--peers", default="pisa,seismic,faiss-flat", help="reference engines ('' for none)")
     parser.add_argument("--json", dest="json_out", help="also write the results to this file")
     parser.add_argument("--threads", type=int, default=1, help="shards searched at once (LocalBackend threads)")
     args = parser.parse_args()
     ks = [int(k) for k in args.k.split(",")]
+    summary = _common.provenance(threads=f"{args.threads} search thread(s)")
 
     path = Path(args.cache) / f"local-{args.docs}"
     if args.rebuild and path.exists():
@@ -235,6 +264,9 @@ def main() -> None:
     assert all(q.full for q in queries)
 
     brute_sparse, brute_dense = brute_force(backend, state)
+    ids = [s.string("ids", i) for s in state.shards for i in range(s.rows)]
+    dense_matrix = np.vstack([s.dense_rows() for s in state.shards])
+    peer_list = build_peers([p for p in args.peers.split(",") if p], state, backend._terms, ids, dense_matrix, path.parent)
 
     def plan(mode: str, k: int, explain: int):
         options = SearchOptions(mode=mode, k=k, explain=explain)
@@ -249,6 +281,8 @@ def main() -> None:
             "dense": plan("dense", k, 0),
             "hybrid, 5 words explained": plan("hybrid", k, 5),
         }
+        for peer in peer_list:
+            plans[peer.name] = lambda q, k=k, peer=peer: peer.search(q.full, q.dense, k)
         references = {
             "brute-force sparse": lambda q, k=k: brute_sparse(q, k),
             "brute-force dense": lambda q, k=k: brute_dense(q, k),
@@ -258,59 +292,105 @@ def main() -> None:
         for name, value in steady({**plans, **references}, queries).items():
             steady_results[f"{name} @{k}"] = value
     # Correctness alongside speed: the exact plan returns the brute-force top-10.
-    ids = [s.string("ids", i) for s in state.shards for i in range(s.rows)]
-    agree = sum(
-        [h.id for h in backend.sparse_search(q.full, 10, explain=0)] == [ids[r] for r in brute_sparse(q, 10)]
-        for q in queries[:100]
-    )
+    checked = queries[:100]
+    exact = [[ids[r] for r in brute_sparse(q, 10)] for q in checked]
+    exact_dense = [{ids[r] for r in brute_dense(q, 10)} for q in checked]
+    agree = sum([h.id for h in backend.sparse_search(q.full, 10, explain=0)] == e for q, e in zip(checked, exact))
     recall = np.mean([
-        len({h.id for h in run_query(backend, q, SearchOptions(mode="two-phase", k=10)).hits}
-            & {h.id for h in backend.sparse_search(q.full, 10, explain=0)}) / 10
-        for q in queries[:100]
+        len({h.id for h in run_query(backend, q, SearchOptions(mode="two-phase", k=10)).hits} & set(e)) / 10
+        for q, e in zip(checked, exact)
     ])
     dense_recall = np.mean([  # the approximate dense plan (a graph above APPROXIMATE_DENSE_FROM) against exact
-        len({h.id for h in backend.dense_search(q.dense, 10, explain=0)} & {ids[r] for r in brute_dense(q, 10)}) / 10
-        for q in queries[:100]
+        len({h.id for h in backend.dense_search(q.dense, 10, explain=0)} & e) / 10 for q, e in zip(checked, exact_dense)
     ])
+    peer_summary = {}
+    for peer in peer_list:
+        truth = exact if peer.kind == "sparse" else exact_dense
+        peer_summary[peer.name] = {
+            "kind": peer.kind, "settings": peer.settings, "build_seconds": round(peer.build_seconds, 1),
+            "index_mb": round(peer.index_bytes / 2**20),
+            "recall_at_10_vs_exact": round(float(np.mean([len(set(peer.search(q.full, q.dense, 10)) & set(t)) / 10
+                                                          for q, t in zip(checked, truth)])), 3)}
+        peer.close()
     postings = sum(int(shard.arrays["csc_indptr"][-1]) for shard in state.shards)
     posting_lengths = np.zeros(max(shard.n_cols for shard in state.shards), dtype=np.int64)
     for shard in state.shards:
         per_term = np.diff(shard.arrays["csc_indptr"])
         posting_lengths[: per_term.size] += per_term
     stored = sum(f.stat().st_size for f in state.state_dir.glob("*.npy"))
-    summary = {
-        "command": "python benchmarks/bench_local_backend.py " + " ".join(sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "load_average": os.getloadavg(),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {args.threads} search thread(s)",
+    sqlite_bytes = sum(f.stat().st_size for f in path.glob("index.sqlite*"))
+    summary.update({
         "docs": args.docs,
+        "queries": len(queries),
         "shards": len(state.shards),
         "postings": postings,
         "mean_terms_per_doc": round(postings / max(1, state.size), 1),
         "longest_posting_list": int(posting_lengths.max()),
         "mean_query_terms": round(float(np.mean([len(q.full) for q in queries])), 1),
-        "empty_queries": sum(not q.full for q in queries),
         "open_seconds_in_process": round(load_s, 3),
         **open_in_new_process(path, queries),
         "stored_matrices_mb": round(stored / 2**20),
+        "sqlite_mb": round(sqlite_bytes / 2**20),
+        "raw_postings_mb": round(postings * 8 / 2**20),  # int32 id + float32 weight per posting
         **build,
-        "exact_top10_agreement": f"{agree}/{len(queries[:100])}",
+        "exact_top10_agreement": f"{agree}/{len(checked)}",
         "two_phase_recall_at_10_vs_exact": round(float(recall), 3),
         "dense_recall_at_10_vs_exact": round(float(dense_recall), 3),
         "dense_graphs": sum("hnsw" in s.arrays for s in state.shards),
+        "peers": peer_summary,
         "latency": results,
         "latency_steady": steady_results,
-    }
-    for key, timed in (("speedup_vs_brute_force_p50", results), ("speedup_vs_brute_force_p50_steady", steady_results)):
-        ratios = summary.setdefault(key, {})
-        for k in ks:
-            for name in ("sparse", "sparse, 5 words explained", "two-phase", "hybrid, 5 words explained", "dense"):
-                reference = "dense" if name == "dense" else "sparse"
-                ratios[f"{name} @{k}"] = round(timed[f"brute-force {reference} @{k}"]["p50_ms"] / timed[f"{name} @{k}"]["p50_ms"], 1)
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if args.json_out:
-        Path(args.json_out).write_text(text)
+    })
+    _common.write_json(_common.finish(summary), args.json_out)
+
+
+PLANS = ("sparse", "sparse, 5 words explained", "two-phase", "dense", "hybrid, 5 words explained")
+
+
+def render(summary: dict) -> str:
+    """The latency table (p50 ms, cold and back to back, and the speed-up over brute force), the
+    peers' rows, then the memory and open-time line."""
+    cold, warm = summary["latency"], summary["latency_steady"]
+    ks = sorted({int(key.rsplit("@", 1)[1]) for key in cold})
+    peers = summary.get("peers", {})
+    rows = []
+    for k in ks:
+        for name in (*PLANS, *peers):
+            key = f"{name} @{k}"
+            if key not in cold:
+                continue
+            kind = peers[name]["kind"] if name in peers else ("dense" if name == "dense" else "sparse")
+            ref_cold, ref_warm = cold[f"brute-force {kind} @{k}"]["p50_ms"], warm[f"brute-force {kind} @{k}"]["p50_ms"]
+            c, w = cold[key]["p50_ms"], warm[key]["p50_ms"]
+            if name in peers:
+                note = f"recall@10 {peers[name]['recall_at_10_vs_exact']:.2f}"
+            elif name == "two-phase":
+                note = f"recall@10 {summary['two_phase_recall_at_10_vs_exact']:.2f}"
+            elif name == "dense" and summary.get("dense_graphs"):
+                note = f"HNSW, recall@10 {summary['dense_recall_at_10_vs_exact']:.2f}"
+            elif name == "dense":
+                note = "exact"
+            elif name == "sparse":
+                note = f"exact ({summary['exact_top10_agreement']} top 10 = brute force)"
+            else:
+                note = "exact" if "sparse" in name else ""
+            rows.append([name, k, f"{c:.3f}", f"{ref_cold / c:.1f}x", f"{w:.3f}", f"{ref_warm / w:.1f}x", note])
+        ref = [f"brute-force {kind} @{k}" for kind in ("sparse", "dense")]
+        rows.append(["*brute force sparse / dense (reference)*", k, " / ".join(f"{cold[r]['p50_ms']:.2f}" for r in ref), "1x",
+                     " / ".join(f"{warm[r]['p50_ms']:.2f}" for r in ref), "1x", "exact"])
+    out = [_common.table(["plan", "k", "cold p50 ms", "vs brute force", "back to back p50 ms", "vs brute force", "answers"], rows)]
+    if peers:
+        out.append(_common.table(["reference engine", "settings", "build s", "index MB"],
+                                 [[n, p["settings"], p["build_seconds"], p["index_mb"]] for n, p in peers.items()]))
+    out.append(
+        f"{summary['docs']:,} documents in {summary['shards']} shards, {summary['postings']:,} postings "
+        f"({summary['mean_terms_per_doc']} terms a document), {summary['queries']} queries of "
+        f"{summary['mean_query_terms']} terms. Open in a new process {summary['open_seconds_best_of_3']} s; "
+        f"resident memory after 100 sparse queries {summary['rss_mb_after_100_queries']:,} MB, after 100 more dense "
+        f"ones {summary['rss_mb_after_100_more_dense_queries_k100']:,} MB, for {summary['stored_matrices_mb']:,} MB "
+        f"of search structures; SQLite {summary['sqlite_mb']:,} MB.")
+    out.append(_common.caption(summary))
+    return "\n\n".join(out)
 
 
 if __name__ == "__main__":

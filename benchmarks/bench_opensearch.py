@@ -15,19 +15,16 @@ index that is deleted at the end.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
-import sys
 import time
-from pathlib import Path
 
+import _common  # noqa: E402
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+_common.use_repository()
 
-from benchmarks.synthetic import dense_vectors, sample_vectors, zipf_probabilities  # noqa: E402
+from synthetic import dense_vectors, sample_vectors, zipf_probabilities  # noqa: E402
+
 from d2s_search.backends.base import Document, IndexIdentity  # noqa: E402
 from d2s_search.backends.opensearch.backend import OpenSearchBackend  # noqa: E402
 from d2s_search.errors import D2SError  # noqa: E402
@@ -85,6 +82,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--index-name", default="d2s-bench")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", dest="json_out")
     args = ap.parse_args()
 
     server = None
@@ -120,10 +118,8 @@ def main() -> None:
             "hybrid_minmax": latency(lambda qv: backend.hybrid_search(qv[1], qv[2], k), queries),
         }
         report = {
-            "date": datetime.date.today().isoformat(),
             "target": target,
             "server_version": version,
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared), Python {platform.python_version()}",
             "docs": args.docs,
             "mean_terms_per_doc": round(terms / args.docs, 1),
             "ingest_seconds": round(ingest_s, 2),
@@ -131,9 +127,9 @@ def main() -> None:
             "bulk_chunk": args.chunk,
             "k": k,
             "queries": results,
-            "command": "python " + " ".join(sys.argv),
+            **_common.provenance(),
         }
-        print(json.dumps(report, indent=2))
+        _common.write_json(_common.finish(report), args.json_out)
     finally:
         try:
             backend.drop()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,10 +26,13 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _common  # noqa: E402
 
-from benchmarks.bench_local_backend import DIM, TERMS  # noqa: E402
-from benchmarks.synthetic import dense_vectors, sample_vectors, zipf_probabilities  # noqa: E402
+_common.use_repository()
+
+from bench_local_backend import DIM, TERMS  # noqa: E402
+from synthetic import dense_vectors, sample_vectors, zipf_probabilities  # noqa: E402
+
 from d2s_search.backends.local import LocalBackend  # noqa: E402
 from d2s_search.backends.local import backend as backend_module  # noqa: E402
 
@@ -42,7 +44,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--shards", default="2,3,4,6,8,16")
+    parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
+    summary = _common.provenance(threads=f"1 against {args.threads} search threads")
     path = Path(args.cache) / f"local-{args.docs}"
     if not (path / "index.sqlite").is_file():
         sys.exit(f"no index at {path}: run benchmarks/bench_local_backend.py --docs {args.docs} first")
@@ -82,9 +86,7 @@ def main() -> None:
                          "speed-up": round(one / many, 2)}
         rows.append(row)
         print(json.dumps(row))
-    print(json.dumps({"command": "python benchmarks/bench_search_threads.py " + " ".join(sys.argv[1:]),
-                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_average": os.getloadavg(),
-                      "cpus": os.cpu_count()}))
+    _common.write_json(_common.finish({**summary, "rows": rows}), args.json_out)
 
 
 if __name__ == "__main__":

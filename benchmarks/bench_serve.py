@@ -152,7 +152,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--top-k", type=int, default=None, help="prune each picture to its N strongest words at ingest")
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", dest="json_out", help="also write the results here")
     args = parser.parse_args()
 
     from playwright.sync_api import sync_playwright
@@ -193,10 +193,9 @@ def main() -> None:
         "top_k": args.top_k,
         "results": results,
     }
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(markdown(report))
+    print(markdown(report))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2))
 
 
 def markdown(report: dict) -> str:

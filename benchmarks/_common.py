@@ -1,0 +1,133 @@
+"""What the benchmark scripts share: the repository on ``sys.path``, the machine and load a
+run was measured on, percentiles, Markdown tables and the result files ``run.py`` collects.
+
+Every maintained script writes one JSON summary (``--json OUT``) holding its exact command,
+date, machine and load, and has a ``render(summary) -> str`` that turns it into the
+Markdown table docs/benchmarks.md shows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / "benchmarks" / ".cache"
+RESULTS = ROOT / "benchmarks" / "results"
+# ../shared/data beside the repository (from a nested worktree it is further up).
+DATA = next((p / "shared" / "data" for p in ROOT.parents if (p / "shared" / "data").is_dir()),
+            ROOT.parent / "shared" / "data")
+
+
+def use_repository() -> None:
+    """Import the project from this checkout, whatever is installed."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(threads: str | None = None) -> str:
+    """One line: CPU, cores, memory, Python (and the threads a run used)."""
+    mem = ""
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0])
+        mem = f", {kb / 2**20:.0f} GB"
+    except (OSError, IndexError, ValueError):
+        pass
+    line = f"{cpu_model()}, {os.cpu_count()} cores{mem}, Python {platform.python_version()}"
+    return f"{line}, {threads}" if threads else line
+
+
+def provenance(argv: Sequence[str] | None = None, threads: str | None = None) -> dict:
+    """The command, date, machine and load at the start of a run."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        shown = script.relative_to(ROOT)
+    except ValueError:
+        shown = script
+    args = list(sys.argv[1:] if argv is None else argv)
+    return {"command": " ".join(["python", str(shown), *args]),
+            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": machine(threads), "load_start": [round(x, 2) for x in os.getloadavg()]}
+
+
+def finish(summary: dict) -> dict:
+    summary["load_end"] = [round(x, 2) for x in os.getloadavg()]
+    return summary
+
+
+def percentiles(seconds: Iterable[float]) -> dict:
+    import numpy as np
+
+    ms = np.asarray(list(seconds)) * 1000
+    return {"p50_ms": round(float(np.percentile(ms, 50)), 3), "p99_ms": round(float(np.percentile(ms, 99)), 3)}
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def caption(summary: dict) -> str:
+    """The line under every table: command, date, machine, load."""
+    load = " / ".join(f"{x:.2f}" for x in summary.get("load_start", []))
+    end = summary.get("load_end")
+    if end:
+        load += " → " + " / ".join(f"{x:.2f}" for x in end)
+    return f"`{summary['command']}` — {summary['date']}; {summary['machine']}; load {load}."
+
+
+def write_json(summary: dict, path: str | os.PathLike | None) -> None:
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text + "\n")
+
+
+def ratio(value: float, reference: float) -> str:
+    return f"{value / reference:.2f}x" if reference else "–"
+
+
+def photo_index(cache: Path = CACHE, photos: int = 800) -> tuple[Path, Path, dict]:
+    """The README's main job, done once and cached: the offline model's bundle and a local index
+    of the flickr8k-800 photos. Returns (bundle, index, environment for ``d2s-search``), the
+    environment keeping the CLI's remembered bundle and caches inside ``cache``."""
+    import shutil
+    import subprocess
+
+    root = cache / f"photos-{photos}"
+    bundle, index = root / "bundle", root / "index"
+    env = dict(os.environ, D2S_CONFIG_DIR=str(root / "config"), XDG_CACHE_HOME=str(root / "cache"))
+    exe = str(Path(sys.executable).with_name("d2s-search"))
+    if not (bundle / "manifest.json").is_file():
+        subprocess.run([exe, "export-onnx", "--model", "offline-mini", "--out", str(bundle), "--json"], env=env,
+                       check=True, stdout=subprocess.DEVNULL)
+    if not (index / "index.sqlite").is_file():
+        images = DATA / "flickr8k-800" / "images"
+        if not images.is_dir():
+            raise SystemExit(f"{images} is missing: the photo benchmarks need ../shared/data beside the repository")
+        folder = root / "images"
+        folder.mkdir(parents=True, exist_ok=True)
+        for p in sorted(images.glob("*.jpg"))[:photos]:
+            target = folder / p.name
+            if not target.exists():
+                shutil.copyfile(p, target)
+        subprocess.run([exe, "ingest", str(folder), "--bundle", str(bundle), "--index", str(index), "--json"], env=env,
+                       check=True, stdout=subprocess.DEVNULL)
+    return bundle, index, env
