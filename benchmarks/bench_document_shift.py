@@ -1,4 +1,4 @@
-"""The document shift chosen on validation, measured on test (issue 12).
+"""The document shift chosen on validation, measured on test.
 
 For trained caption-benchmark heads (``bench_d2s_frontier.py`` runs) or the offline model's
 head: :func:`d2s_search.train.calibrate.choose_document_shift` picks, on the validation
@@ -92,7 +92,7 @@ def main() -> None:
                     help="Also score test at every shift (the chosen boost): the curve, apart from the choice.")
     ap.add_argument("--distractors", type=int, default=0,
                     help="Validation R@1 against this many training images too (train's default: 4000; 0 = "
-                         "the validation images alone, as before session 12).")
+                         "the validation images alone).")
     ap.add_argument("--out", type=Path, default=ROOT / "test-artifacts" / "document_shift.jsonl")
     args = ap.parse_args()
     grid = lambda text: tuple(float(v) for v in text.split(","))  # noqa: E731

@@ -1,4 +1,4 @@
-"""Numbers of the offline model (issue 7) on the held-out flickr8k-800 photos.
+"""Numbers of the offline model on the held-out flickr8k-800 photos.
 
 Needs an `align` run (its ``embeddings/``) and heads trained on it with `d2s-search train`:
 

@@ -128,7 +128,7 @@ def _session_options(ort, threads: int | None):
 
 # The cached graph keeps its weights beside it as external data, which ONNX Runtime maps from
 # the file instead of parsing them out of one large protobuf: session creation 0.06-0.1 s
-# against 0.25-0.35 s for the 92 MB offline-mini text graph (docs/benchmarks.md, issue 17).
+# against 0.25-0.35 s for the 92 MB offline-mini text graph (docs/design-decisions.md).
 QUICK_GRAPH, QUICK_WEIGHTS = "graph.onnx", "weights.data"
 
 

@@ -133,7 +133,7 @@ def _top(vector: SparseVector, n: int) -> SparseVector:
 class StrongestTerms(Sequence):
     """A query's n strongest (term, weight) pairs (:func:`_top`), sorted when first read: a
     search that shows no query terms does not sort them (0.05 ms of a 0.6 ms cold search at
-    123k documents, docs/benchmarks.md "Session 19"). The query's vector is read then, not
+    123k documents). The query's vector is read then, not
     copied now: searches never change it. Compares equal to the list it stands for."""
 
     __slots__ = ("_vector", "_n", "_items")

@@ -1,4 +1,4 @@
-"""A newcomer's first hour (issue 16): the index remembers its bundle, files move, exit
+"""A newcomer's first hour: the index remembers its bundle, files move, exit
 codes and JSON errors are as documented, paths print whole, every option explains itself."""
 
 from __future__ import annotations

@@ -140,8 +140,8 @@ def _report_ingest(report, as_json: bool) -> int:
 
 # --- query -------------------------------------------------------------------------------
 
-# Measured in docs/benchmarks.md (issue 17): recall@10 against exact 0.22 at 123k documents,
-# 1.1 ms against 0.47 ms for exact (session 20; it saved 0.7 ms before the exact path moved to C).
+# Measured at 123k documents (docs/design-decisions.md, "Two-phase on the local index"): recall@10
+# against exact 0.22, 1.1 ms against 0.47 ms for exact.
 # The plan itself stays as defined (the backends agree on it, tests compare them).
 LOCAL_TWO_PHASE_NOTE = ("on the local index two-phase misses most of the exact top-k (recall@10 about 0.2 "
                         "in the benchmarks) and is slower: --mode sparse is exact")

@@ -83,7 +83,7 @@ def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url,
         raise
     # Everything start-up made lives as long as the server: out of the collector's way, so a
     # full collection walks only what requests leave (with the offline model 66,907 objects,
-    # 20-35 ms paid by whichever request set it off; docs/benchmarks.md "Session 16").
+    # 20-35 ms paid by whichever request set it off).
     gc.collect()
     gc.freeze()
     remember_index(store)

@@ -101,7 +101,7 @@ def _tokenizer_option(f):
 # The boost is set, not chosen on validation: in-domain validation captions cannot see it (every
 # boost within +-0.01 R@1 of the others, the noise of 800 queries, on three heads), while on the
 # COCO test captions it added 0.01-0.03 R@1 and lifted Exact@20 from 0.18 to 0.28 on every head
-# measured (docs/benchmarks.md, "Query word boost" and "Session 6").
+# measured (docs/design-decisions.md, "The query word boost").
 @click.option("--query-word-boost", type=click.FloatRange(0, 100), default=2.0, show_default=True,
               help="Added to a query's own words before the ReLU, so what the user typed is always searched; saved "
                    "in the head (set, not chosen on validation: docs/training.md). 0 = none.")

@@ -6,7 +6,8 @@ caption ``a`` mixed with caption ``b`` and image ``a`` with image ``b``, with th
 scored by the teacher like any other. Each mix is a new point between two captions (in
 MiniLM's space, roughly a caption that says both), so a head trained on a fixed set of
 captions sees many more distinct inputs; the measurement that motivated it: more distinct
-caption pairs raised the whole caption-benchmark frontier (docs/benchmarks.md, "Session 8").
+caption pairs raised the whole caption-benchmark frontier (docs/design-decisions.md, "More caption
+pairs").
 
 A mix keeps the mean length of its two inputs (the teacher's temperature is tuned to the
 inputs' scale), and its caption may use the words of both captions (the PEC masks are

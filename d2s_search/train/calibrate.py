@@ -5,18 +5,19 @@ A trained head settles at a few FLOPs (the FLOPS regulariser at the recipe's eta
 the terms just below its threshold still carry meaning. Adding a constant to the document
 (image) side's vocabulary scores keeps them: the ranking of each image's terms is unchanged
 (the words it shows stay the same), the query side is untouched (its words and co-activation
-too), and recall rises with the extra postings (docs/benchmarks.md, "Document shift").
+too), and recall rises with the extra postings (docs/design-decisions.md, "The document shift").
 
 :func:`choose_document_shift` picks the shift with the best validation R@1 among those whose
 validation FLOPs stay within a budget; ties go to the smaller shift. R@1 is measured against the
 validation images plus *distractors* (``train`` passes up to 4,000 training images): against a
 few hundred validation images alone R@1 saturates and stays flat over the shifts while a larger
 collection's R@1 still rises with them; with the training images beside them the validation
-curve has the test curve's shape (docs/benchmarks.md, "Session 12"). FLOPs are measured on the
+curve has the test curve's shape (docs/design-decisions.md, "Calibration against a larger
+collection"). FLOPs are measured on the
 validation images alone (held out, like a user's collection). With ``boosts`` it
 also chooses the head's ``query_word_boost``: added at a query's own allowed tokens, so the
 words a user typed are always among its terms (and weigh at least the boost); on the caption
-benchmark it raised R@1 and Exact@20 at the same FLOPs (docs/benchmarks.md).
+benchmark it raised R@1 and Exact@20 at the same FLOPs (docs/design-decisions.md).
 """
 
 from __future__ import annotations

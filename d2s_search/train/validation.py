@@ -1,7 +1,8 @@
 """Validation during and after training: encode a split's captions as queries and its images
 as documents the way search will, and measure R@k, MRR@10 and FLOPs; optionally over a larger
 collection (the validation images plus distractors, e.g. training images: a few hundred
-validation images alone saturate R@1; docs/benchmarks.md, "Session 12").
+validation images alone saturate R@1; docs/design-decisions.md, "Calibration against a larger
+collection").
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Closed-form ridge regression from image features to caption vectors (issue 12).
+"""Closed-form ridge regression from image features to caption vectors.
 
 Ridge from EfficientNet-Lite0's pooled features to the mean MiniLM vector of each photo's
 captions beats the InfoNCE alignment on held-out dense R@1 (0.236 vs 0.211 on flickr8k-800;
-docs/benchmarks.md), and the D2S head trained on top of it keeps more of it. This module holds
+docs/design-decisions.md), and the D2S head trained on top of it keeps more of it. This module holds
 the solver, the lambda choice on validation photos and :func:`fit_ridge_alignment`, the
 ``d2s-search align --solver ridge`` path: the text side stays MiniLM's own space (identity), the
 image side is one linear map with the feature standardisation folded into its weights, so it
@@ -19,7 +19,7 @@ import torch
 
 from d2s_search.errors import ModelError
 
-# Wide enough that the choice is interior on flickr8k-800 (best 1e4; docs/benchmarks.md).
+# Wide enough that the choice is interior on flickr8k-800 (best 1e4; docs/design-decisions.md).
 RIDGE_LAMBDAS = (1e2, 1e3, 3e3, 1e4, 3e4, 1e5, 1e6)
 
 

@@ -278,7 +278,7 @@ def _stored_meta(osmem_url: str, index: str = "d2s-test") -> dict:
 
 
 def test_index_records_where_its_bundle_is(make_backend, es_proxy, osmem_url, identity):
-    """As on OpenSearch (issue 16): ``_meta.bundle_path`` names the bundle that filled the index,
+    """As on OpenSearch: ``_meta.bundle_path`` names the bundle that filled the index,
     and a writer with the same bundle from another place records that place, so a second
     export elsewhere breaks nothing; a read-only open changes nothing."""
     first = replace(identity, bundle_path="/bundles/first")

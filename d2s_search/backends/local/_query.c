@@ -5,7 +5,7 @@
  * At 123k documents the scoring itself takes about 0.40 ms of a cold k=10 search, but the
  * Python around it (the query's dict lookups and sort, per-shard numpy buffers and slot
  * arrays, two ctypes calls per shard, the merge) took another 0.3 ms cold, most of it the
- * interpreter's own code and data missing the CPU caches (docs/benchmarks.md, "Session 19").
+ * interpreter's own code and data missing the CPU caches.
  * Here the same steps run in one call: the query dict becomes sorted column ids and float32
  * weights exactly as backend._query_columns makes them, then each shard is scored by _score.c's
  * own functions (compiled into this module), its top k kept and the lists merged, ties by row:

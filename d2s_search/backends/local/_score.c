@@ -67,7 +67,7 @@ static void sift_up(entry *heap, int64_t i) {
 
 /* AVX2 where the CPU has it (glibc's ifunc picks the clone when the library loads), SSE2
  * otherwise: the same IEEE products and sums either way (no FMA: -ffp-contract=off, and "avx2"
- * does not enable "fma"). The dense columns' loop is the one that gains (docs/benchmarks.md). */
+ * does not enable "fma"). The dense columns' loop is the one that gains (docs/design-decisions.md). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
 #define D2S_CLONES __attribute__((target_clones("avx2", "default")))
 #else

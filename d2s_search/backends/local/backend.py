@@ -58,7 +58,7 @@ FEW_HITS = 16
 # shards on. A group handed to another thread costs about 0.1 ms of lock hand-offs: the sparse
 # kernel (0.15-0.25 ms a shard) gains from 6 shards (2 threads, the 1M index's first shards:
 # 2-4 shards 1.01-1.02x, 6-16 shards 1.26-1.70x), a dense graph search (about 1 ms a shard)
-# from 2 (1.16-1.89x); benchmarks/bench_search_threads.py, docs/benchmarks.md "Session 15".
+# from 2 (1.16-1.89x); benchmarks/bench_search_threads.py, docs/benchmarks.md "Search threads".
 SPARSE_PARALLEL_FROM = 6
 DENSE_PARALLEL_FROM = 2
 

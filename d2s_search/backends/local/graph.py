@@ -7,8 +7,8 @@ quantised over its range in the shard, as Elasticsearch's default ``int8_hnsw`` 
 reads a quarter of the bytes per visited vector, and visited vectors' memory latency is most of
 a cold search's time. The ``max(ef, k)`` candidates it returns are then scored exactly with the
 float32 vectors, so a hit's score is its exact inner product and the order among candidates is
-exact (docs/benchmarks.md, "Session 16": 0.7-0.8x the time of a float graph cold; recall@10 the
-same on real embeddings, 0.02 lower on random vectors).
+exact (0.7-0.8x the time of a float graph cold; recall@10 the same on real embeddings, 0.02
+lower on random vectors; docs/design-decisions.md, "Graphs over 8-bit copies of the vectors").
 
 faiss serialises an ``IndexHNSWSQ`` as ``IHNs``, an index header, the graph
 (``assign_probas``, ``cum_nneighbor_per_level``, ``levels``, ``offsets``, ``neighbors``, then
@@ -208,7 +208,7 @@ def huge_page_copy(blob: np.ndarray) -> np.ndarray | None:
     A graph walk touches a few thousand scattered nodes; on 4 kB pages most of them also miss
     the TLB, whose page-table entries a cold search fetches from memory as well. On 2 MB pages a
     shard's graph needs a few dozen entries: 0.89x the time of the two shards' cold searches
-    at 123k documents (docs/benchmarks.md, "Session 17"). The copy is private to the process
+    at 123k documents. The copy is private to the process
     (the file's pages are shared); searches read only the copy, so the mapping's pages leave
     the process once it is dropped."""
     import mmap

@@ -86,7 +86,7 @@ def bind_kernel(path: str):
 
 def _load_c_kernel():
     """The compiled kernel through ctypes: scoring plus top-k of a shard in C, 0.80-0.89x the
-    time of the numpy/scipy path (docs/benchmarks.md).
+    time of the numpy/scipy path (docs/design-decisions.md).
     ``D2S_C_KERNEL=0`` turns it off (tests run both paths and compare them)."""
     import os
 
@@ -269,7 +269,7 @@ class QueryScratch:
     """One query's buffers for the compiled kernel, their addresses taken once: the columns and
     weights, a shard-sized score array, and room for every shard's top k (numpy's
     ``.ctypes.data`` costs about a microsecond; per shard and query the addresses were ~50 us
-    of a 0.5 ms search at 123k documents, docs/benchmarks.md "Session 14")."""
+    of a 0.5 ms search at 123k documents)."""
 
     __slots__ = ("cols", "weights", "k", "width", "scores", "heap", "rows", "top", "maxima", "_ptrs")
 
@@ -394,7 +394,7 @@ class QueryTop:
     strongest words read from its own postings. The same columns, rows, scores and words as
     ``backend._query_columns``, :func:`shard_top` per shard, :func:`merge_top` and
     ``backend._explain`` (tests compare them), without the Python between them (0.3 ms of a
-    cold 123k search, docs/benchmarks.md "Session 19"). Its buffers are reused query after
+    cold 123k search). Its buffers are reused query after
     query: one per thread, for any k up to its ``k`` and words up to its ``words``. After
     :meth:`run`, ``out_rows[:found]`` and ``out_scores64[:found]`` hold the hits' rows and
     scores, and ``matched`` their words (None when none were asked for)."""
@@ -494,7 +494,7 @@ def accumulate(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows
     Calls scipy's C++ ``csc_matvec`` once per term on views (no posting is copied); a term
     with a dense column (``dense_terms`` sorted, ``dense_columns`` terms x rows) is added as
     ``weight * column`` instead: the same float32 products in the same term order, read in
-    order rather than scattered (docs/benchmarks.md: about 0.9x of the kernel time at 123k).
+    order rather than scattered (docs/design-decisions.md: about 0.9x of the kernel time at 123k).
     """
     if use_c and _accumulate_c(indptr, indices, data, n_rows, cols, weights, out, dense_terms, dense_columns):
         return
@@ -728,9 +728,8 @@ def explain_slots(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, row
     """:func:`explain_by_postings`'s result (slots and values, zero-filled) read by the C kernel
     from the rows' own postings (a row-wise CSR shard), each row's columns looked up in a table
     of the query's, the next rows' postings fetched ahead: the ~500 hits a shard holds of a k=1000
-    search, warm, in 0.30 ms against 0.80 for numpy's searches through the query's lists
-    (docs/benchmarks.md "Session 18"). None when the kernel is
-    not built or the arrays do not suit it (the caller then uses :func:`explain_by_postings`).
+    search, warm, in 0.30 ms against 0.80 for numpy's searches through the query's lists. None
+    when the kernel is not built or the arrays do not suit it (the caller then uses :func:`explain_by_postings`).
     ``query_cols`` strictly ascending; weights finite and positive (numpy's sort places a NaN or a
     negative product elsewhere)."""
     if rows.size == 0 or query_cols.size == 0 or n <= 0 or not np.all(np.isfinite(query_weights) & (query_weights > 0)):

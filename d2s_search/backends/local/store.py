@@ -75,8 +75,7 @@ class CommitSignal:
     copies agree (sqlite/sqlite ``src/wal.c``: ``walIndexWriteHdr``, ``walIndexTryHdr``).
     Unchanged bytes therefore mean no commit since they were read; anything else (copies
     that differ, no file yet, a read error) is answered with None, and the caller asks SQLite.
-    Cold, one ``pread`` takes 0.02 ms where ``PRAGMA data_version`` takes 0.09
-    (docs/benchmarks.md "Session 18"); once mapped (:meth:`map_when_held`), no system call at
+    Cold, one ``pread`` takes 0.02 ms where ``PRAGMA data_version`` takes 0.09; once mapped (:meth:`map_when_held`), no system call at
     all. Close it before the connection whose file it reads."""
 
     HEADER = 48  # sizeof(WalIndexHdr); the two copies lie back to back

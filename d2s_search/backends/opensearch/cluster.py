@@ -14,7 +14,7 @@ GitHub, not guessed):
 * RRF (``score-ranker-processor``) exists from 2.19.0.0. Its ``rank_constant`` is read from
   ``combination.parameters`` up to 3.0.0.0 (``processor/factory/RRFProcessorFactory.java``
   passes ``parameters`` to ``RRFNormalizationTechnique``; a top-level key is ignored and 60 is
-  used, neural-search issue #1370) and from ``combination.rank_constant`` from 3.1.0.0 on,
+  used, neural-search#1370) and from ``combination.rank_constant`` from 3.1.0.0 on,
   where ``parameters`` goes to ``RRFScoreCombinationTechnique``, whose only parameter is
   ``weights`` (``rank_constant`` there is refused).
 * ``sparse_vector`` with the SEISMIC index: neural-search 3.3.0.0.
