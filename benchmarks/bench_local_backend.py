@@ -318,6 +318,10 @@ def main() -> None:
         per_term = np.diff(shard.arrays["csc_indptr"])
         posting_lengths[: per_term.size] += per_term
     stored = sum(f.stat().st_size for f in state.state_dir.glob("*.npy"))
+    parts: dict[str, int] = {}
+    for f in state.state_dir.glob("shard-*.npy"):
+        parts[DISK_PARTS.get(f.stem.split("-", 2)[2], "ids, paths, URLs")] = (
+            parts.get(DISK_PARTS.get(f.stem.split("-", 2)[2], "ids, paths, URLs"), 0) + f.stat().st_size)
     sqlite_bytes = sum(f.stat().st_size for f in path.glob("index.sqlite*"))
     summary.update({
         "docs": args.docs,
@@ -330,6 +334,7 @@ def main() -> None:
         "open_seconds_in_process": round(load_s, 3),
         **open_in_new_process(path, queries),
         "stored_matrices_mb": round(stored / 2**20),
+        "cache_parts_mb": {name: round(size / 2**20, 1) for name, size in sorted(parts.items())},
         "sqlite_mb": round(sqlite_bytes / 2**20),
         "raw_postings_mb": round(postings * 8 / 2**20),  # int32 id + float32 weight per posting
         **build,
@@ -343,6 +348,12 @@ def main() -> None:
     })
     _common.write_json(_common.finish(summary), args.json_out)
 
+
+# What each cached array holds (shard-NNNNN-<name>.npy), for the on-disk table.
+DISK_PARTS = {"csc_data": "postings by term", "csc_indices": "postings by term", "csc_indptr": "postings by term",
+              "csr_data": "postings by document", "csr_indices": "postings by document",
+              "csr_indptr": "postings by document", "dense_columns": "frequent terms as dense columns",
+              "dense_terms": "frequent terms as dense columns", "dense": "dense vectors", "hnsw": "HNSW graphs"}
 
 PLANS = ("sparse", "sparse, 5 words explained", "two-phase", "dense", "hybrid, 5 words explained")
 
@@ -390,7 +401,21 @@ def render(summary: dict) -> str:
         f"ones {summary['rss_mb_after_100_more_dense_queries_k100']:,} MB, for {summary['stored_matrices_mb']:,} MB "
         f"of search structures; SQLite {summary['sqlite_mb']:,} MB.")
     out.append(_common.caption(summary))
+    if "cache_parts_mb" in summary:
+        out.append("The index on disk:\n\n" + render_disk(summary))
     return "\n\n".join(out)
+
+
+def render_disk(summary: dict) -> str:
+    """The index on disk, part by part, against the raw postings (int32 id + float32 weight)."""
+    raw, n = summary["raw_postings_mb"], summary["docs"]
+    rows = [["SQLite (the source of truth: vectors, paths, metadata)", summary["sqlite_mb"]]]
+    rows += [[f"search structures: {name}", mb] for name, mb in summary.get("cache_parts_mb", {}).items()]
+    rows.append(["**all**", summary["sqlite_mb"] + summary["stored_matrices_mb"]])
+    return (_common.table(["part", "MB", "bytes a document", "vs raw postings"],
+                          [[name, f"{mb:,.0f}", f"{mb * 2**20 / n:,.0f}", f"{mb / raw:.2f}x"] for name, mb in rows])
+            + f"\n\nRaw postings: {summary['postings']:,} x (4-byte id + 4-byte weight) = {raw:,} MB. "
+            + _common.caption(summary))
 
 
 if __name__ == "__main__":
