@@ -8,7 +8,7 @@ reads a quarter of the bytes per visited vector, and visited vectors' memory lat
 a cold search's time. The ``max(ef, k)`` candidates it returns are then scored exactly with the
 float32 vectors, so a hit's score is its exact inner product and the order among candidates is
 exact (0.7-0.8x the time of a float graph cold; recall@10 the same on real embeddings, 0.02
-lower on random vectors; docs/design-decisions.md, "Graphs over 8-bit copies of the vectors").
+lower on random vectors; docs/design-decisions.md, "Graphs over 8-bit copies of the vectors, rescored").
 
 faiss serialises an ``IndexHNSWSQ`` as ``IHNs``, an index header, the graph
 (``assign_probas``, ``cum_nneighbor_per_level``, ``levels``, ``offsets``, ``neighbors``, then
