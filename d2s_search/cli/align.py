@@ -35,7 +35,7 @@ def _emit(payload: dict) -> None:
 @click.option("--clipart-categories", default="", help="Comma-separated openclipart top-level folders to use (e.g. animals,people); default all.")
 @click.option("--clipart-root", type=click.Path(file_okay=False), help="openclipart PNG folder (default /usr/share/openclipart/png).")
 @click.option("--solver", type=click.Choice(["ridge", "infonce"]), default="ridge", show_default=True,
-              help="ridge: closed-form linear map from image features to the mean of each photo's caption vectors, lambda chosen on the val photos (held-out dense R@1 0.236 vs 0.211, docs/design-decisions.md); infonce: projections trained with InfoNCE (the options below).")
+              help="ridge: closed-form linear map from image features to the mean of each photo's caption vectors, lambda chosen on the val photos (held-out dense R@1 0.248 vs 0.211, docs/design-decisions.md); infonce: projections trained with InfoNCE (the options below).")
 @click.option("--bridge/--no-bridge", default=True, show_default=True, help="infonce: ImageNet class-name bridge in the image projection.")
 @click.option("--dim", type=click.IntRange(8), default=384, show_default=True, help="Shared space width (384 = MiniLM's, keeps the text side near identity; ridge needs 384).")
 @click.option("--epochs", type=click.IntRange(1), default=40, show_default=True, help="infonce: passes over the training photos.")
