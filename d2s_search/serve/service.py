@@ -79,6 +79,12 @@ class SearchService:
             for mode in ("sparse", "dense"):
                 run_query(self.backend, vectors, SearchOptions(mode=mode, k=1, explain=0))
 
+    def index_id(self) -> str:
+        """The local index's random id (its SQLite ``meta``; "" for another backend or an index
+        without one), read on the worker that owns the connection."""
+        generation = getattr(self.backend, "generation", None)
+        return self._worker.submit(generation).result()[0] if generation is not None else ""
+
     def stop(self) -> None:
         if self._started:
             self._worker.submit(self.backend.close).result()
