@@ -112,11 +112,12 @@ def _forward(handler: Recorder, port: int) -> tuple[int, list[tuple[str, str]], 
         conn.close()
 
 
-HOP_BY_HOP = {"content-length", "connection", "date", "server", "transfer-encoding"}
+# what the proxy's own server sends again (or must recompute) for a new body
+SET_BY_THE_PROXY = {"content-length", "connection", "date", "server", "transfer-encoding"}
 
 
 def _end_to_end(headers: list[tuple[str, str]]) -> dict[str, str]:
-    return {name: value for name, value in headers if name.lower() not in HOP_BY_HOP}
+    return {name: value for name, value in headers if name.lower() not in SET_BY_THE_PROXY}
 
 
 def _no_answer_from_elsewhere(capsys, index, local: dict, name: str = "") -> None:
@@ -256,8 +257,17 @@ def test_a_serve_does_not_answer_for_an_index_it_does_not_serve(
     running_serve, serve_index, other_index, capsys
 ):
     """The serve's discovery file, copied under another index's name with that index's path:
-    the index ids differ. Even when the copy also claims the other index's id, the serve's
-    proof names the index it really serves."""
+    the index ids differ. Even when the copy also claims the other index's id, and a proxy
+    relabels the serve's answers with it, the serve's proof names the index it really serves."""
+    _, url = running_serve
+    other_id = _index_id(other_index)
+
+    def relabel(handler: Recorder) -> None:
+        status, headers, body = _forward(handler, int(url.rsplit(":", 1)[1]))
+        kept = [(name, value) for name, value in headers if name.lower() != "x-d2s-serve-index"]
+        relabelled = _end_to_end(kept) | {discovery.INDEX_HEADER: other_id}
+        _send(handler, body, relabelled, status)
+
     source = json.loads(discovery.discovery_path(serve_index).read_bytes())
     copy = discovery.discovery_path(other_index)
     local = _query(capsys, other_index, "--no-serve")
@@ -268,8 +278,12 @@ def test_a_serve_does_not_answer_for_an_index_it_does_not_serve(
     copy.chmod(0o600)
     try:
         _no_answer_from_elsewhere(capsys, other_index, local, "the serve's own index id")
-        _rewrite(copy, index_id=_index_id(other_index))
+        _rewrite(copy, index_id=other_id)
         _no_answer_from_elsewhere(capsys, other_index, local, "the other index's id claimed")
+        with http_server(relabel) as proxy:
+            _rewrite(copy, port=proxy.server_address[1])
+            _no_answer_from_elsewhere(capsys, other_index, local, "relabelled by a proxy")
+            assert proxy.seen, "the query never asked the proxy"
     finally:
         copy.unlink()
     assert _query(capsys, serve_index)["answered_by"]
