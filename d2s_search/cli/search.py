@@ -14,9 +14,9 @@ from d2s_search.cli.options import (
     device_option,
     json_option,
     load_bundle,
+    make_backend,
     open_index,
     prepare_search,
-    recorded_identity,
     search_threads_option,
 )
 from d2s_search.cli.output import emit_json as _emit_json
@@ -228,22 +228,42 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
 
 
 def _ask_running_serve(text: str, options, index: str, bundle: str | None):
-    """(result, the serve's address) when a running serve of this index answered, else None."""
+    """(result, the serve's address) when a running serve of this index answered and proved
+    it (see serve/discovery.py), else None."""
+    import sqlite3
+
     from d2s_search.errors import D2SError
     from d2s_search.serve import discovery
 
     if not discovery.discovery_path(index).is_file():
         return None  # the common case, decided without opening anything
     try:
-        recorded = recorded_identity("local", index, None, "")
-        if recorded is None or (bundle and load_bundle(bundle).fingerprint != recorded.fingerprint):
+        known = _recorded_identity_and_id(index)
+        if known is None:
+            return None
+        recorded, index_id = known
+        if bundle and load_bundle(bundle).fingerprint != recorded.fingerprint:
             return None  # the local path gives the proper error
-    except D2SError:
+    except (D2SError, sqlite3.Error, ValueError):  # damage: the local path reports it
         return None
-    entry = discovery.find(index, recorded.fingerprint)
-    answer = discovery.ask(entry, text, options) if entry is not None else None
+    entry = discovery.find(index, recorded.fingerprint, index_id)
+    answer = discovery.ask(entry, text, options, index_id) if entry is not None else None
     result = discovery.to_result(answer) if answer is not None else None
     return None if result is None else (result, discovery.address(entry))
+
+
+def _recorded_identity_and_id(index: str):
+    """(the recorded bundle identity, the random index id) of the local index at ``index``,
+    as its own database says; None when there is no index, or it records neither."""
+    peek = make_backend("local", index, None, "")
+    try:
+        if not peek.exists():
+            return None
+        peek.open(None, create=False)
+        index_id = peek.generation()[0]
+        return None if peek.identity is None or not index_id else (peek.identity, index_id)
+    finally:
+        peek.close()
 
 
 def _show_result(result, as_json: bool, paths_only: bool = False, answered_by: str | None = None,

@@ -98,8 +98,10 @@ def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url,
     discoverable = None
     if store.name == "local":
         app.state.serve_token = discovery.new_token()
+        app.state.serve_index_id = app.state.service.index_id()  # what `query` matches (proven)
         bound = sock.getsockname()
-        discoverable = (store.path, bound[0], bound[1], bundle_obj.fingerprint, app.state.serve_token)
+        discoverable = (store.path, bound[0], bound[1], bundle_obj.fingerprint,
+                        app.state.serve_index_id, app.state.serve_token)
     _announce_when_ready(server, ready, as_json, discoverable)
     try:
         # uvicorn re-raises Ctrl+C after its graceful shutdown; stopping is the normal end.

@@ -70,16 +70,35 @@ DocId = Annotated[str, Depends(document_id)]
 @router.get("/search", response_model=schemas.SearchResponse, summary="Search by text")
 async def search_text(
     request: Request,
-    response: Response,
     svc: Service,
     options: Options,
     q: Annotated[str, Query(max_length=QUERY_MAX_CHARS, description="What to look for, in words")],
-) -> schemas.SearchResponse:
+) -> schemas.SearchResponse | Response:
     searched = await svc.run(svc.search_text, q, options)
-    # `d2s-search query` sends the token from the discovery file: confirm this is that serve.
-    if discovery.token_matches(getattr(request.app.state, "serve_token", None), request.headers.get(discovery.TOKEN_HEADER)):
-        response.headers[discovery.CONFIRM_HEADER] = "1"
-    return schemas.search_response(searched, schemas.QueryInfo(kind="text", text=q), options.k)
+    answer = schemas.search_response(searched, schemas.QueryInfo(kind="text", text=q), options.k)
+    return _proven(request, answer) or answer
+
+
+def _proven(request: Request, answer: schemas.SearchResponse) -> Response | None:
+    """The answer with the proof `d2s-search query` asks for (see serve/discovery.py), or None
+    when none was asked for or this serve is not announced. The body is serialised here so
+    that the proof covers exactly the bytes sent."""
+    nonce = request.headers.get(discovery.CHALLENGE_HEADER)
+    token = getattr(request.app.state, "serve_token", None)
+    index_id = getattr(request.app.state, "serve_index_id", None)
+    if nonce is None or not token or not index_id or not discovery.valid_nonce(nonce):
+        return None
+    body = answer.model_dump_json().encode("utf-8")
+    proof = discovery.answer_proof(token, nonce, index_id, _request_target(request), body)
+    return Response(body, media_type="application/json",
+                    headers={discovery.INDEX_HEADER: index_id, discovery.PROOF_HEADER: proof})
+
+
+def _request_target(request: Request) -> bytes:
+    """The path and query string as the client sent them (what its proof covers)."""
+    path = request.scope.get("raw_path") or request.scope["path"].encode("utf-8")
+    query = request.scope.get("query_string") or b""
+    return path + b"?" + query if query else path
 
 
 @router.post("/search/image", response_model=schemas.SearchResponse, summary="Search by an uploaded picture",

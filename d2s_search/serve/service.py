@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -78,6 +79,18 @@ class SearchService:
                 return  # a head that gives these words nothing: nothing to warm
             for mode in ("sparse", "dense"):
                 run_query(self.backend, vectors, SearchOptions(mode=mode, k=1, explain=0))
+
+    def index_id(self) -> str:
+        """The local index's random id (its SQLite ``meta``), read on the worker that owns the
+        connection; "" for another backend, or when it cannot be read (then no `query` asks
+        this serve: searching in its own process, it reports what is wrong)."""
+        generation = getattr(self.backend, "generation", None)
+        if generation is None:
+            return ""
+        try:
+            return str(self._worker.submit(generation).result()[0])
+        except (sqlite3.Error, ValueError):
+            return ""
 
     def stop(self) -> None:
         if self._started:

@@ -118,6 +118,7 @@ def test_a_stale_or_foreign_discovery_file_falls_back_to_the_local_search(runnin
         if path.is_dir():
             path.rmdir()
         path.write_bytes(saved)
+        path.chmod(0o600)  # a recreated file gets the umask's mode; the token is for this user only
     # the real file still works, and the serve removes only its own file on exit
     assert _query(capsys, serve_index)["answered_by"]
     _rewrite(path, token="1" * 64)
