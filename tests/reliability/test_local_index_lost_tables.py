@@ -99,3 +99,17 @@ def test_repair_names_every_lost_document_and_leaves_a_working_index(damaged, ca
         i for i, _ in brute_force_sparse(more, QUERY)
     ]
     backend.close()
+
+
+def test_a_running_search_stops_answering_when_the_documents_table_is_dropped(tmp_path):
+    index = tmp_path / "idx"
+    docs = synthetic_docs(30, seed=8)
+    backend = filled_index(index, docs)
+    assert [h.id for h in backend.sparse_search(QUERY, 100)] == [
+        i for i, _ in brute_force_sparse(docs, QUERY)
+    ]
+    drop_docs(index)  # by another program, while this one (a serve) keeps its cache
+    with pytest.raises(IndexStoreError) as caught:
+        backend.sparse_search(QUERY, 100)
+    assert "index check" in str(caught.value) and "\n" not in str(caught.value)
+    backend.close()
