@@ -170,8 +170,8 @@ def _repair(backend, found: Findings, structures: Structures | None, cached: ide
         report["database_repair"], unreadable, lost_tables = outcome
         lost.update({seq: "" for seq in unreadable})
         report["lost_parts"] = [t for t in lost_tables if "meta" not in t]  # the identity is said below
-    db = backend._connect(False)
     try:
+        db = backend._connect(False)
         meta = backend._meta(checked=False)
         documents = db.execute("SELECT COUNT(*) FROM docs").fetchone()[0]
         change = identity.plan(meta, store.read_manifest(backend.path), identity.row_dims(db), cached, documents)
