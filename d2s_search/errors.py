@@ -72,3 +72,18 @@ class DocumentsRejectedError(D2SError):
     def __init__(self, message: str, failures: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.failures: dict[str, str] = dict(failures or {})
+
+
+class DiskFullError(IndexStoreError):
+    """A write found its file system full. The write that failed was undone; everything stored
+    before it is kept."""
+
+    def __init__(self, where: str, free: int | None, stored: int | None = None) -> None:
+        self.where, self.free, self.stored = where, free, stored
+        room = f"{free:,} bytes free on its file system" if free is not None else "its file system is full"
+        kept = (f"the {stored} image(s) this run stored before are kept" if stored is not None
+                else "everything stored before is kept")
+        again = ("free some space and run the same ingest again: it skips what is stored" if stored is not None
+                 else "free some space and run the command again")
+        super().__init__(f"disk full: {where} could not be written ({room}); the write that failed was undone "
+                         f"and {kept}: {again}")

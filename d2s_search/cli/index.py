@@ -316,20 +316,26 @@ def index_check(index, repair, as_json) -> int:
     finally:
         store.close()
     healthy = not report["database"] and not report["cache"]
-    lines = [f"database: {'ok' if not report['database'] else report['database'][0]}",
-             f"cache:    {'ok' if not report['cache'] else report['cache'][0]}"]
+    lines = [f"database: {problem}" for problem in report["database"][:5]] or ["database: ok"]
+    lines.append(f"cache:    {'ok' if not report['cache'] else report['cache'][0]}")
     if "database_repair" in report:
         lines.append(f"database: {report['database_repair']}")
+    if report.get("identity_repair"):
+        lines.append(f"identity: restored {'; '.join(report['identity_repair'])}")
     if report["repaired"]:
         lines.append(f"repaired: search cache rebuilt from the database ({report['documents']} documents)")
         lost = report["lost_documents"]
-        lines.append(f"lost:     {len(lost)} document(s) unreadable or with damaged vectors ({', '.join(lost[:5])})"
-                     if lost else "lost:     nothing")
+        lines.append(f"lost:     {len(lost)} document(s) ({', '.join(lost[:5])}"
+                     f"{' …' if len(lost) > 5 else ''}): ingest their files again to restore them"
+                     if lost else "lost:     no document")
+        lines += [f"lost:     {part}" for part in report.get("lost_parts", [])]
+    lines += [f"unknown:  {what}" for what in report.get("unresolved", [])]
     _emit({**report, "healthy": healthy}, as_json, lines)
     if repair:
         if not report["repaired"]:
             return EXIT_FAILED
-        return EXIT_PARTIAL if report["lost_documents"] else EXIT_OK
+        partial = report["lost_documents"] or report.get("lost_parts") or report.get("unresolved")
+        return EXIT_PARTIAL if partial else EXIT_OK
     return EXIT_OK if healthy else EXIT_FAILED
 
 

@@ -164,6 +164,8 @@ def bundle_for_index(given: str | None, recorded, where: str, verify: bool = Fal
     bundle that filled the index (its recorded path), else the one exported last."""
     from d2s_search.bundle import Bundle
 
+    if recorded is not None and not recorded.fingerprint:  # an index that lost the record of its bundle
+        return _bundle_for_unrecorded(given, recorded, where, verify)
     if given:
         bundle = load_bundle(given, verify)
         if recorded is not None and recorded.fingerprint and recorded.fingerprint != bundle.fingerprint:
@@ -187,6 +189,28 @@ def bundle_for_index(given: str | None, recorded, where: str, verify: bool = Fal
             f"index {where} was filled with bundle {_describe(recorded)}{gone}; the bundle exported last "
             f"({bundle.path.resolve()}, {bundle.fingerprint[:12]}) is another one: pass --bundle with the original, "
             "or use another --index"
+        )
+    return bundle
+
+
+def _bundle_for_unrecorded(given: str | None, recorded, where: str, verify: bool):
+    """An index holds documents but no longer records the bundle that filled them: never the
+    bundle exported last behind the user's back, only one named with --bundle whose dense size
+    is that of the stored vectors."""
+    size = f" (its vectors have {recorded.dense_dim} dimensions)" if recorded.dense_dim else ""
+    if not given:
+        raise IndexStoreError(
+            f"index {where} no longer records the bundle that filled it{size}; nothing was done: run "
+            f"`d2s-search index check --index {where} --repair` to restore the record from what survives, or "
+            "name that bundle with --bundle"
+        )
+    bundle = load_bundle(given, verify)
+    made = bundle.identity().dense_dim
+    if recorded.dense_dim and made != recorded.dense_dim:
+        raise BundleMismatchError(
+            f"index {where} holds {recorded.dense_dim}-dimensional vectors; {bundle.path.resolve()} "
+            f"({bundle.fingerprint[:12]}, {bundle.model_name}) makes {made}-dimensional ones: it did not fill this "
+            "index. Name the bundle that did with --bundle"
         )
     return bundle
 

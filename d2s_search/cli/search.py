@@ -21,7 +21,7 @@ from d2s_search.cli.options import (
 )
 from d2s_search.cli.output import emit_json as _emit_json
 from d2s_search.cli.output import fit_path, table_lines, terminal_width
-from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, D2SError
+from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, D2SError, DiskFullError
 
 
 @click.command()
@@ -66,7 +66,7 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
         TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
         TimeRemainingColumn(), console=err, transient=as_json, disable=as_json and not err.is_terminal,
     )
-    state = {"task": None, "t0": 0.0}
+    state = {"task": None, "t0": 0.0, "stored": 0}
 
     def on_start(total: int) -> None:
         import time
@@ -77,6 +77,7 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
     def on_progress(done: int, stored: int) -> None:
         import time
 
+        state["stored"] = stored
         elapsed = time.perf_counter() - state["t0"]
         rate = f"{stored / elapsed:.1f} images/s" if elapsed > 0 and stored else ""
         progress.update(state["task"], completed=done, rate=rate)
@@ -92,6 +93,8 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
             )
         if report.stored or report.moved:
             report.search_seconds = prepare_search(store)
+    except DiskFullError as exc:  # say how much of this run is kept
+        raise DiskFullError(exc.where, exc.free, stored=state["stored"]) from None
     finally:
         if opened.created and (report is None or report.stored == 0):
             _discard_new_index(store)  # no empty index that answers "no results"
@@ -242,7 +245,7 @@ def _ask_running_serve(text: str, options, index: str, bundle: str | None):
         if known is None:
             return None
         recorded, index_id = known
-        if bundle and load_bundle(bundle).fingerprint != recorded.fingerprint:
+        if not recorded.fingerprint or (bundle and load_bundle(bundle).fingerprint != recorded.fingerprint):
             return None  # the local path gives the proper error
     except (D2SError, sqlite3.Error, ValueError):  # damage: the local path reports it
         return None

@@ -85,3 +85,31 @@ def search_in_subprocess(index: Path, query: dict, k: int = 10) -> tuple[int, li
 
 def warning_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("warning:")]
+
+
+def overwrite_table_pages(db_path: Path, table: str, seed: int = 1) -> None:
+    """Random bytes over the pages of a small table and of its index (their root pages), as
+    a damaged disk sector would leave them; the file header (page 1) is kept."""
+    import random
+    import sqlite3
+
+    db = sqlite3.connect(db_path)
+    roots = [r for (r,) in db.execute("SELECT rootpage FROM sqlite_master WHERE tbl_name = ? AND rootpage > 1",
+                                      (table,))]
+    db.close()
+    data = bytearray(db_path.read_bytes())
+    page = int.from_bytes(data[16:18], "big") or 65536
+    rng = random.Random(seed)
+    for root in roots:
+        data[(root - 1) * page : root * page] = bytes(rng.getrandbits(8) for _ in range(page))
+    db_path.write_bytes(bytes(data))
+
+
+def meta_rows(index: Path) -> dict[str, str]:
+    import sqlite3
+
+    db = sqlite3.connect(index / "index.sqlite")
+    try:
+        return dict(db.execute("SELECT key, value FROM meta"))
+    finally:
+        db.close()

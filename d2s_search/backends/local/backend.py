@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from ...errors import BundleMismatchError, IndexStoreError, QueryError
+from ...errors import BundleMismatchError, DiskFullError, IndexStoreError, QueryError
 from ...search import minmax_normalised
 from ..base import Document, Hit, IndexIdentity, SparseVector
 from . import cache as cache_mod
 from . import graph, kernels, store
+from . import identity as index_identity
 from .cache import CacheUnusable, Shard, Structures
 from .store import FORMAT, Transaction
 
@@ -71,7 +72,7 @@ def _db_errors(method):
         try:
             return method(self, *args, **kwargs)
         except sqlite3.DatabaseError as exc:
-            raise store.damaged(self.db_path, exc) from None
+            raise store.failure(self.db_path, exc) from None
 
     return wrapper
 
@@ -118,6 +119,7 @@ class LocalBackend:
         if self._db is not None:
             return self._db
         new = not self.exists()
+        created_folder = False
         if new:
             if not create:
                 raise IndexStoreError(f"no index at {self.path}: ingest some images first (`d2s-search ingest PATH`)")
@@ -125,7 +127,17 @@ class LocalBackend:
                 raise IndexStoreError(f"{self.db_path} is not a regular file")
             created_folder = not self.path.exists()
             self.path.mkdir(parents=True, exist_ok=True)
-        db = store.connect(self.db_path)
+        try:
+            db = store.connect(self.db_path, schema=new)
+        except store.MissingTables as exc:
+            # No table and no manifest: a creation stopped before its first commit. Anything
+            # else held an index, which is never silently started afresh.
+            if len(exc.missing) < len(store.TABLES) or index_identity.manifest_index_id(store.read_manifest(self.path)):
+                raise store.tables_lost(self.path, exc.missing) from None
+            if not create:
+                raise IndexStoreError(f"no index at {self.path}: ingest some images first (`d2s-search ingest PATH`)") from None
+            new = True
+            db = store.connect(self.db_path, schema=True)
         self._db = db
         self._commits = store.CommitSignal(self.db_path)
         if new:
@@ -135,11 +147,26 @@ class LocalBackend:
                 index_id = db.execute("SELECT value FROM meta WHERE key = 'index_id'").fetchone()[0]
                 store.write_manifest(self.path, index_id, created_folder)
             except sqlite3.DatabaseError as exc:
-                raise store.damaged(self.db_path, exc) from None
+                raise store.failure(self.db_path, exc) from None
+            except OSError as exc:
+                raise self._write_error(self.path / store.MANIFEST_NAME, exc) from None
         return db
 
-    def _meta(self) -> dict[str, str]:
-        return dict(self._connect(False).execute("SELECT key, value FROM meta"))
+    def _write_error(self, path: Path, exc: OSError) -> IndexStoreError:
+        if store.is_disk_full(exc):
+            return DiskFullError(str(path), store.free_bytes(self.path))
+        return IndexStoreError(f"{path} cannot be written: {exc.strerror or exc}")
+
+    def _meta(self, checked: bool = True) -> dict[str, str]:
+        """The ``meta`` rows; ``checked``: refuse values this package never writes (one line
+        that says which, and that `index check --repair` mends them)."""
+        meta = dict(self._connect(False).execute("SELECT key, value FROM meta"))
+        if checked:
+            bad = index_identity.problems(meta)
+            if bad:
+                raise IndexStoreError(f"{self.db_path} has damaged metadata ({next(iter(bad.values()))}): run "
+                                      f"`d2s-search index check --index {self.path} --repair`")
+        return meta
 
     @_db_errors
     def open(self, identity: IndexIdentity | None, create: bool = True) -> None:
@@ -148,58 +175,102 @@ class LocalBackend:
         meta = self._meta()
         if meta.get("format", FORMAT) != FORMAT:
             raise IndexStoreError(f"{self.path}: unknown index format {meta.get('format')!r}")
-        if "index_id" not in meta:  # made before index identities: give it one now
+        if "index_id" not in meta:  # made before index identities: give it one now (the manifest's, if any)
+            rows = store.new_identity_rows()[:2]
+            known = index_identity.manifest_index_id(store.read_manifest(self.path))
+            if known:
+                rows[0] = ("index_id", known)
             try:
                 with Transaction(db):
-                    db.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)", store.new_identity_rows()[:2])
+                    db.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)", rows)
             except sqlite3.OperationalError:
                 pass  # read-only: the cache is then rebuilt in memory
+        recorded = index_identity.recorded_bundle(meta)
+        unknown = self._unknown_bundle(db, meta) if recorded is None else None
         if identity is not None:
-            recorded = meta.get("bundle_fingerprint")
+            if unknown is not None:  # nothing records the bundle of what is stored: check what can be
+                self._check_against_rows(identity, unknown)
             if recorded is None:
-                if not create:
+                if not create and unknown is None:
                     raise IndexStoreError(f"{self.path} is empty: ingest some images first")
-                self._check_writable(db)
-                with Transaction(db):
-                    for key, value in (
-                        ("format", FORMAT),
-                        ("bundle_fingerprint", identity.fingerprint),
-                        ("bundle_model", identity.model),
-                        ("dense_dim", str(identity.dense_dim)),
-                        ("created_at", str(time.time())),
-                        ("bundle_path", identity.bundle_path),
-                    ):
-                        db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
-                    store.bump(db, mutation=False)
-            elif recorded != identity.fingerprint:
-                at = f" at {meta['bundle_path']}" if meta.get("bundle_path") else ""
+                if create:
+                    self._record_bundle(db, identity)
+            elif recorded.fingerprint != identity.fingerprint:
+                at = f" at {recorded.bundle_path}" if recorded.bundle_path else ""
                 raise BundleMismatchError(
-                    f"index {self.path} was filled with bundle {recorded[:12]} ({meta.get('bundle_model', '?')}){at}, "
+                    f"index {self.path} was filled with bundle {recorded.fingerprint[:12]} ({recorded.model or '?'}){at}, "
                     f"not {identity.fingerprint[:12]} ({identity.model}); their vectors differ: use that bundle, "
                     "or re-ingest the images with this one into another --index"
                 )
             elif create and identity.bundle_path and meta.get("bundle_path") != identity.bundle_path:
                 self.record_bundle_path(identity.bundle_path)  # the same bundle, moved or copied
-        try:
-            self.identity = identity or (
-                IndexIdentity(meta["bundle_fingerprint"], int(meta["dense_dim"]), meta.get("bundle_model", ""),
-                              meta.get("bundle_path", ""))
-                if "bundle_fingerprint" in meta
-                else None
-            )
-        except (KeyError, ValueError):
-            raise IndexStoreError(f"{self.db_path} has damaged metadata: delete the index and ingest again") from None
+            elif create:
+                self._save_identity(identity)  # indexes made before the manifest kept a copy
+        # An index whose bundle nobody recorded any more is known by its dense size alone (an
+        # identity without fingerprint): commands then need the bundle named (--bundle).
+        self.identity = identity or recorded or (IndexIdentity("", unknown) if unknown is not None else None)
         self._terms, self._term_ids = [""], {}
         self._load_terms()
         cache_mod.remove_leftovers(self.path)
         if self.cache_dir.is_dir():
             cache_mod.remove_leftovers(self.cache_dir)
 
+    def _unknown_bundle(self, db: sqlite3.Connection, meta: dict[str, str]) -> int | None:
+        """For an index that records no bundle: None when it holds nothing a bundle could
+        disagree with (a new index), else the dense size its documents have (0: unknown)."""
+        if index_identity.BUNDLE_UNKNOWN not in meta and db.execute("SELECT 1 FROM docs LIMIT 1").fetchone() is None:
+            return None
+        return index_identity.majority(index_identity.row_dims(db)) or index_identity.dim(meta.get("dense_dim")) or 0
+
+    def _check_against_rows(self, identity: IndexIdentity, size: int) -> None:
+        if size and identity.dense_dim != size:
+            raise BundleMismatchError(
+                f"index {self.path} holds {size}-dimensional vectors and no longer records their bundle; "
+                f"{identity.fingerprint[:12]} ({identity.model}) makes {identity.dense_dim}-dimensional ones: it did "
+                "not fill this index. Name the bundle that did with --bundle"
+            )
+
+    def _record_bundle(self, db: sqlite3.Connection, identity: IndexIdentity) -> None:
+        self._check_writable(db)
+        with Transaction(db):
+            for key, value in (
+                ("format", FORMAT),
+                ("bundle_fingerprint", identity.fingerprint),
+                ("bundle_model", identity.model),
+                ("dense_dim", str(identity.dense_dim)),
+                ("created_at", str(time.time())),
+                ("bundle_path", identity.bundle_path),
+            ):
+                db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+            db.execute("DELETE FROM meta WHERE key = ?", (index_identity.BUNDLE_UNKNOWN,))
+            store.bump(db, mutation=False)
+        self._save_identity(identity)
+
+    def _save_identity(self, identity: IndexIdentity) -> None:
+        """Keep the manifest's copy of the identity equal to ``meta``'s (a repair restores a
+        damaged ``meta`` from it). A copy that cannot be written leaves the index working."""
+        manifest = store.read_manifest(self.path)
+        bundle = {"fingerprint": identity.fingerprint, "model": identity.model, "dense_dim": identity.dense_dim,
+                  "path": identity.bundle_path}
+        index_id = self._meta().get("index_id", "")
+        if manifest.get("bundle") == bundle and manifest.get("index_id") == index_id:
+            return
+        try:
+            store.write_manifest(self.path, index_id, manifest.get("created_folder") is True, bundle)
+        except OSError as exc:
+            error = self._write_error(self.path / store.MANIFEST_NAME, exc)
+            if isinstance(error, DiskFullError):
+                raise error from None
+            self._warn(f"{error}; the index works, but a repair could not restore its identity from it")
+
     def record_bundle_path(self, path: str) -> None:
         """Remember where the bundle that fills this index lives (a hint for commands without --bundle)."""
         db = self._connect(False)
         with Transaction(db):
             db.execute("INSERT OR REPLACE INTO meta VALUES ('bundle_path', ?)", (path,))
+        recorded = index_identity.recorded_bundle(self._meta())
+        if recorded is not None:
+            self._save_identity(recorded)
 
     def document_paths(self) -> list[tuple[str, str]]:
         """(id, path) of every document, in ingest order."""
@@ -299,6 +370,10 @@ class LocalBackend:
             )
         self._write_checked = True
 
+    def _forget_terms(self) -> None:
+        """Terms an undone transaction added are gone again: read them afresh before the next write."""
+        self._terms, self._term_ids = [""], {}
+
     def _ensure_terms(self, db: sqlite3.Connection, terms: Iterable[str]) -> None:
         self._load_terms()
         new = sorted({t for t in terms if t not in self._term_ids})
@@ -318,7 +393,7 @@ class LocalBackend:
             return
         db = self._connect(True)
         self._check_writable(db)
-        with Transaction(db):
+        with Transaction(db, undone=self._forget_terms):
             self._ensure_terms(db, (t for d in docs for t in d.sparse))
             replaced = db.execute(
                 f"SELECT COUNT(*) FROM docs WHERE id IN ({','.join('?' * len(docs))})", [d.id for d in docs]
@@ -476,12 +551,36 @@ class LocalBackend:
             index_id, generation = meta.get("index_id", ""), int(meta.get("generation", "0"))
             mutations = int(meta.get("mutations", "0"))
             self._load_terms()
-            if current is None or current.index_id != index_id or current.generation != generation:
+            if current is not None and current.index_id == index_id and current.generation == generation:
+                current = self._same_rows(db, current)  # a commit that kept the generation (a bundle path)
+            else:
                 current = self._refresh(current, index_id, generation, mutations)
         except sqlite3.DatabaseError as exc:
-            raise store.damaged(self.db_path, exc) from None
+            raise store.failure(self.db_path, exc) from None
         self._structures_cache, self._seen_version, self._seen_header = current, version, header
         return current
+
+    def _same_rows(self, db: sqlite3.Connection, current: Structures) -> Structures:
+        """``current`` when the documents are still those it was made from. Every change of
+        documents by this package comes with a new generation; documents changed under the same
+        one (a table dropped or rows deleted by another program) are damage, not answered from
+        the cache."""
+        (top,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM docs").fetchone()
+        if top == current.max_seq:
+            return current
+        db.execute("BEGIN")  # both values from one snapshot: a writer may have committed in between
+        try:
+            meta = self._meta()
+            (top,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM docs").fetchone()
+        finally:
+            db.execute("COMMIT")
+        generation = int(meta.get("generation", "0"))
+        if meta.get("index_id", "") != current.index_id or generation != current.generation:
+            return self._refresh(current, meta.get("index_id", ""), generation, int(meta.get("mutations", "0")))
+        raise IndexStoreError(
+            f"{self.db_path} no longer holds the documents its search cache was made from (changed by another "
+            f"program?): run `d2s-search index check --index {self.path}`"
+        )
 
     def _refresh(self, current: Structures | None, index_id: str, generation: int, mutations: int) -> Structures:
         problem = None
@@ -561,17 +660,26 @@ class LocalBackend:
         built = Structures(index_id=index_id, generation=generation, mutations=mutations, max_seq=max_seq,
                            dim=dim, shards=shards, shard_rows=shard_rows)
         self._dense_graphs(built)
-        kept = ""
         if index_id:
             try:
                 built.state_dir = cache_mod.save(self.cache_dir, built, reuse=base)
                 built = cache_mod.load(self.cache_dir)  # memory-mapped: the pages are shared
             except (OSError, CacheUnusable) as exc:
-                kept = f"; it cannot be written ({exc}), so it is kept in memory"
+                self._warn(self._cache_not_written(built, exc))
                 built.state_dir = None
-        if kept:
-            self._warn(f"search cache of {self.path} rebuilt{kept}")
         return built, lost
+
+    def _cache_not_written(self, built: Structures, exc: Exception) -> str:
+        """Why the rebuilt cache stays in memory. A full disk is said as such: numpy reports a
+        short write without errno, so it counts as one when the cache needs more than is free."""
+        free = store.free_bytes(self.path)
+        needed = sum(a.nbytes for shard in built.shards for a in shard.arrays.values())
+        short_write = isinstance(exc, OSError) and exc.errno is None and free is not None and free < needed
+        if not (store.is_disk_full(exc) or short_write):
+            return f"search cache of {self.path} rebuilt; it cannot be written ({exc}), so it is kept in memory"
+        room = f"{free:,} bytes free, it needs about {needed:,}" if free is not None else "no space left"
+        return (f"disk full: the search cache could not be written to {self.cache_dir} ({room}); it is kept in "
+                "memory for this run: every document is stored, and the first search after space is freed writes it")
 
     def _dense_graphs(self, built: Structures) -> None:
         """From APPROXIMATE_DENSE_FROM documents on, every shard gets an HNSW graph over its

@@ -12,13 +12,17 @@ at creation, and deletes nothing else.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import shutil
 import sqlite3
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
-from ...errors import IndexStoreError
+from ...errors import DiskFullError, IndexStoreError
 from ...regular_files import NotRegularFile, open_regular
 
 FORMAT = "d2s-local/1"
@@ -29,6 +33,7 @@ CACHE_POINTER = "current"  # cache/current names the cache state in use
 # Everything the index may create in its folder (SQLite adds -wal/-shm/-journal beside the db).
 OWNED_NAMES = (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", f"{DB_NAME}-journal", MANIFEST_NAME, CACHE_DIR)
 
+TABLES = ("meta", "terms", "docs")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS terms (id INTEGER PRIMARY KEY, term TEXT NOT NULL UNIQUE);
@@ -56,13 +61,83 @@ def damaged(db_path: Path, exc: Exception) -> IndexStoreError:
     )
 
 
-def connect(db_path: Path) -> sqlite3.Connection:
+def is_disk_full(exc: BaseException) -> bool:
+    """A write refused for want of space (SQLite's SQLITE_FULL, or ENOSPC/EDQUOT from the system)."""
+    if isinstance(exc, sqlite3.Error):
+        return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "database or disk is full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def free_bytes(path: Path) -> int | None:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def failure(db_path: Path, exc: sqlite3.Error) -> IndexStoreError:
+    """The one-line error for a database operation that failed: a full disk says so (the
+    database is intact: SQLite undid the write), anything else is damage."""
+    if is_disk_full(exc):
+        return DiskFullError(str(db_path), free_bytes(db_path.parent))
+    return damaged(db_path, exc)
+
+
+class MissingTables(IndexStoreError):
+    """An existing database lacks tables every index has (dropped, or the file was emptied)."""
+
+    def __init__(self, missing: list[str]) -> None:
+        super().__init__(", ".join(missing))
+        self.missing = missing
+
+
+def tables_lost(folder: Path, missing: list[str]) -> IndexStoreError:
+    """The one-line error for an index whose database lost tables: never started afresh."""
+    db_path = folder / DB_NAME
+    if len(missing) == len(TABLES):
+        what = f"{db_path} holds no index any more (emptied or replaced), though {folder} held one ({MANIFEST_NAME})"
+    else:
+        what = f"{db_path} has lost its {' and '.join(missing)} table{'s' if len(missing) > 1 else ''}"
+    return IndexStoreError(
+        f"{what}; nothing was written: run `d2s-search index check --index {folder} --repair` to make it usable "
+        f"again (it says what is lost), or `d2s-search index delete --index {folder}` and ingest again"
+    )
+
+
+def missing_tables(db: sqlite3.Connection) -> list[str]:
+    present = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    return [t for t in TABLES if t not in present]
+
+
+def open_as_found(db_path: Path) -> sqlite3.Connection:
+    """A connection that writes nothing on its own (no journal mode set, no schema made): for
+    looking at a database that may be damaged."""
+    return sqlite3.connect(str(db_path), isolation_level=None, timeout=30)
+
+
+def connect(db_path: Path, schema: bool = True) -> sqlite3.Connection:
+    """A connection in WAL mode. ``schema``: make the tables (a new database); otherwise they
+    are checked first, and MissingTables raised before anything is written."""
     try:
         db = sqlite3.connect(str(db_path), isolation_level=None, timeout=30)
+    except sqlite3.DatabaseError as exc:
+        raise IndexStoreError(f"{db_path} is not a usable index: {exc}") from None
+    try:
+        if not schema:
+            missing = missing_tables(db)
+            if missing:
+                raise MissingTables(missing)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript(SCHEMA)
+        if schema:
+            db.executescript(SCHEMA)
+    except MissingTables:
+        db.close()
+        raise
     except sqlite3.DatabaseError as exc:
+        db.close()
+        if is_disk_full(exc):
+            raise DiskFullError(str(db_path), free_bytes(db_path.parent)) from None
         raise IndexStoreError(f"{db_path} is not a usable index: {exc}") from None
     return db
 
@@ -146,41 +221,46 @@ def quick_check(db: sqlite3.Connection) -> list[str]:
     return [] if rows == ["ok"] else rows
 
 
-def salvage(db: sqlite3.Connection, target: Path) -> tuple[int | None, list[str]]:
+def salvage(db: sqlite3.Connection, target: Path) -> tuple[int | None, list[str], list[str]]:
     """Copy every readable row of a damaged database into a new one at ``target``.
 
     Documents are read one rowid at a time, so a damaged page loses only its own rows.
-    Returns (documents copied, what could not be read: document ids when the id index
-    still lists them, else seq numbers); (None, [reason]) when nothing can be read.
+    Returns (documents copied, the seq numbers of documents that could not be read, the
+    tables lost in part or whole); (None, [reason], []) when nothing can be read.
     """
     try:
-        top = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'docs'").fetchone()
-        max_seq = int(top[0]) if top else 0
+        present = set(TABLES) - set(missing_tables(db))
+        max_seq = 0
+        if "docs" in present:
+            top = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'docs'").fetchone()
+            max_seq = int(top[0]) if top else int(db.execute("SELECT COALESCE(MAX(seq), 0) FROM docs").fetchone()[0])
     except sqlite3.DatabaseError as exc:
-        return None, [str(exc)]
+        return None, [str(exc)], []
     new = connect(target)
-    copied, missing = 0, []
+    copied, unreadable, lost_tables = 0, [], [f"the {t} table" for t in TABLES if t not in present]
     with Transaction(new):
         for table, columns in (("meta", "key, value"), ("terms", "id, term")):
+            if table not in present:
+                continue
             try:
                 new.executemany(f"INSERT OR IGNORE INTO {table} VALUES (?, ?)",
                                 db.execute(f"SELECT {columns} FROM {table}").fetchall())
             except sqlite3.DatabaseError:
-                missing.append(f"(part of the {table} table)")
+                lost_tables.append(f"part of the {table} table")
         bump(new, mutation=True)
         columns = "seq, id, path, url, size_bytes, width, height, ingested_at, term_ids, weights, dense"
         for seq in range(1, max_seq + 1):
             try:
                 row = db.execute(f"SELECT {columns} FROM docs WHERE seq = ?", (seq,)).fetchone()
             except sqlite3.DatabaseError:
-                missing.append(f"seq {seq}")
+                unreadable.append(f"seq {seq}")
                 continue
             if row is not None:
                 new.execute(f"INSERT INTO docs({columns}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", row)
                 copied += 1
         new.execute("INSERT OR REPLACE INTO sqlite_sequence(name, seq) VALUES ('docs', ?)", (max_seq,))
     new.close()
-    return copied, missing
+    return copied, unreadable, lost_tables
 
 
 def new_identity_rows() -> list[tuple[str, str]]:
@@ -197,24 +277,46 @@ def bump(db: sqlite3.Connection, *, mutation: bool) -> None:
 
 
 class Transaction:
-    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception (including KeyboardInterrupt)."""
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception (including KeyboardInterrupt);
+    ``undone`` is then called (to forget what the transaction had made known in memory)."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: sqlite3.Connection, undone: Callable[[], None] | None = None) -> None:
         self.db = db
+        self.undone = undone
 
     def __enter__(self) -> sqlite3.Connection:
         self.db.execute("BEGIN IMMEDIATE")
         return self.db
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        if exc_type is None:
+            try:
+                self.db.execute("COMMIT")
+                return
+            except sqlite3.Error:
+                self._rollback()
+                raise
+        self._rollback()
+
+    def _rollback(self) -> None:
+        """Undo what is still open: SQLite has already undone the transaction after some errors
+        (a full disk), and a ROLLBACK then would hide the error that counts."""
+        if self.db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self.db.execute("ROLLBACK")
+        if self.undone is not None:
+            self.undone()
 
 
 # -- the files the index owns ---------------------------------------------------------------
 
 
-def write_manifest(folder: Path, index_id: str, created_folder: bool) -> None:
+def write_manifest(folder: Path, index_id: str, created_folder: bool, bundle: dict | None = None) -> None:
+    """The manifest: what the index owns, and a copy of its identity (index id; the bundle that
+    fills it, once recorded), from which a repair restores a damaged ``meta`` table."""
     body = {"format": FORMAT, "index_id": index_id, "created_folder": created_folder, "owns": list(OWNED_NAMES)}
+    if bundle is not None:
+        body["bundle"] = bundle
     write_atomic(folder / MANIFEST_NAME, json.dumps(body, indent=1).encode())
 
 
