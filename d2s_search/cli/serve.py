@@ -8,8 +8,10 @@ the ``serve`` extra.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import gc
 import json
+import signal
 import socket
 
 import click
@@ -101,9 +103,13 @@ def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url,
         bound = sock.getsockname()
         discoverable = (store.path, bound[0], bound[1], bundle_obj.fingerprint, app.state.serve_token)
     _announce_when_ready(server, ready, as_json, discoverable)
+    _stop_gracefully_on_term_and_hangup(server)
+    # A fatal signal Python cannot turn into an exception (SIGBUS, SIGSEGV) still says where it
+    # struck, on stderr, rather than ending the process without a word.
+    faulthandler.enable()
     try:
         # uvicorn re-raises Ctrl+C after its graceful shutdown; stopping is the normal end.
-        with contextlib.suppress(KeyboardInterrupt):
+        with contextlib.suppress(KeyboardInterrupt, _Stopped):
             server.run(sockets=[sock])
     finally:
         if discoverable is not None:
@@ -111,6 +117,26 @@ def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url,
     if not as_json:
         click.echo("d2s-search: stopped", err=True)
     return EXIT_OK
+
+
+class _Stopped(Exception):
+    """SIGTERM or SIGHUP arrived (after uvicorn's graceful shutdown, when it was running)."""
+
+
+def _stop_gracefully_on_term_and_hangup(server) -> None:
+    """End on SIGTERM and SIGHUP as on Ctrl+C: uvicorn shuts down gracefully on SIGTERM and
+    then raises it again, which by default ends the process before any ``finally`` runs; SIGHUP
+    (the terminal closed) would end it at once. Either way the discovery file would stay."""
+
+    def stop(signum: int, frame) -> None:
+        if server.started and not server.should_exit:
+            server.handle_exit(signum, frame)  # graceful; uvicorn raises the signal again after
+        else:
+            raise _Stopped
+
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), stop)
 
 
 def _announce_when_ready(server, ready: dict, as_json: bool, discoverable: tuple | None = None) -> None:

@@ -104,12 +104,25 @@ def _read(path: Path) -> dict | None:
 
 def find(index: str | os.PathLike[str], fingerprint: str) -> dict | None:
     """The running serve of this index and bundle, or None."""
-    entry = _read(discovery_path(index))
+    path = discovery_path(index)
+    entry = _read(path)
+    if entry is not None and not pid_alive(entry["pid"]):
+        _forget(path, entry)
+        return None
     if entry is None or entry["index"] != index_key(index) or not fingerprint:
         return None
     if not hmac.compare_digest(entry["fingerprint"].encode(), fingerprint.encode()):
         return None
-    return entry if pid_alive(entry["pid"]) else None
+    return entry
+
+
+def _forget(path: Path, entry: dict) -> None:
+    """Remove the file of a serve that is gone without removing it (killed: SIGKILL, a crash),
+    unless another serve has replaced it since it was read."""
+    again = _read(path)
+    if again is not None and hmac.compare_digest(again["token"], entry["token"]) and not pid_alive(again["pid"]):
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 
