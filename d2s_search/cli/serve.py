@@ -13,6 +13,7 @@ import gc
 import json
 import signal
 import socket
+import threading
 
 import click
 
@@ -106,7 +107,8 @@ def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url,
     _stop_gracefully_on_term_and_hangup(server)
     # A fatal signal Python cannot turn into an exception (SIGBUS, SIGSEGV) still says where it
     # struck, on stderr, rather than ending the process without a word.
-    faulthandler.enable()
+    with contextlib.suppress(ValueError, OSError, RuntimeError):  # stderr without a descriptor
+        faulthandler.enable()
     try:
         # uvicorn re-raises Ctrl+C after its graceful shutdown; stopping is the normal end.
         with contextlib.suppress(KeyboardInterrupt, _Stopped):
@@ -134,6 +136,8 @@ def _stop_gracefully_on_term_and_hangup(server) -> None:
         else:
             raise _Stopped
 
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers (uvicorn's own then stay unset too)
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), stop)
@@ -142,7 +146,6 @@ def _stop_gracefully_on_term_and_hangup(server) -> None:
 def _announce_when_ready(server, ready: dict, as_json: bool, discoverable: tuple | None = None) -> None:
     """Print the page's address once, when uvicorn is accepting connections (and write the
     discovery file for `query`, when ``discoverable``)."""
-    import threading
     import time
 
     def wait() -> None:

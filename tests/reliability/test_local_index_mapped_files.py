@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,22 +65,71 @@ SCRIPT = """
 import json, os, sys
 import numpy as np
 from d2s_search.backends.local import LocalBackend
-index, name, kind = sys.argv[1], sys.argv[2], sys.argv[3]
+index, name, kind, query, before, damage, inotify = sys.argv[1:]
+if inotify == "no":  # as on a system without it
+    import importlib
+    try:
+        importlib.import_module("d2s_search.backends.local.mapped")._inotify = lambda: None
+    except ImportError:  # a version without the watches
+        pass
 backend = LocalBackend(index)
 backend.open(None, create=False)
 
 def search():
     if kind == "dense":
-        return backend.dense_search(np.asarray(json.loads(sys.argv[4]), dtype=np.float32), 10, explain=0)
-    return backend.sparse_search(json.loads(sys.argv[4]), 10, explain=3)
+        return backend.dense_search(np.asarray(json.loads(query), dtype=np.float32), 10, explain=0)
+    return backend.sparse_search(json.loads(query), 10, explain=3)
 
-first = [h.id for h in search()]
+for _ in range(int(before)):
+    first = [h.id for h in search()]
 state = open(os.path.join(index, "cache", "current")).read().split()[0]
-os.truncate(os.path.join(index, "cache", state, f"shard-00000-{name}.npy"), 100)  # under the mapping
+path = os.path.join(index, "cache", state, f"shard-00000-{name}.npy")
+if damage == "cut short":
+    os.truncate(path, 100)  # under the mapping
+else:  # bytes written in place, the size and times kept
+    before = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(before.st_size // 2)
+        f.write(os.urandom(64))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
 print(json.dumps({"first": first, "then": [[h.id, h.path] for h in search()]}))
 """
 
 
+def run_script(
+    index, name: str, kind: str, query, before: int, damage: str, inotify: str
+) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("D2S_")}
+    env["PYTHONPATH"] = str(REPO)
+    args = [str(index), name, kind, json.dumps(query), str(before), damage, inotify]
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT, *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+@pytest.fixture(scope="module")
+def mapped_index(tmp_path_factory):
+    docs = mapped_docs(6000, VOCAB, DIM, seed=3)
+    path = tmp_path_factory.mktemp("mapped") / "idx"
+    backend = filled_index(path, docs)
+    backend.sparse_search(QUERY, 5)
+    backend.close()
+    return path, docs
+
+
+CHANGES = {
+    # the first check after opening (the second search) sets the watches and compares each stat
+    "cut short, then the second search": ("cut short", 1, "yes"),
+    "cut short, then a later search": ("cut short", 3, "yes"),  # the watches report it
+    "cut short, no inotify": ("cut short", 3, "no"),  # every check compares the sizes
+    "written in place, then the second search": ("written in place", 1, "yes"),
+    "written in place, then a later search": ("written in place", 3, "yes"),
+}
+
+
+@pytest.mark.parametrize(
+    "change", list(CHANGES), ids=lambda c: c.replace(" ", "-").replace(",", "")
+)
 @pytest.mark.parametrize(
     "name,kind",
     [
@@ -90,22 +140,19 @@ print(json.dumps({"first": first, "then": [[h.id, h.path] for h in search()]}))
         ("paths_blob", "sparse"),
     ],
 )
-def test_a_mapped_file_cut_short_is_noticed_before_the_next_search(tmp_path, name, kind):
-    docs = mapped_docs(6000, VOCAB, DIM, seed=3)
-    backend = filled_index(tmp_path / "idx", docs)
-    backend.sparse_search(QUERY, 5)
-    backend.close()
-    assert_mapped(tmp_path / "idx", name)
+def test_a_mapped_file_changed_under_a_process_is_noticed_before_its_next_search(
+    mapped_index, tmp_path, name, kind, change
+):
+    """Cut short (the next read of the mapping would be SIGBUS) or written in place (the
+    next search would answer from the new bytes): the next search rebuilds the cache from
+    SQLite with one warning line and answers exactly."""
+    source, docs = mapped_index
+    index = tmp_path / "idx"
+    shutil.copytree(source, index)
+    assert_mapped(index, name)
     query = docs[5].dense.tolist() if kind == "dense" else QUERY
-    env = {k: v for k, v in os.environ.items() if not k.startswith("D2S_")}
-    env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "idx"), name, kind, json.dumps(query)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    damage, before, inotify = CHANGES[change]
+    proc = run_script(index, name, kind, query, before, damage, inotify)
     assert proc.returncode == 0, (proc.returncode, proc.stderr)
     out = json.loads(proc.stdout)
     exact = (
@@ -116,10 +163,12 @@ def test_a_mapped_file_cut_short_is_noticed_before_the_next_search(tmp_path, nam
     paths = {d.id: d.path for d in docs}
     assert out["first"] == [doc_id for doc_id, _ in exact[:10]]
     assert out["then"] == [[doc_id, paths[doc_id]] for doc_id in out["first"]]
-    assert (
-        len(warning_lines(proc.stderr)) == 1
-        and f"shard-00000-{name}.npy has 100 bytes" in proc.stderr
-    ), proc.stderr
+    said = (
+        f"shard-00000-{name}.npy has 100 bytes"
+        if damage == "cut short"
+        else f"shard-00000-{name}.npy does not match"
+    )
+    assert len(warning_lines(proc.stderr)) == 1 and said in proc.stderr, proc.stderr
 
 
 @pytest.fixture

@@ -54,6 +54,7 @@ import numpy as np
 from ...processes import pid_alive
 from . import cache_stamp, graph
 from .kernels import BoundShard, DamagedArrays, check_postings, encode_weights
+from .mapped import MappedFiles
 from .store import CACHE_POINTER as POINTER
 from .store import LEGACY_CACHE, fsync_dir, is_temp_name, write_atomic
 
@@ -272,7 +273,8 @@ class Structures:
     state_dir: Path | None = None  # None: in memory only (the cache could not be written)
     header_crc: int | None = None  # the CRC-32 of its header.json, as ``current`` names it
     _hit_sources: tuple | None = field(default=None, repr=False, compare=False)
-    confirmed: set = field(default_factory=set, repr=False, compare=False)  # rows whose strings SQLite confirmed
+    confirmed: np.ndarray | None = field(default=None, repr=False, compare=False)  # per row: strings SQLite confirmed
+    _mapped: MappedFiles | None = field(default=None, repr=False, compare=False)
     # kernels.ShardTable of every shard once validated and bound (False: a shard the kernel does
     # not take), made by the backend's first small-k sparse search; the shards never change
     shard_table: object = field(default=None, repr=False, compare=False)
@@ -292,13 +294,16 @@ class Structures:
         return shard, row - shard.start
 
     def mapped_intact(self) -> bool:
-        """Whether every memory-mapped file still has the size it had when mapped (one
-        ``fstat`` of the mapped file each): a file cut short under a mapping would kill the
-        process on the first read past its new end."""
-        try:
-            return all(m.size() == size for shard in self.shards for m, size in shard.mapped.values())
-        except (OSError, ValueError):  # ValueError: a closed mapping
-            return False
+        """Whether no memory-mapped file was written or cut short since it was mapped (see
+        :mod:`.mapped`): a file cut short under a mapping would kill the process on the first
+        read past its new end."""
+        if self._mapped is None:
+            self._mapped = MappedFiles([
+                (self.state_dir / f"shard-{j:05d}-{name}.npy" if self.state_dir else None, mapping, size,
+                 shard.stats.get(name))
+                for j, shard in enumerate(self.shards) for name, (mapping, size) in shard.mapped.items()
+            ])
+        return self._mapped.intact()
 
     def unchanged_on_disk(self) -> bool:
         """Whether every file of the state still has the ``stat`` it had when verified."""

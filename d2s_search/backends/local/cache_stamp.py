@@ -80,8 +80,10 @@ class Stamp:
         self.limit_ns = 0
         for path, margin in ((state_dir / STAMP_NAME, 0), (None, FOREIGN_CLOCK_MARGIN_NS)):
             try:
-                path = path or _fallback(state_dir)
-                path.parent.mkdir(parents=True, exist_ok=True)
+                # the state's own folder is never made again (it may be going away)
+                if path is None:
+                    path = _fallback(state_dir)
+                    path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_name(f".tmp-{os.getpid()}-{os.urandom(4).hex()}-{path.name}")
                 self._fd = os.open(
                     tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644
@@ -99,6 +101,7 @@ class Stamp:
         while (
             self._fd is not None
             and not self._margin
+            and os.utime in os.supports_fd
             and self.limit_ns <= ctime_ns
             and time.monotonic() < deadline
         ):
