@@ -8,9 +8,12 @@ the ``serve`` extra.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import gc
 import json
+import signal
 import socket
+import threading
 
 import click
 
@@ -103,9 +106,14 @@ def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url,
         discoverable = (store.path, bound[0], bound[1], bundle_obj.fingerprint,
                         app.state.serve_index_id, app.state.serve_token)
     _announce_when_ready(server, ready, as_json, discoverable)
+    _stop_gracefully_on_term_and_hangup(server)
+    # A fatal signal Python cannot turn into an exception (SIGBUS, SIGSEGV) still says where it
+    # struck, on stderr, rather than ending the process without a word.
+    with contextlib.suppress(ValueError, OSError, RuntimeError):  # stderr without a descriptor
+        faulthandler.enable()
     try:
         # uvicorn re-raises Ctrl+C after its graceful shutdown; stopping is the normal end.
-        with contextlib.suppress(KeyboardInterrupt):
+        with contextlib.suppress(KeyboardInterrupt, _Stopped):
             server.run(sockets=[sock])
     finally:
         if discoverable is not None:
@@ -115,10 +123,31 @@ def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url,
     return EXIT_OK
 
 
+class _Stopped(Exception):
+    """SIGTERM or SIGHUP arrived (after uvicorn's graceful shutdown, when it was running)."""
+
+
+def _stop_gracefully_on_term_and_hangup(server) -> None:
+    """End on SIGTERM and SIGHUP as on Ctrl+C: uvicorn shuts down gracefully on SIGTERM and
+    then raises it again, which by default ends the process before any ``finally`` runs; SIGHUP
+    (the terminal closed) would end it at once. Either way the discovery file would stay."""
+
+    def stop(signum: int, frame) -> None:
+        if server.started and not server.should_exit:
+            server.handle_exit(signum, frame)  # graceful; uvicorn raises the signal again after
+        else:
+            raise _Stopped
+
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers (uvicorn's own then stay unset too)
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), stop)
+
+
 def _announce_when_ready(server, ready: dict, as_json: bool, discoverable: tuple | None = None) -> None:
     """Print the page's address once, when uvicorn is accepting connections (and write the
     discovery file for `query`, when ``discoverable``)."""
-    import threading
     import time
 
     def wait() -> None:

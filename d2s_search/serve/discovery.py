@@ -264,8 +264,12 @@ def _parse(raw: bytes) -> dict | None:
 
 def find(index: str | os.PathLike[str], fingerprint: str, index_id: str) -> dict | None:
     """The running serve of this index (its path and its random id, as the index's own
-    database records it) and bundle, or None."""
-    entry = _read(discovery_path(index))
+    database records it) and bundle, or None. The file of a serve that is gone is removed."""
+    path = discovery_path(index)
+    entry = _read(path)
+    if entry is not None and not pid_alive(entry["pid"]):
+        _forget(path, entry)
+        return None
     if (
         entry is None
         or not fingerprint
@@ -275,7 +279,16 @@ def find(index: str | os.PathLike[str], fingerprint: str, index_id: str) -> dict
         return None
     if entry["index_id"] != index_id or entry["fingerprint"] != fingerprint:
         return None  # another index's serve (a copied or stale file), or another bundle
-    return entry if pid_alive(entry["pid"]) else None
+    return entry
+
+
+def _forget(path: Path, entry: dict) -> None:
+    """Remove the file of a serve that is gone without removing it (killed: SIGKILL, a crash),
+    unless another serve has replaced it since it was read."""
+    again = _read(path)
+    if again is not None and hmac.compare_digest(again["token"], entry["token"]) and not pid_alive(again["pid"]):
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def address(entry: dict) -> str:

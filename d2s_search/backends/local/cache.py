@@ -24,18 +24,25 @@ Layout: ``cache/state-<generation>-<random>/`` holds ``header.json`` and the arr
 into a temp folder, fsynced, renamed, then ``current`` is replaced atomically. Full shards
 never change when documents are only added, so a new state hard-links them from the last.
 
-Bytes on disk are untrusted: ``current`` and the header are checksummed, every file's size
-and the small arrays' CRC-32 are checked on open; the postings' structure and id ranges
-are checked the first time a shard is scored (:meth:`Shard.validate`), a graph's layout on
-open and its links before faiss first reads it (:meth:`Shard.dense_graph`); ``index check``
-verifies every byte against the CRCs recorded at write.
+Bytes on disk are untrusted: ``current`` and the header are checksummed; on open every
+file's size is checked and its bytes against the CRC-32 recorded at write, unless a stamp
+(:mod:`.cache_stamp`) says they were, with the file in exactly the ``stat`` it has now (a
+file changed in place is read again); the postings' structure and id ranges are checked the
+first time a shard is scored (:meth:`Shard.validate`), a graph's layout on open and its
+links before faiss first reads it (:meth:`Shard.dense_graph`); ``index check`` reads every
+byte. A process that keeps a state open compares its mapped files' sizes before each search
+(:meth:`Structures.mapped_intact`: touching a mapping past the end of a file cut short kills
+the process with SIGBUS) and their ``stat`` before it extends the state
+(:meth:`Structures.unchanged_on_disk`).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import stat
 import time
 import uuid
 import zlib
@@ -45,8 +52,9 @@ from pathlib import Path
 import numpy as np
 
 from ...processes import pid_alive
-from . import graph
+from . import cache_stamp, graph
 from .kernels import BoundShard, DamagedArrays, check_postings, encode_weights
+from .mapped import MappedFiles
 from .store import CACHE_POINTER as POINTER
 from .store import LEGACY_CACHE, fsync_dir, is_temp_name, write_atomic
 
@@ -57,9 +65,7 @@ CACHE_FORMAT = "d2s-local-cache/7"  # 3: dense clusters; 4: 16-bit posting ids; 
 STALE_SECONDS = 120  # an unreferenced state this old is no longer being written by anyone
 
 STRING_FIELDS = ("ids", "paths", "urls")
-# Arrays whose CRC-32 is verified on every open (small); the others on `index check`.
-SMALL = {"seqs", "ids_offsets", "paths_offsets", "urls_offsets", "has_url", "csr_indptr", "csc_indptr",
-         "dense_terms"}
+MAPPED_FROM = 1 << 16  # files larger than this are memory-mapped; smaller ones are read
 # hnsw: present only when the dense side is approximate (see backend.APPROXIMATE_DENSE_FROM),
 # beside ``dense``; dense_*: absent in caches written before them (scored from the postings alone).
 OPTIONAL = {"hnsw", "dense_terms", "dense_columns"}
@@ -82,6 +88,8 @@ class Shard:
     start: int  # global row of the shard's first document
     arrays: dict[str, np.ndarray]
     files: dict[str, list[int]] = field(default_factory=dict)  # name -> [size, crc32]
+    stats: dict[str, os.stat_result] = field(default_factory=dict)  # name -> its file's stat when verified
+    mapped: dict[str, tuple] = field(default_factory=dict)  # name -> (its mmap, the file size mapped)
     validated: bool = False
     dirty: set[str] = field(default_factory=set)  # arrays changed since loaded (never hard-linked)
     _views: dict[str, memoryview] = field(default_factory=dict, repr=False)
@@ -149,6 +157,7 @@ class Shard:
             copy = graph.huge_page_copy(blob)
             if copy is not None:  # checked and read by faiss from here on; the mapping is dropped
                 blob = self.arrays["hnsw"] = copy
+                self.mapped.pop("hnsw", None)
             try:
                 where = graph.layout(blob, self.rows, self.arrays["dense"].shape[1])
                 graph.check(blob, where, self.rows)
@@ -262,7 +271,10 @@ class Structures:
     shards: list[Shard]
     shard_rows: int  # every shard but the last holds exactly this many rows
     state_dir: Path | None = None  # None: in memory only (the cache could not be written)
+    header_crc: int | None = None  # the CRC-32 of its header.json, as ``current`` names it
     _hit_sources: tuple | None = field(default=None, repr=False, compare=False)
+    confirmed: np.ndarray | None = field(default=None, repr=False, compare=False)  # per row: strings SQLite confirmed
+    _mapped: MappedFiles | None = field(default=None, repr=False, compare=False)
     # kernels.ShardTable of every shard once validated and bound (False: a shard the kernel does
     # not take), made by the backend's first small-k sparse search; the shards never change
     shard_table: object = field(default=None, repr=False, compare=False)
@@ -280,6 +292,34 @@ class Structures:
     def locate(self, row: int) -> tuple[Shard, int]:
         shard = self.shards[row // self.shard_rows]
         return shard, row - shard.start
+
+    def mapped_intact(self) -> bool:
+        """Whether no memory-mapped file was written or cut short since it was mapped (see
+        :mod:`.mapped`): a file cut short under a mapping would kill the process on the first
+        read past its new end."""
+        if self._mapped is None:
+            self._mapped = MappedFiles([
+                (self.state_dir / f"shard-{j:05d}-{name}.npy" if self.state_dir else None, mapping, size,
+                 shard.stats.get(name))
+                for j, shard in enumerate(self.shards) for name, (mapping, size) in shard.mapped.items()
+            ])
+        return self._mapped.intact()
+
+    def unchanged_on_disk(self) -> bool:
+        """Whether every file of the state still has the ``stat`` it had when verified."""
+        if self.state_dir is None:
+            return True
+        try:
+            return all(
+                _same_file(os.stat(self.state_dir / f"shard-{j:05d}-{name}.npy", follow_symlinks=False), st)
+                for j, shard in enumerate(self.shards) for name, st in shard.stats.items()
+            )
+        except OSError:
+            return False
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return cache_stamp.entry(a, 0) == cache_stamp.entry(b, 0)
 
 
 # -- building shards from SQLite rows --------------------------------------------------------
@@ -364,6 +404,7 @@ def save(cache_dir: Path, structures: Structures, reuse: Structures | None) -> P
         pointer.rmdir()  # an empty folder where the pointer belongs holds nothing to lose
     tmp = cache_dir / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
+    known: dict[str, int] = {}  # file name -> CRC, for the files whose bytes are known to hold it
     try:
         shards_meta = []
         for j, shard in enumerate(structures.shards):
@@ -372,13 +413,20 @@ def save(cache_dir: Path, structures: Structures, reuse: Structures | None) -> P
             for name, array in shard.arrays.items():
                 target = tmp / f"shard-{j:05d}-{name}.npy"
                 if old is not None and name in old.files and name not in shard.dirty:
+                    source = reuse.state_dir / target.name
                     try:
-                        os.link(reuse.state_dir / f"shard-{j:05d}-{name}.npy", target)
+                        # still the file verified when it was opened: then its copy needs no reading
+                        verified = name in old.stats and _same_file(os.stat(source, follow_symlinks=False),
+                                                                     old.stats[name])
+                        os.link(source, target)
                         files[name] = old.files[name]
+                        if verified:
+                            known[target.name] = files[name][1]
                         continue
                     except OSError:
                         pass
                 files[name] = _write_array(target, array)
+                known[target.name] = files[name][1]
             shard.files = files
             shards_meta.append({"start": shard.start, "rows": shard.rows, "files": files})
         header = {
@@ -399,10 +447,25 @@ def save(cache_dir: Path, structures: Structures, reuse: Structures | None) -> P
     fsync_dir(cache_dir)
     write_atomic(cache_dir / POINTER, f"{final.name} {zlib.crc32(header_bytes)}\n".encode())
     remove_unused_states(cache_dir, keep={final.name, reuse.state_dir.name if reuse and reuse.state_dir else ""})
+    _stamp_written(final, zlib.crc32(header_bytes), known)  # after the removals: they move shared files' ctime
     legacy = cache_dir / LEGACY_CACHE  # replaced by the shards just written
     if legacy.is_file() and not legacy.is_symlink():
         legacy.unlink()
     return final
+
+
+def _stamp_written(state_dir: Path, header_crc: int, known: dict[str, int]) -> None:
+    """Stamp the files just written or linked (:mod:`.cache_stamp`), so that the next open
+    reads none of them: past the file system clock's tick in which they last changed."""
+    stamp = cache_stamp.Stamp(state_dir, header_crc)
+    try:
+        newest = max((os.stat(state_dir / name, follow_symlinks=False).st_ctime_ns for name in known), default=0)
+        stamp.wait_past(newest)
+        for name, crc in known.items():
+            stamp.add(name, os.stat(state_dir / name, follow_symlinks=False), crc)
+        stamp.commit()
+    except OSError:
+        stamp.discard()
 
 
 def _same_shard(reuse: Structures | None, j: int, shard: Shard) -> Shard | None:
@@ -422,20 +485,20 @@ def _write_array(path: Path, array: np.ndarray) -> list[int]:
 
 
 def _crc_file(path: Path) -> int:
-    crc = 0
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            crc = zlib.crc32(chunk, crc)
-    return crc
+        return _crc_open(f)
 
 
 # -- reading ----------------------------------------------------------------------------------
 
 
-def load(cache_dir: Path) -> Structures:
+def load(cache_dir: Path, verify: bool = True) -> Structures:
     """The state ``current`` points at, memory-mapped; CacheUnusable (with the reason) when
-    it is missing or damaged. Never raises anything else for bad bytes."""
+    it is missing or damaged. Never raises anything else for bad bytes. Every file's bytes
+    are checked against their CRC unless a stamp vouches for them (``verify=False``: left to
+    the caller, `index check`, which reads them all anyway)."""
     pointer = cache_dir / POINTER
+    stamp: cache_stamp.Stamp | None = None
     try:
         if not pointer.exists() and not pointer.is_symlink():
             raise CacheUnusable("no cache yet")
@@ -451,23 +514,32 @@ def load(cache_dir: Path) -> Structures:
         header = json.loads(header_bytes)
         if header.get("format") != CACHE_FORMAT or header.get("shard_rows") != SHARD_ROWS:
             raise CacheUnusable("the cache was written in another format")
+        stamped = cache_stamp.read(state_dir, int(crc)) if verify else None
+
+        def begin_stamp() -> cache_stamp.Stamp:  # before the first file read is looked at (see cache_stamp)
+            nonlocal stamp
+            stamp = stamp or cache_stamp.Stamp(state_dir, int(crc))
+            return stamp
+
         shards, start = [], 0
         for meta in header["shards"]:
             if meta["start"] != start:
                 raise CacheUnusable("the cache's shards do not follow each other")
-            arrays = {}
+            shard = Shard(start=start, arrays={}, files=meta["files"])
             for name_, (size, crc_) in meta["files"].items():
                 if name_ not in DTYPES:
                     raise CacheUnusable(f"unknown cache array {name_}")
                 path = state_dir / f"shard-{len(shards):05d}-{name_}.npy"
-                arrays[name_] = _open_array(path, size, crc_ if name_ in SMALL else None, DTYPES[name_])
-            missing = set(DTYPES) - OPTIONAL - set(arrays)
+                array, st, mapping = _open_array(path, size, DTYPES[name_], crc_, stamped, begin_stamp)
+                shard.arrays[name_], shard.stats[name_] = array, st
+                if mapping is not None:
+                    shard.mapped[name_] = (mapping, size)
+            missing = set(DTYPES) - OPTIONAL - set(shard.arrays)
             if missing:
                 raise CacheUnusable(f"the cache lacks {sorted(missing)[0]}")
-            shard = Shard(start=start, arrays=arrays, files=meta["files"])
-            if "hnsw" in arrays:
+            if "hnsw" in shard.arrays:
                 try:
-                    shard.attach_graph(arrays["hnsw"], int(header["dim"]))
+                    shard.attach_graph(shard.arrays["hnsw"], int(header["dim"]))
                 except DamagedArrays as exc:
                     raise CacheUnusable(f"shard at row {start} is damaged: {exc}") from None
             if shard.rows != meta["rows"] or (shard.rows > SHARD_ROWS) or (
@@ -476,44 +548,102 @@ def load(cache_dir: Path) -> Structures:
                 raise CacheUnusable("the cache's shard sizes are inconsistent")
             shards.append(shard)
             start += shard.rows
+        if stamp is not None:  # every file now checked: the files read, and those the old stamp vouched for
+            for j, shard in enumerate(shards):
+                for name_, st in shard.stats.items():
+                    file_name, crc_ = f"shard-{j:05d}-{name_}.npy", shard.files[name_][1]
+                    if stamped.get(file_name) == cache_stamp.entry(st, crc_):
+                        stamp.files[file_name] = stamped[file_name]
+            stamp.commit()
+            stamp = None
         return Structures(
             index_id=str(header["index_id"]), generation=int(header["generation"]),
             mutations=int(header["mutations"]), max_seq=int(header["max_seq"]), dim=int(header["dim"]),
-            shards=shards, shard_rows=SHARD_ROWS, state_dir=state_dir,
+            shards=shards, shard_rows=SHARD_ROWS, state_dir=state_dir, header_crc=int(crc),
         )
     except CacheUnusable:
         raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
         raise CacheUnusable(f"the cache is damaged ({type(exc).__name__}: {exc})") from None
+    finally:
+        if stamp is not None:
+            stamp.discard()
 
 
-def _open_array(path: Path, size: int, crc: int | None, dtype) -> np.ndarray:
-    st = os.stat(path, follow_symlinks=False)
-    import stat as stat_
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
-    if not stat_.S_ISREG(st.st_mode):
-        raise CacheUnusable(f"{path.name} is not a regular file")
-    if st.st_size != size:
-        raise CacheUnusable(f"{path.name} has {st.st_size} bytes, {size} were written")
-    if crc is not None and _crc_file(path) != crc:
-        raise CacheUnusable(f"{path.name} does not match its checksum")
-    # Small files are read; large ones mapped (np.memmap cannot map an empty array).
-    array = np.load(path, mmap_mode="r" if size > 1 << 16 else None, allow_pickle=False)
-    if array.dtype != np.dtype(dtype):
-        raise CacheUnusable(f"{path.name} holds {array.dtype}, not {np.dtype(dtype)}")
-    return np.asarray(array)  # a plain ndarray view of the mapping: np.memmap's indexing is slow
+
+def _open_array(path: Path, size: int, dtype, crc: int, stamped: dict | None,
+                begin_stamp) -> tuple[np.ndarray, os.stat_result, object]:
+    """The array stored in ``path``: read when small, memory-mapped otherwise (np.memmap cannot
+    map an empty array), all through one descriptor; its file's stat; the mapping (None: read).
+    Its bytes are checked against ``crc`` unless ``stamped`` (None: not here) vouches for the
+    file in the state it has now; one that is read is added to the stamp ``begin_stamp()``
+    gives (begun before the file's stat is taken again)."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError:
+        if os.path.islink(path):
+            raise CacheUnusable(f"{path.name} is not a regular file") from None
+        raise
+    with os.fdopen(fd, "rb") as file:
+        st = os.fstat(fd)
+        read = stamped is not None and stamped.get(path.name) != cache_stamp.entry(st, crc)
+        if read:
+            stamp = begin_stamp()
+            st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CacheUnusable(f"{path.name} is not a regular file")
+        if st.st_size != size:
+            raise CacheUnusable(f"{path.name} has {st.st_size} bytes, {size} were written")
+        raw = file.read(size + 1) if size <= MAPPED_FROM else None
+        if read and (zlib.crc32(raw) if raw is not None else _crc_open(file)) != crc:
+            raise CacheUnusable(f"{path.name} does not match its checksum")
+        if read:
+            stamp.add(path.name, st, crc)
+        source = io.BytesIO(raw) if raw is not None else file
+        source.seek(0)
+        version = np.lib.format.read_magic(source)
+        if version not in ((1, 0), (2, 0)):
+            raise CacheUnusable(f"{path.name} is not an array this package wrote")
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, stored = read_header(source)
+        if stored != np.dtype(dtype):
+            raise CacheUnusable(f"{path.name} holds {stored}, not {np.dtype(dtype)}")
+        offset = source.tell()
+        count = int(np.prod(shape, dtype=np.int64))
+        if (fortran and len(shape) > 1) or offset + count * stored.itemsize != size:
+            raise CacheUnusable(f"{path.name} does not hold the array its header describes")
+        if raw is not None or count == 0:
+            return np.frombuffer(raw or b"", dtype=stored, count=count, offset=offset if raw else 0).reshape(shape), st, None
+        mapped = np.memmap(file, dtype=stored, mode="r", offset=offset, shape=shape)
+        # a plain ndarray view of the mapping (np.memmap's indexing is slow)
+        return np.asarray(mapped), st, mapped._mmap
+
+
+def _crc_open(f) -> int:
+    crc = 0
+    f.seek(0)
+    while chunk := f.read(1 << 22):
+        crc = zlib.crc32(chunk, crc)
+    return crc
 
 
 def verify_all(structures: Structures) -> list[str]:
-    """Every byte of every cached file against the CRC recorded at write (for `index check`)."""
+    """Every byte of every cached file against the CRC recorded at write (for `index check`);
+    a sound state is stamped (:mod:`.cache_stamp`): the next open reads none of it."""
     problems = []
     assert structures.state_dir is not None
+    stamp = cache_stamp.Stamp(structures.state_dir, structures.header_crc)
     for j, shard in enumerate(structures.shards):
         for name, (_size, crc) in shard.files.items():
             path = structures.state_dir / f"shard-{j:05d}-{name}.npy"
             try:
+                st = os.stat(path, follow_symlinks=False)
                 if _crc_file(path) != crc:
                     problems.append(f"{path.name} does not match its checksum")
+                else:
+                    stamp.add(path.name, st, crc)
             except OSError as exc:
                 problems.append(f"{path.name}: {exc}")
         try:
@@ -521,6 +651,10 @@ def verify_all(structures: Structures) -> list[str]:
             shard.dense_graph()
         except CacheUnusable as exc:
             problems.append(str(exc))
+    if problems or structures.header_crc is None:
+        stamp.discard()
+    else:
+        stamp.commit()
     return problems
 
 

@@ -59,7 +59,7 @@ def _load_cache(backend, report: dict) -> Structures | None:
     """The cache as it is (its header checksummed), its bytes verified against the checksums
     written with it (problems in the report)."""
     try:
-        structures = cache_mod.load(backend.cache_dir)
+        structures = cache_mod.load(backend.cache_dir, verify=False)  # verify_all below reads every byte
     except CacheUnusable as exc:
         if str(exc) != "no cache yet":  # none yet is fine: the first search writes it
             report["cache"].append(str(exc))
