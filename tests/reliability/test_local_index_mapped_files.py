@@ -268,7 +268,7 @@ def test_a_discovery_file_left_by_a_killed_serve_is_removed_by_the_next_reader(
     index.mkdir()
     announce = (
         "import sys; from d2s_search.serve import discovery; "
-        "print(discovery.announce(sys.argv[1], '127.0.0.1', 8123, 'f' * 32, discovery.new_token()))"
+        "print(discovery.announce(sys.argv[1], '127.0.0.1', 8123, 'f' * 32, 'a' * 32, discovery.new_token()))"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))
     written = subprocess.run(
@@ -279,10 +279,10 @@ def test_a_discovery_file_left_by_a_killed_serve_is_removed_by_the_next_reader(
         check=True,
     ).stdout.strip()
     assert written == str(discovery.discovery_path(index)) and os.path.isfile(written)
-    assert discovery.find(index, "f" * 32) is None
+    assert discovery.find(index, "f" * 32, "a" * 32) is None
     assert not os.path.exists(written)
     live = discovery.announce(
-        index, "127.0.0.1", 8123, "f" * 32, discovery.new_token()
+        index, "127.0.0.1", 8123, "f" * 32, "a" * 32, discovery.new_token()
     )  # this process: alive
-    assert discovery.find(index, "f" * 32) is not None and live.is_file()
+    assert discovery.find(index, "f" * 32, "a" * 32) is not None and live.is_file()
     live.unlink()
