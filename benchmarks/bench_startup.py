@@ -1,6 +1,6 @@
 """Start-up of the commands a user waits on, for two code trees alternated round by round.
 
-    python benchmarks/bench_startup.py --ref /tmp/ref-main [--rounds 10] [--sizes 800,123000] [--json]
+    python benchmarks/bench_startup.py --ref /tmp/ref-main [--rounds 10] [--sizes 800,123000] [--json OUT]
 
 Each timing is a new process (the page cache warm: "cold" means a fresh interpreter, as every
 `d2s-search query` is), run with ``python -m d2s_search.cli`` and PYTHONPATH set to the tree:
@@ -30,10 +30,8 @@ compiled extensions copied in (``git worktree add /tmp/ref-main main`` and
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -42,8 +40,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _common
+
+ROOT = _common.ROOT
+_common.use_repository()
 DATA = ROOT.parent / "shared" / "data" / "flickr8k-800" / "images"
 TEXT = "a dog running on the grass"
 
@@ -245,10 +245,9 @@ def main() -> None:
         "--sizes", default="800,123000", help="800 (the photos) and/or a synthetic document count"
     )
     parser.add_argument("--cache", type=Path, default=ROOT / "benchmarks" / ".cache" / "startup")
-    parser.add_argument(
-        "--json", dest="as_json", action="store_true", help="print the record as JSON"
-    )
+    parser.add_argument("--json", dest="json_out", help="also write the record here")
     args = parser.parse_args()
+    provenance = _common.provenance()
     trees = {"ref": args.ref.resolve(), "new": ROOT}
     args.cache.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("D2S_")}
@@ -267,7 +266,6 @@ def main() -> None:
         for tree in trees.values():
             for run in PLANS.values():
                 run(tree, env, index, bundle)
-    started, load_before = dt.datetime.now(dt.timezone.utc), os.getloadavg()
     runs: dict[str, list[float]] = {}
     for round_no in range(args.rounds):
         order = list(trees) if round_no % 2 == 0 else list(trees)[::-1]
@@ -300,32 +298,25 @@ def main() -> None:
                 }
             )
     record = {
-        "started": started.strftime("%Y-%m-%d %H:%M UTC"),
-        "finished": dt.datetime.now(dt.timezone.utc).strftime("%H:%M UTC"),
-        "load": [list(load_before), list(os.getloadavg())],
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        **provenance,
         "rounds": args.rounds,
         "trees": {k: str(v) for k, v in trees.items()},
         "results": rows,
         "runs_s": runs,
     }
-    if args.as_json:
-        print(json.dumps(record, indent=1))
-        return
-    load = " -> ".join(" / ".join(f"{x:.2f}" for x in pair) for pair in record["load"])
-    print(
-        f"{record['started']} -> {record['finished']}; load {load}; {record['machine']}; "
-        f"{args.rounds} rounds, trees alternated\n"
-    )
-    print(
-        "| documents | start-up | ref median s | new median s | new / ref (medians) | new / ref (per round) |"
-    )
-    print("|---|---|---|---|---|---|")
-    for row in rows:
-        print(
-            f"| {row['documents']:,} | {row['start-up']} | {row['ref_median_s']:.3f} | {row['new_median_s']:.3f} | "
-            f"{row['new_median_s'] / row['ref_median_s']:.3f} | {row['median_of_round_ratios']:.3f} |"
-        )
+    _common.finish(record)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(record, indent=1))
+    print(render(record))
+
+
+def render(record: dict) -> str:
+    rows = [[f"{r['documents']:,}", r["start-up"], f"{r['ref_median_s']:.3f}", f"{r['new_median_s']:.3f}",
+             f"{r['new_median_s'] / r['ref_median_s']:.3f}", f"{r['median_of_round_ratios']:.3f}"]
+            for r in record["results"]]
+    return (_common.table(["documents", "start-up", "ref median s", "new median s", "new / ref (medians)",
+                           "new / ref (per round)"], rows)
+            + f"\n\n{record['rounds']} rounds, the two trees alternated. " + _common.caption(record))
 
 
 if __name__ == "__main__":
