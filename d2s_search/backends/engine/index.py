@@ -11,6 +11,8 @@ scroll on OpenSearch, a point in time on Elasticsearch), ``_doc_source`` and the
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -23,11 +25,14 @@ from d2s_search.backends.engine.documents import SPARSE_FIELD, document_from_sou
 from d2s_search.backends.engine.identity import check_dims, check_identity, meta_identity
 from d2s_search.backends.opensearch.features import matched_terms
 from d2s_search.errors import (
+    BackendUnavailableError,
     BundleMismatchError,
     DocumentsRejectedError,
     IndexStoreError,
     QueryError,
 )
+
+log = logging.getLogger("d2s_search.engine")
 
 
 class EngineIndex:
@@ -101,14 +106,41 @@ class EngineIndex:
     def _refresh(self, index: str | None = None) -> None:
         raise NotImplementedError
 
+    def _one_attempt(self) -> contextlib.AbstractContextManager[None]:
+        """Requests inside this block are tried once, without the retry policy (close)."""
+        return contextlib.nullcontext()
+
+    # -- refresh: once before the next read, not per batch -----------------------------------
+
+    _dirty: bool = False  # written since the last refresh
+
     def _writing(self) -> None:
-        """Called before a bulk write."""
+        """Called before a bulk write: the next read refreshes first."""
+        self._dirty = True
 
     def _written(self) -> None:
         """Called after a bulk write that raised nothing."""
 
     def settle(self) -> None:
-        """Make earlier writes visible before a read (an engine that defers its refresh)."""
+        """Refresh once before the first read after writes (``refresh=True``), not per batch.
+
+        A refresh after every ingest batch of 32 images writes a tiny Lucene segment each
+        time (merge pressure, slower searches) on either engine; searches through this backend
+        still see every write, and :meth:`_final_refresh` refreshes once at the end of an ingest.
+        """
+        if self._dirty and self.refresh:
+            self._refresh()
+        self._dirty = False
+
+    def _final_refresh(self) -> None:
+        """The refresh an ingest still owes, at close: one attempt (closing after the cluster
+        went away must not wait through back-offs; the periodic refresh makes the writes
+        visible within a second anyway)."""
+        try:
+            with self._one_attempt():
+                self.settle()
+        except BackendUnavailableError as exc:
+            log.warning("final refresh of %s failed: %s", self.index_name, exc)
 
     def _opened(self) -> None:
         """Called at the end of :meth:`open`, with ``identity`` set."""

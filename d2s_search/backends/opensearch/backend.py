@@ -12,6 +12,7 @@ hit's score is the inner product recovered from OpenSearch's k-NN score, as in `
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -99,7 +100,6 @@ class OpenSearchBackend(EngineIndex):
         self._max_clauses: int | None = None
         self._pipelines: set[str] = set()
         self._cluster: ClusterInfo | None = None
-        self._dirty = False  # written since the last refresh
         self.vocabulary: Vocabulary | None = None  # set on a SEISMIC index: keys are vocabulary ids
         self.seismic_top_n = 10  # query tokens SEISMIC keeps (SparseAnnQueryBuilder default)
         self.seismic_heap_factor = 1.0
@@ -189,16 +189,18 @@ class OpenSearchBackend(EngineIndex):
         return deleted
 
     def close(self) -> None:
-        # One attempt only: closing after the cluster went away must not wait through back-offs
-        # (the periodic refresh makes the writes visible within a second anyway).
+        try:
+            self._final_refresh()
+        finally:
+            self.http.close()
+
+    @contextlib.contextmanager
+    def _one_attempt(self) -> Iterator[None]:
         retries, self.http.policy.retries = self.http.policy.retries, 0
         try:
-            self.settle()
-        except BackendUnavailableError as exc:
-            log.warning("final refresh of %s failed: %s", self.index_name, exc)
+            yield
         finally:
             self.http.policy.retries = retries
-            self.http.close()
 
     def stats(self) -> dict:
         self.settle()
@@ -230,9 +232,6 @@ class OpenSearchBackend(EngineIndex):
     def _bulk_delete_items(self, ids: list[str]) -> list[dict[str, Any]]:
         return q.bulk_delete_actions(self.index_name, ids)
 
-    def _writing(self) -> None:
-        self._dirty = True
-
     def _bulk(self, actions: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
         """Send ``actions`` with ``opensearchpy.helpers.streaming_bulk`` (which chunks them and
         turns a chunk refused as too large into 413 items); rounds, resends and the report:
@@ -253,17 +252,6 @@ class OpenSearchBackend(EngineIndex):
             wait=lambda attempt, why: self.http.policy.wait(attempt, None, why),
             reason=lambda result: item_reason(result, redact.one_line),
         )
-
-    def settle(self) -> None:
-        """Refresh once before the first read after writes (``refresh=True``), not per batch.
-
-        A refresh after every ingest batch of 32 images writes a tiny Lucene segment each
-        time (merge pressure, slower searches); searches through this backend still see
-        every write, and ``close`` refreshes once at the end of an ingest.
-        """
-        if self._dirty and self.refresh:
-            self._refresh()
-        self._dirty = False
 
     def _refresh(self, index: str | None = None) -> None:
         reply = self.http.request("POST", f"/{index or self.index_name}/_refresh")
