@@ -283,10 +283,13 @@ class ElasticsearchBackend(EngineIndex):
         """``PUT /<name>``; on 9.x with vectors kept in ``_source`` (retried without the setting
         on a 9.x release that does not know it yet)."""
         keep = self.server_version() >= (9, 0)
+        # Serverless runs the current code (it reports 9.0): it takes index_options
+        options = self.serverless or q.takes_sparse_index_options(self.server_version())
         if self.serverless:
             shards = replicas = None
         while True:
-            body = q.index_body(identity, mapping, shards=shards, replicas=replicas, keep_vectors_in_source=keep)
+            body = q.index_body(identity, mapping, shards=shards, replicas=replicas, keep_vectors_in_source=keep,
+                                sparse_index_options=options)
             if alias:
                 body["aliases"] = {self.index_name: {}}
             status, reply = self._call("PUT", f"/{name}", body=body)
