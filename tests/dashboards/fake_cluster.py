@@ -2,9 +2,11 @@
 
 It listens on 127.0.0.1 and handles ml-commons (model groups, chunked and URL registration,
 tasks, deploy, predict), stored scripts, ``_search/template``, ``neural_sparse`` with
-``query_text`` + ``model_id`` and ``PUT _cluster/settings``; everything else is forwarded to
-an osmem-server. Every request is recorded, so tests can check each body against the
-OpenSearch API specification.
+``query_text`` + ``model_id`` and ``PUT _cluster/settings``; what k-NN, neural-search and
+core do with an index or query (codec factories, engines, ``query_tokens``, SEISMIC, ``knn``)
+and Amazon OpenSearch Serverless (``serverless=True``) follow tests/opensearch/plugins.py,
+where each rule cites its source; everything else is forwarded to an osmem-server. Every
+request is recorded, so tests can check each body against the OpenSearch API specification.
 
 Where ml-commons behaviour matters it is emulated from its source: a model zip must have
 exactly one ``.onnx``/``.pt`` at the top level and a ``tokenizer.json``; deploy re-joins the
@@ -48,6 +50,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import numpy as np
 from d2s_dash_mustache import render  # loaded by conftest.py under this name
+from d2s_os_plugins import PluginStandIn  # likewise
 
 LOCAL_FILE = "plugins.ml_commons.allow_registering_model_via_local_file"
 VIA_URL = "plugins.ml_commons.allow_registering_model_via_url"
@@ -128,8 +131,10 @@ class FakeCluster:
     def __init__(self, osmem_url: str, *, ml_enabled: bool = True, task_polls: int = 2,
                  settings: dict[str, Any] | None = None, auth: tuple[str, str] | None = None,
                  forbidden: dict[str, str] | None = None, heap_used_percent: int = 40,
-                 version: str = "2.19.1", heap_max_bytes: int = 1024**3) -> None:
+                 version: str = "2.19.1", heap_max_bytes: int = 1024**3, serverless: bool = False) -> None:
         self.osmem = httpx.Client(base_url=osmem_url, timeout=30.0)
+        self.plugins = PluginStandIn(osmem_url, version, serverless=serverless)
+        self.serverless = serverless
         self.ml_enabled = ml_enabled
         self.task_polls = task_polls
         self.settings: dict[str, Any] = dict(settings or {})
@@ -214,6 +219,10 @@ class FakeCluster:
 
     def _route(self, rec: Recorded, query: str) -> tuple[int, Any]:
         path, method = rec.path, rec.method
+        if self.serverless:
+            answered = self.plugins(method, path + (f"?{query}" if query else ""), rec.body)
+            if answered is not None:
+                return answered
         if path == "/" and method == "GET":
             return 200, {"name": "fake-node", "cluster_name": "fake", "tagline": "The OpenSearch Project: https://opensearch.org/",
                          "version": {"distribution": "opensearch", "number": self.version, "build_type": "tar",
@@ -259,6 +268,10 @@ class FakeCluster:
                 raise _Refused(404, "resource_not_found_exception", f"unable to find script [{body.get('id')}]")
             rendered = json.loads(render(script["source"], body.get("params", {})))
             return self._forward("POST", f"/{m.group(1)}/_search", json.dumps(rendered).encode(), "")
+        if b'"query_text"' not in rec.body:
+            answered = self.plugins(method, path + (f"?{query}" if query else ""), rec.body)
+            if answered is not None:
+                return answered
         if path.endswith("/_search") and b'"neural_sparse"' in rec.body:
             rewritten = self._rewrite_neural(self._json(rec))
             return self._forward(method, path, json.dumps(rewritten).encode(), query)

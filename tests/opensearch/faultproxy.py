@@ -11,7 +11,7 @@ Rules are consumed in order by the first request they match (method and a path s
 
 ``proxy.log`` records (method, path, action, bulk item count, body) for every request seen.
 ``stub(method, path, body) -> (status, payload) | None`` answers what the upstream lacks
-(osmem has no kNN or search pipelines) without forwarding.
+(osmem has no kNN or search pipelines) without forwarding; ``plugins.PluginStandIn`` is one.
 """
 
 from __future__ import annotations
@@ -116,8 +116,9 @@ class FaultProxy:
                              h.headers.get("Authorization"), body, h.headers.get("Content-Type", ""),
                              {k.lower(): v for k, v in h.headers.items()}))
         stubbed = self.stub(method, path, body) if self.stub and action == "forward" else None
-        if stubbed is not None:
-            return self._send(h, stubbed[0], json.dumps(stubbed[1]).encode(), {})
+        if stubbed is not None:  # bytes are sent as they are (b"": an empty body)
+            payload = stubbed[1] if isinstance(stubbed[1], bytes) else json.dumps(stubbed[1]).encode()
+            return self._send(h, stubbed[0], payload, {})
         if action == "status":
             code = rule.options["code"]
             payload = {"error": {"type": "test_fault", "reason": f"injected {code}"}, "status": code}

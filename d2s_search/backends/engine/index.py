@@ -148,6 +148,10 @@ class EngineIndex:
     def _remember_mapping(self, mapping: Mapping[str, Any]) -> None:
         """Called with the stored ``mappings`` whenever the identity is read."""
 
+    def _hit_id(self, hit: Mapping[str, Any]) -> str:
+        """The document id (content hash) of a search hit."""
+        return hit["_id"]
+
     def _reindex_target(self, target: Any) -> Any:
         """The engine's settings of the next generation, completed (the stored identity has been
         read) and checked; refuse here what this engine cannot reindex."""
@@ -337,7 +341,7 @@ class EngineIndex:
         self.settle()
         for hits in self._pages(self.index_name, page, fields=["path"]):
             for h in hits:
-                yield h["_id"], h.get("_source", {}).get("path", "")
+                yield self._hit_id(h), h.get("_source", {}).get("path", "")
 
     def paths_of(self, ids: Iterable[str]) -> dict[str, str]:
         ids = list(dict.fromkeys(ids))
@@ -348,11 +352,12 @@ class EngineIndex:
                     out[d["_id"]] = d.get("_source", {}).get("path", "")
         return out
 
-    def _mget(self, ids: list[str], source: bool | str) -> list[dict]:
-        """``source``: whole documents (True), none (False), or these comma-separated fields."""
+    def _mget(self, ids: list[str], source: bool | str, index: str | None = None) -> list[dict]:
+        """``source``: whole documents (True), none (False), or these comma-separated fields;
+        ``index``: another index than this one's."""
         if not ids:
             return []
-        status, body = self._call("POST", f"/{self.index_name}/_mget", body=mget_body(ids),
+        status, body = self._call("POST", f"/{index or self.index_name}/_mget", body=mget_body(ids),
                                   params={"_source": source if isinstance(source, str) else "true" if source else "false"})
         return self._check(status, body, "read documents").get("docs", [])
 
@@ -361,7 +366,7 @@ class EngineIndex:
         for h in raw:
             src = h.get("_source", {})
             hits.append(Hit(
-                id=h["_id"],
+                id=self._hit_id(h),
                 # _score is a float32 printed in shortest form: recover the exact value.
                 score=float(np.float32(h.get("_score") or 0.0)),
                 path=src.get("path", ""),
@@ -445,4 +450,4 @@ class EngineIndex:
 
     def _scan(self, index: str, page: int) -> Iterator[list[Document]]:
         for hits in self._pages(index, page):
-            yield [document_from_source(h["_id"], h.get("_source", {}), self._decode) for h in hits]
+            yield [document_from_source(self._hit_id(h), h.get("_source", {}), self._decode) for h in hits]

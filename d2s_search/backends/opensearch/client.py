@@ -121,6 +121,9 @@ class RetryPolicy:
     statuses: frozenset[int] = RETRY_STATUSES
     sleep: Callable[[float], None] = time.sleep
     retried: int = 0  # how many requests were repeated (for stats and tests)
+    # False: a request that got no answer (dropped, timed out) is not sent again, as it may
+    # have been applied (a write that is not idempotent: Serverless assigns the ids)
+    resend_unanswered: bool = True
 
     def wait(self, attempt: int, retry_after: str | None, why: str) -> None:
         delay = min(self.max_backoff, self.backoff * (2**attempt)) * (0.5 + random.random() / 2)
@@ -361,7 +364,7 @@ class OpenSearchHTTP:
                         "its CA certificate (PEM), or D2S_OPENSEARCH_INSECURE=1 for a local demo certificate"
                     ) from None
                 failover = self._mark_dead(conn)
-                if attempt >= self.policy.retries:
+                if attempt >= self.policy.retries or not self.policy.resend_unanswered:
                     raise BackendUnavailableError(
                         f"cannot reach {self.service_name} at {self.url}: {_describe(exc)} "
                         f"(after {attempt + 1} attempts)"

@@ -3,15 +3,20 @@
 Every check reads the cluster (nothing is written) and ends ``ok``, ``warn``, ``fail`` or
 ``skip`` (could not be read, e.g. a user without ``cluster:monitor/*`` or Serverless, which
 has no ``GET /``, ``_cat`` or ``_nodes``). The plans each need (component names as
-``_cat/plugins`` lists them):
+``_cat/plugins`` lists them; versions from the plugin sources, see cluster.py):
 
     sparse, two-phase          core (rank_features, rescore)
     dense                      opensearch-knn
+    dense (lucene engine)      opensearch-knn >= 2.13 (inner product on Lucene HNSW)
     hybrid (min-max)           opensearch-neural-search + opensearch-knn, OpenSearch >= 2.10
-    hybrid (RRF)               the same, OpenSearch >= 2.19
-    neural_sparse (tokens)     opensearch-neural-search
-    server-side model          opensearch-neural-search + opensearch-ml
-    sparse_vector / SEISMIC    opensearch-neural-search, OpenSearch >= 3.3
+    hybrid (RRF)               the same, OpenSearch >= 2.19; not on Serverless
+    neural_sparse (tokens)     opensearch-neural-search >= 2.14 (query_tokens)
+    server-side model          opensearch-neural-search + opensearch-ml; not on Serverless
+    sparse_vector / SEISMIC    opensearch-neural-search >= 3.3; not on Serverless; its dense
+                               vectors in <name>-dense (opensearch-knn), hybrid fused here
+
+On Serverless (no ``GET /`` or ``_cat/plugins``) the plans are the ones AWS documents for a
+vector search collection (serverless.py).
 """
 
 from __future__ import annotations
@@ -24,11 +29,10 @@ from d2s_search.backends.opensearch import queries as q
 from d2s_search.backends.opensearch.cluster import (
     DISTRIBUTION_SERVERLESS,
     HYBRID_QUERY,
-    RRF,
-    SPARSE_VECTOR_SEISMIC,
     ClusterInfo,
     version_text,
 )
+from d2s_search.backends.opensearch.seismic import dense_index
 from d2s_search.errors import BackendUnavailableError, D2SError
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -101,6 +105,9 @@ def diagnose(backend: Any, identity: Any = None) -> Report:
         missing = [n for n in (KNN, NEURAL) if n not in present]
         add(Check("plugins", WARN if missing else OK, shown, {"present": sorted(present)}))
     add(_plans(info, present, plugins is not None))
+    if info.distribution == DISTRIBUTION_SERVERLESS:
+        add(Check("serverless", OK, "the collection assigns document ids: each document's content hash is its "
+                  "content_id field (re-ingest finds it); no _refresh, no scroll (search_after), no reindex"))
     add(_bodies(info))
     add(_clauses(backend))
     add(_ml(backend, present if plugins is not None else None))
@@ -118,18 +125,23 @@ def _plugins(backend: Any) -> set[str] | None:
 def _plans(info: ClusterInfo, present: set[str], known: bool) -> Check:
     d = info.dialect
     has = present.__contains__
+    managed = info.distribution != DISTRIBUTION_SERVERLESS  # what Serverless does not offer
     plans = {
         "sparse": True, "two-phase": True,
         "dense": has(KNN),
+        "dense (lucene engine)": has(KNN) and d.lucene_inner_product,
         "hybrid min-max": has(KNN) and has(NEURAL) and d.hybrid,
-        "hybrid rrf": has(KNN) and has(NEURAL) and d.version >= RRF,
-        "neural_sparse": has(NEURAL),
-        "server-side model": has(NEURAL) and has(ML),
-        "sparse_vector (SEISMIC)": has(NEURAL) and d.version >= SPARSE_VECTOR_SEISMIC,
+        "hybrid rrf": has(KNN) and has(NEURAL) and d.rrf and managed,
+        "neural_sparse": has(NEURAL) and d.neural_sparse_tokens,
+        "server-side model": has(NEURAL) and has(ML) and managed,
+        "sparse_vector (SEISMIC)": has(NEURAL) and d.sparse_vector and managed,
     }
     working = [p for p, ok in plans.items() if ok]
     not_working = [p for p, ok in plans.items() if not ok]
     detail = f"work: {', '.join(working)}" + (f"; not: {', '.join(not_working)}" if not_working else "")
+    if plans["sparse_vector (SEISMIC)"]:
+        detail += ("; SEISMIC keeps only sparse vectors (k-NN and neural-search cannot share an index): dense in "
+                   "<index>-dense, hybrid fused here" + ("" if has(KNN) else ", which needs opensearch-knn"))
     if not known:
         detail += " (plugins unknown: assumed from the distribution)"
     return Check("plans", OK if plans["hybrid min-max"] else WARN, detail, {"plans": plans})
@@ -221,11 +233,15 @@ def _index(backend: Any, identity: Any) -> Check:
     mapping = backend._mapping()
     props = next(iter(mapping.values())).get("mappings", {}).get("properties", {})
     sparse_type = props.get(q.SPARSE_FIELD, {}).get("type")
-    dense = props.get(q.DENSE_FIELD, {})
-    count = backend._count(name)
+    dense, where = props.get(q.DENSE_FIELD, {}), ""
+    if not dense and sparse_type == "sparse_vector":  # SEISMIC: the vectors are in the sibling
+        where = f" in {dense_index(name)}"
+        dense = _sibling_dense_field(backend, dense_index(name))
+    count = backend._size_stats()["documents"]  # None where counting is not offered (Serverless)
     data = {"index": name, "fingerprint": stored.fingerprint, "documents": count, "sparse_field": sparse_type,
             "dense_dim": dense.get("dimension")}
-    detail = f"{name}: {count} documents, sparse {sparse_type}, dense {dense.get('type')}[{dense.get('dimension')}]"
+    detail = (f"{name}: {'?' if count is None else count} documents, sparse {sparse_type}, "
+              f"dense {dense.get('type')}[{dense.get('dimension')}]{where}")
     if sparse_type not in ("rank_features", "sparse_vector"):
         return Check("index", FAIL, f"{detail}; `{q.SPARSE_FIELD}` is not rank_features/sparse_vector", data)
     if identity is None:
@@ -236,3 +252,11 @@ def _index(backend: Any, identity: Any) -> Check:
     if identity.dense_dim and dense.get("dimension") and dense["dimension"] != identity.dense_dim:
         return Check("index", FAIL, f"{detail}; the bundle makes {identity.dense_dim}-d vectors", data)
     return Check("index", OK, f"{detail}, bundle {identity.fingerprint[:12]} matches", data)
+
+
+def _sibling_dense_field(backend: Any, sibling: str) -> dict[str, Any]:
+    """The dense field's mapping in a SEISMIC index's sibling ({} when it is missing)."""
+    status, body = backend._call("GET", f"/{sibling}/_mapping")
+    if status != 200 or not isinstance(body, dict) or not body:
+        return {}
+    return next(iter(body.values())).get("mappings", {}).get("properties", {}).get(q.DENSE_FIELD, {})
