@@ -31,6 +31,11 @@ Inputs are fed BY NAME, as on a real node. Sources, at release tags:
 * ml-commons 2.19.1.0 ``plugin/.../breaker/MemoryCircuitBreaker.java``: the JVM heap
   breaker's message is "Memory Circuit Breaker is open, please check your resources!"
   (``heap_used_percent`` lets a test open it).
+* ml-commons 2.19.1.0 / 3.1.0.0 ``plugin/.../breaker/DiskCircuitBreaker.java`` ("Disk Circuit
+  Breaker"): open while the data path has less free space than
+  ``plugins.ml_commons.disk_free_space_threshold`` (5 GB by default); ``MLCircuitBreakerService``
+  checks the memory breaker first, then the disk one (``disk_free_bytes`` opens it; the node
+  reports the space in ``_nodes/stats/fs``).
 """
 
 from __future__ import annotations
@@ -61,7 +66,9 @@ ML_DEFAULTS = {
     "plugins.ml_commons.allow_registering_model_via_url": "false",
     "plugins.ml_commons.native_memory_threshold": "90",
     "plugins.ml_commons.jvm_heap_memory_threshold": "85",
+    "plugins.ml_commons.disk_free_space_threshold": "5gb",
 }
+GB = 1024**3
 
 
 @dataclass
@@ -131,7 +138,8 @@ class FakeCluster:
     def __init__(self, osmem_url: str, *, ml_enabled: bool = True, task_polls: int = 2,
                  settings: dict[str, Any] | None = None, auth: tuple[str, str] | None = None,
                  forbidden: dict[str, str] | None = None, heap_used_percent: int = 40,
-                 version: str = "2.19.1", heap_max_bytes: int = 1024**3, serverless: bool = False) -> None:
+                 version: str = "2.19.1", heap_max_bytes: int = 1024**3, serverless: bool = False,
+                 disk_free_bytes: int = 50 * GB) -> None:
         self.osmem = httpx.Client(base_url=osmem_url, timeout=30.0)
         self.plugins = PluginStandIn(osmem_url, version, serverless=serverless)
         self.serverless = serverless
@@ -145,6 +153,7 @@ class FakeCluster:
         self.heap_used_percent = heap_used_percent
         self.version = version
         self.heap_max_bytes = heap_max_bytes
+        self.disk_free_bytes = disk_free_bytes
         self.requests: list[Recorded] = []
         self.groups: dict[str, str] = {}
         self.models: dict[str, FakeModel] = {}
@@ -243,6 +252,11 @@ class FakeCluster:
                    "heap_used_percent": self.heap_used_percent, "heap_max_in_bytes": self.heap_max_bytes}
             return 200, {"_nodes": {"total": 1, "successful": 1, "failed": 0}, "cluster_name": "fake",
                          "nodes": {"n1": {"name": "fake-node", "jvm": {"mem": mem}}}}
+        if path == "/_nodes/stats/fs" and method == "GET":
+            fs = {"total": {"total_in_bytes": 100 * GB, "free_in_bytes": self.disk_free_bytes,
+                            "available_in_bytes": self.disk_free_bytes}}
+            return 200, {"_nodes": {"total": 1, "successful": 1, "failed": 0}, "cluster_name": "fake",
+                         "nodes": {"n1": {"name": "fake-node", "fs": fs}}}
         if path == "/_cluster/settings" and method == "GET":
             status, body = self._forward(method, path, b"", query)
             if status == 200:
@@ -315,6 +329,9 @@ class FakeCluster:
         if threshold < 100 and self.heap_used_percent > threshold:  # MemoryCircuitBreaker.isOpen
             raise _Refused(429, "circuit_breaking_exception",
                            "Memory Circuit Breaker is open, please check your resources!")
+        if self.disk_free_bytes < 5 * GB:  # DiskCircuitBreaker.isOpen, the default threshold
+            raise _Refused(429, "circuit_breaking_exception",
+                           "Disk Circuit Breaker is open, please check your resources!")
 
     def _ml(self, rec: Recorded) -> tuple[int, Any]:
         path, method = rec.path.removeprefix("/_plugins/_ml"), rec.method

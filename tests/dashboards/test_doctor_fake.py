@@ -88,3 +88,11 @@ def test_serverless_lists_what_a_vector_search_collection_offers(make_cluster, m
     assert not plans["hybrid rrf"] and not plans["server-side model"] and not plans["sparse_vector (SEISMIC)"]
     assert "content_id" in by["serverless"].detail and "no _refresh" in by["serverless"].detail
     assert all(r.headers.get("authorization", "").startswith("AWS4-HMAC-SHA256") for r in cluster.requests)
+
+
+def test_a_node_short_of_disk_is_a_warning_before_ml_commons_refuses(make_cluster):
+    ml = checks(make_cluster(heap_max_bytes=4 * 1024**3, disk_free_bytes=3 * 1024**3))["ml-commons"]
+    assert ml.status == WARN and "disk_free=3.0 GiB" in ml.detail
+    assert "under disk_free_space_threshold (5 GiB)" in ml.detail
+    roomy = checks(make_cluster(heap_max_bytes=4 * 1024**3))["ml-commons"]
+    assert "disk_free_space_threshold (" not in roomy.detail and "disk_free=50.0 GiB" in roomy.detail

@@ -43,6 +43,7 @@ ML_SETTINGS = (
     "plugins.ml_commons.allow_registering_model_via_url",
     "plugins.ml_commons.native_memory_threshold",
     "plugins.ml_commons.jvm_heap_memory_threshold",
+    "plugins.ml_commons.disk_free_space_threshold",
 )
 MIN_ML_HEAP = 2 * 1024**3  # below this, loading an ONNX model trips the heap breaker easily
 
@@ -200,6 +201,13 @@ def _ml(backend: Any, present: set[str] | None) -> Check:
             problems.append(f"heap {short['heap_max']} < 2 GiB: set OPENSEARCH_HEAP=2g or more")
         if threshold < 100 and heap["heap_used_percent"] > threshold:
             problems.append(f"heap use {heap['heap_used_percent']}% is over jvm_heap_memory_threshold ({threshold}%)")
+    free = _disk_free(backend)
+    if free is not None:
+        short["disk_free"] = f"{free / 1024**3:.1f} GiB"
+        needed = byte_size(values.get(ML_SETTINGS[5])) or 5 * 1024**3  # DiskCircuitBreaker default: 5 GB
+        if free < needed:
+            problems.append(f"{short['disk_free']} free on a node's disk, under disk_free_space_threshold "
+                            f"({needed / 1024**3:g} GiB): ml-commons refuses register, deploy and predict")
     detail = ", ".join(f"{k}={v}" for k, v in short.items()) or "settings not reported"
     if problems:
         detail += "; " + "; ".join(problems)
@@ -218,6 +226,29 @@ def _heap(backend: Any) -> dict[str, int] | None:
     smallest = min(mems, key=lambda m: m["heap_max_in_bytes"])
     return {"heap_max": int(smallest["heap_max_in_bytes"]),
             "heap_used_percent": max(int(m.get("heap_used_percent", 0)) for m in mems)}
+
+
+def _disk_free(backend: Any) -> int | None:
+    """The smallest free space a node reports for its data paths (what DiskCircuitBreaker reads)."""
+    reply = backend.http.request("GET", "/_nodes/stats/fs", raise_auth=False)
+    if not reply.ok or not isinstance(reply.body, dict):
+        return None
+    free = [n.get("fs", {}).get("total", {}).get("available_in_bytes") for n in (reply.body.get("nodes") or {}).values()]
+    free = [int(f) for f in free if isinstance(f, int)]
+    return min(free) if free else None
+
+
+_UNITS = {"b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3, "tb": 1024**4, "pb": 1024**5}
+
+
+def byte_size(text: Any) -> int | None:
+    """An OpenSearch byte-size setting ("5gb", "512mb", "1024") in bytes; None if unreadable."""
+    value = str(text or "").strip().lower()
+    unit = next((u for u in sorted(_UNITS, key=len, reverse=True) if value.endswith(u)), "b")
+    try:
+        return int(float(value.removesuffix(unit) if value.endswith(unit) else value) * _UNITS[unit])
+    except ValueError:
+        return None
 
 
 def _index(backend: Any, identity: Any) -> Check:
