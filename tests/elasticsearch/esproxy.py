@@ -82,6 +82,8 @@ class CompatProxy(FaultProxy):
         self.sent: list[Sent] = []
         # index or alias -> {sparse_vector field: prune setting of its index_options (None: none)}
         self.sparse_vector_fields: dict[str, dict[str, bool | None]] = {}
+        # index -> {sparse_vector field: its mapping as given}, to answer GET _mapping with it
+        self.sparse_vector_mappings: dict[str, dict[str, dict]] = {}
         # Tests of version-dependent behaviour only: answer GET / as this Elasticsearch version.
         self.pretend_version = pretend_version
         self.pretend_flavor = pretend_flavor
@@ -111,6 +113,8 @@ class CompatProxy(FaultProxy):
             return self._point_in_time(*pit, plain)
         status, headers, content = super()._forward(method, path, body, plain)
         headers["X-Elastic-Product"] = "Elasticsearch"
+        if method == "GET" and path.split("?")[0].endswith("/_mapping") and status == 200:
+            content = self._mapping_as_given(content)
         if self.pretend_version and method == "GET" and path == "/" and status == 200:
             root = json.loads(content)
             root["version"] = {**root["version"], "number": self.pretend_version, "distribution": "elasticsearch"}
@@ -157,11 +161,21 @@ class CompatProxy(FaultProxy):
             if prune is None and version is not None and prunes_by_default(version):
                 prune = True
             fields[field] = prune
+            self.sparse_vector_mappings.setdefault(name, {})[field] = dict(spec)
             props[field] = {"type": "rank_features"}
         if fields:
             for target in [name, *((doc.get("aliases") or {}).keys())]:
                 self.sparse_vector_fields[target] = fields
         return None
+
+    def _mapping_as_given(self, content: bytes) -> bytes:
+        """GET _mapping shows the sparse_vector fields (and index_options given, which differ from
+        the default: SparseVectorFieldMapper serializes only those)."""
+        answer = json.loads(content)
+        for index, body in answer.items():
+            props = (body.get("mappings") or {}).get("properties") or {}
+            props.update(self.sparse_vector_mappings.get(index, {}))
+        return json.dumps(answer).encode()
 
     def _rewrite_sparse_vector(self, index: str, node):
         if isinstance(node, list):
