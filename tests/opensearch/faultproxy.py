@@ -111,7 +111,7 @@ class FaultProxy:
         rule = self._rule_for(method, path)
         action = rule.action if rule else "forward"
         lines = body.decode("utf-8").splitlines() if path.split("?")[0].endswith("/_bulk") else None
-        ids = [json.loads(x).popitem()[1].get("_id") for x in lines[0::2]] if lines else []
+        ids = [meta.get("_id") for meta in _bulk_actions(lines)] if lines else []
         self.log.append(Seen(method, path, action, len(ids) if lines is not None else None, ids,
                              h.headers.get("Authorization"), body, h.headers.get("Content-Type", ""),
                              {k.lower(): v for k, v in h.headers.items()}))
@@ -186,3 +186,13 @@ class FaultProxy:
         h.close_connection = True
         with contextlib.suppress(OSError):
             h.connection.shutdown(2)
+
+
+def _bulk_actions(lines: list[str]) -> list[dict]:
+    """The metadata of each action of a ``_bulk`` body (a delete has no source line)."""
+    out, i = [], 0
+    while i < len(lines):
+        ((op, meta),) = json.loads(lines[i]).items()
+        out.append(meta)
+        i += 1 if op == "delete" else 2
+    return out
