@@ -19,7 +19,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
-import opensearchpy
 import pytest
 from opensearchpy import Transport
 
@@ -184,9 +183,3 @@ def test_ci_checks_the_lowest_allowed_release():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert lines[-1].strip() in readme
     assert lines[-1].strip().endswith("python -m pytest -q")
-
-
-def test_installed_release_is_allowed():
-    installed = tuple(int(p) for p in re.findall(r"\d+", opensearchpy.__versionstr__)[:3])
-    lowest = tuple(int(p) for p in _lowest_allowed().split("."))
-    assert installed >= lowest
