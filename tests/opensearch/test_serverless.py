@@ -165,3 +165,22 @@ def test_the_index_is_made_without_shard_counts_or_alias(store, collection):
     body = json.loads(put.body)
     assert "aliases" not in body and set(body["settings"]["index"]) == {"knn"}
     assert store.stats()["document_ids"].startswith("content_id")
+
+
+def test_a_document_stored_twice_shows_once_and_is_replaced_with_its_twin(store, collection):
+    docs = synthetic_docs(10, dim=8)
+    store.upsert(docs)
+    twin = {
+        **q.doc_source(docs[2]),
+        q.CONTENT_ID: docs[2].id,
+    }  # a write whose answer was lost, sent again
+    httpx.post(f"{collection.upstream}/d2s-test/_doc", json=twin, params={"refresh": "true"})
+    assert sum(s[q.CONTENT_ID] == docs[2].id for s in _stored(collection)) == 2
+    query = dict(list(docs[2].sparse.items())[:8])
+    hits = store.sparse_search(query, 10)
+    assert [h.id for h in hits].count(docs[2].id) == 1 and len(hits) == len({h.id for h in hits})
+    store.upsert([docs[2]])  # re-ingest: both copies go, one comes
+    assert sum(s[q.CONTENT_ID] == docs[2].id for s in _stored(collection)) == 1
+    httpx.post(f"{collection.upstream}/d2s-test/_doc", json=twin, params={"refresh": "true"})
+    assert store.delete([docs[2].id]) >= 1
+    assert not [s for s in _stored(collection) if s[q.CONTENT_ID] == docs[2].id]

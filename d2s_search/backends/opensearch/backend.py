@@ -482,8 +482,11 @@ class OpenSearchBackend(EngineIndex):
         raw = q.hybrid_page(self._search(body, params={"search_pipeline": pipeline}), k, offset, dialect)
         hits = self._hits(raw, sparse, explain)
         vec = np.asarray(vector, dtype=np.float32).reshape(-1)
-        for hit, h in zip(hits, raw, strict=True):
-            src = h.get("_source", {})
+        first = {}  # the first hit of each document (Serverless may have stored one twice)
+        for h in raw:
+            first.setdefault(self._hit_id(h), h)
+        for hit in hits:
+            src = first[hit.id].get("_source", {})
             doc_sparse = self._decode(src.get(q.SPARSE_FIELD))
             hit.parts = {
                 "sparse": float(sum(w * doc_sparse.get(t, 0.0) for t, w in sparse.items())),
