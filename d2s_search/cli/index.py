@@ -167,7 +167,8 @@ def index_create(bundle, url, index_name, insecure, engine, shards, replicas, pi
         store.open(identity, create=True, engine=engine, shards=shards, replicas=replicas, sparse_index=sparse_index,
                    vocabulary=bundle_obj.terms if sparse_index == "seismic" else None)
         installed, warnings = [], []
-        if pipelines:
+        # A SEISMIC index fuses hybrid here (its dense vectors are in a sibling): no pipeline.
+        if pipelines and not store.dense_index:
             for method in ("min_max", "rrf"):
                 try:
                     installed.append(store.ensure_pipeline(method))
@@ -176,13 +177,27 @@ def index_create(bundle, url, index_name, insecure, engine, shards, replicas, pi
         stats = store.stats()
     finally:
         store.close()
+    layout = _layout(store, stats)
     payload = {"index": index_name, "created": not existed, "indices": stats["indices"],
                "bundle_fingerprint": identity.fingerprint, "dense_dim": identity.dense_dim,
-               "pipelines": installed, "warnings": warnings}
+               "pipelines": installed, "warnings": warnings, "layout": layout}
     verb = "exists already for this bundle" if existed else "created"
     _emit(payload, as_json, [f"index {index_name} {verb} at {store.url} ({', '.join(stats['indices'])})"]
+          + ([f"layout: {layout}"] if layout else [])
           + [f"search pipeline {p} ready" for p in installed] + [f"warning: {w}" for w in warnings])
     return EXIT_OK
+
+
+def _layout(store, stats: dict) -> str | None:
+    """What differs from one index holding both vectors (None: nothing)."""
+    if store.dense_index:
+        return (f"SEISMIC sparse vectors in {', '.join(stats['indices'])} (no k-NN there: k-NN and neural-search "
+                f"cannot share one index), dense vectors in {store.dense_index}; hybrid runs both searches and "
+                "fuses them here (client-minmax or client-rrf)")
+    if store.content_ids:
+        return ("Amazon OpenSearch Serverless: the collection assigns document ids, so each document's content "
+                "hash is its content_id field; no _refresh, no scroll, no reindex")
+    return None
 
 
 @index.command("reindex")

@@ -32,6 +32,7 @@ def _load(name: str, path: Path):
 # The spec validator is the one the OpenSearch backend tests use, loaded the same way.
 os_spec = _load("d2s_os_spec", HERE.parent / "opensearch" / "spec.py")
 mustache = _load("d2s_dash_mustache", HERE / "mustache.py")
+os_plugins = _load("d2s_os_plugins", HERE.parent / "opensearch" / "plugins.py")
 fake_cluster = _load("d2s_dash_fake_cluster", HERE / "fake_cluster.py")
 fake_dashboards = _load("d2s_dash_fake_dashboards", HERE / "fake_dashboards.py")
 wire = _load("d2s_dash_wire", HERE / "wire.py")

@@ -2,9 +2,11 @@
 
 It listens on 127.0.0.1 and handles ml-commons (model groups, chunked and URL registration,
 tasks, deploy, predict), stored scripts, ``_search/template``, ``neural_sparse`` with
-``query_text`` + ``model_id`` and ``PUT _cluster/settings``; everything else is forwarded to
-an osmem-server. Every request is recorded, so tests can check each body against the
-OpenSearch API specification.
+``query_text`` + ``model_id`` and ``PUT _cluster/settings``; what k-NN, neural-search and
+core do with an index or query (codec factories, engines, ``query_tokens``, SEISMIC, ``knn``)
+and Amazon OpenSearch Serverless (``serverless=True``) follow tests/opensearch/plugins.py,
+where each rule cites its source; everything else is forwarded to an osmem-server. Every
+request is recorded, so tests can check each body against the OpenSearch API specification.
 
 Where ml-commons behaviour matters it is emulated from its source: a model zip must have
 exactly one ``.onnx``/``.pt`` at the top level and a ``tokenizer.json``; deploy re-joins the
@@ -29,6 +31,11 @@ Inputs are fed BY NAME, as on a real node. Sources, at release tags:
 * ml-commons 2.19.1.0 ``plugin/.../breaker/MemoryCircuitBreaker.java``: the JVM heap
   breaker's message is "Memory Circuit Breaker is open, please check your resources!"
   (``heap_used_percent`` lets a test open it).
+* ml-commons 2.19.1.0 / 3.1.0.0 ``plugin/.../breaker/DiskCircuitBreaker.java`` ("Disk Circuit
+  Breaker"): open while the data path has less free space than
+  ``plugins.ml_commons.disk_free_space_threshold`` (5 GB by default); ``MLCircuitBreakerService``
+  checks the memory breaker first, then the disk one (``disk_free_bytes`` opens it; the node
+  reports the space in ``_nodes/stats/fs``).
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import numpy as np
 from d2s_dash_mustache import render  # loaded by conftest.py under this name
+from d2s_os_plugins import PluginStandIn  # likewise
 
 LOCAL_FILE = "plugins.ml_commons.allow_registering_model_via_local_file"
 VIA_URL = "plugins.ml_commons.allow_registering_model_via_url"
@@ -58,7 +66,9 @@ ML_DEFAULTS = {
     "plugins.ml_commons.allow_registering_model_via_url": "false",
     "plugins.ml_commons.native_memory_threshold": "90",
     "plugins.ml_commons.jvm_heap_memory_threshold": "85",
+    "plugins.ml_commons.disk_free_space_threshold": "5gb",
 }
+GB = 1024**3
 
 
 @dataclass
@@ -128,8 +138,11 @@ class FakeCluster:
     def __init__(self, osmem_url: str, *, ml_enabled: bool = True, task_polls: int = 2,
                  settings: dict[str, Any] | None = None, auth: tuple[str, str] | None = None,
                  forbidden: dict[str, str] | None = None, heap_used_percent: int = 40,
-                 version: str = "2.19.1", heap_max_bytes: int = 1024**3) -> None:
+                 version: str = "2.19.1", heap_max_bytes: int = 1024**3, serverless: bool = False,
+                 disk_free_bytes: int = 50 * GB) -> None:
         self.osmem = httpx.Client(base_url=osmem_url, timeout=30.0)
+        self.plugins = PluginStandIn(osmem_url, version, serverless=serverless)
+        self.serverless = serverless
         self.ml_enabled = ml_enabled
         self.task_polls = task_polls
         self.settings: dict[str, Any] = dict(settings or {})
@@ -140,6 +153,7 @@ class FakeCluster:
         self.heap_used_percent = heap_used_percent
         self.version = version
         self.heap_max_bytes = heap_max_bytes
+        self.disk_free_bytes = disk_free_bytes
         self.requests: list[Recorded] = []
         self.groups: dict[str, str] = {}
         self.models: dict[str, FakeModel] = {}
@@ -214,6 +228,10 @@ class FakeCluster:
 
     def _route(self, rec: Recorded, query: str) -> tuple[int, Any]:
         path, method = rec.path, rec.method
+        if self.serverless:
+            answered = self.plugins(method, path + (f"?{query}" if query else ""), rec.body)
+            if answered is not None:
+                return answered
         if path == "/" and method == "GET":
             return 200, {"name": "fake-node", "cluster_name": "fake", "tagline": "The OpenSearch Project: https://opensearch.org/",
                          "version": {"distribution": "opensearch", "number": self.version, "build_type": "tar",
@@ -234,6 +252,11 @@ class FakeCluster:
                    "heap_used_percent": self.heap_used_percent, "heap_max_in_bytes": self.heap_max_bytes}
             return 200, {"_nodes": {"total": 1, "successful": 1, "failed": 0}, "cluster_name": "fake",
                          "nodes": {"n1": {"name": "fake-node", "jvm": {"mem": mem}}}}
+        if path == "/_nodes/stats/fs" and method == "GET":
+            fs = {"total": {"total_in_bytes": 100 * GB, "free_in_bytes": self.disk_free_bytes,
+                            "available_in_bytes": self.disk_free_bytes}}
+            return 200, {"_nodes": {"total": 1, "successful": 1, "failed": 0}, "cluster_name": "fake",
+                         "nodes": {"n1": {"name": "fake-node", "fs": fs}}}
         if path == "/_cluster/settings" and method == "GET":
             status, body = self._forward(method, path, b"", query)
             if status == 200:
@@ -259,6 +282,10 @@ class FakeCluster:
                 raise _Refused(404, "resource_not_found_exception", f"unable to find script [{body.get('id')}]")
             rendered = json.loads(render(script["source"], body.get("params", {})))
             return self._forward("POST", f"/{m.group(1)}/_search", json.dumps(rendered).encode(), "")
+        if b'"query_text"' not in rec.body:
+            answered = self.plugins(method, path + (f"?{query}" if query else ""), rec.body)
+            if answered is not None:
+                return answered
         if path.endswith("/_search") and b'"neural_sparse"' in rec.body:
             rewritten = self._rewrite_neural(self._json(rec))
             return self._forward(method, path, json.dumps(rewritten).encode(), query)
@@ -302,6 +329,9 @@ class FakeCluster:
         if threshold < 100 and self.heap_used_percent > threshold:  # MemoryCircuitBreaker.isOpen
             raise _Refused(429, "circuit_breaking_exception",
                            "Memory Circuit Breaker is open, please check your resources!")
+        if self.disk_free_bytes < 5 * GB:  # DiskCircuitBreaker.isOpen, the default threshold
+            raise _Refused(429, "circuit_breaking_exception",
+                           "Disk Circuit Breaker is open, please check your resources!")
 
     def _ml(self, rec: Recorded) -> tuple[int, Any]:
         path, method = rec.path.removeprefix("/_plugins/_ml"), rec.method

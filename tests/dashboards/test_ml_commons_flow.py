@@ -230,3 +230,12 @@ def test_403_on_model_lookup_falls_back_to_the_template(make_cluster, tiny_bundl
                              max_terms=QUERY_TERMS)
     assert result.mode == "server-side (search template)" and len(result.hits) == 5
     assert any(r.path == "/_plugins/_ml/models/_search" for r in cluster.requests)
+
+
+def test_disk_breaker_hint_names_the_free_space_threshold(make_cluster, package):
+    cluster = make_cluster(settings={LOCAL_FILE: True}, disk_free_bytes=3 * 1024**3)
+    with pytest.raises(BackendUnavailableError, match="Disk Circuit Breaker is open") as err:
+        ml_on(cluster).register(package)
+    message = str(err.value)
+    assert "plugins.ml_commons.disk_free_space_threshold" in message and "5 GB" in message
+    assert "OPENSEARCH_HEAP" not in message and "\n" not in message

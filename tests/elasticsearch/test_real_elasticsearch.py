@@ -22,7 +22,11 @@ from d2s_os_reference import random_query, ranking, synthetic_docs, ulps, vocabu
 
 from d2s_search.backends.base import IndexIdentity
 from d2s_search.backends.elasticsearch.backend import ElasticsearchBackend
-from d2s_search.backends.elasticsearch.queries import SINCE, VectorMapping
+from d2s_search.backends.elasticsearch.queries import (
+    SINCE,
+    VectorMapping,
+    takes_sparse_index_options,
+)
 from d2s_search.search import SearchOptions
 
 # Read at import: tests/conftest.py clears D2S_* variables around every test.
@@ -163,3 +167,49 @@ def test_kibana_install_and_read_back():
         assert '"type":"img"' in resp.json()["attributes"]["fieldFormatMap"].replace(" ", "")
         resp = client._send("GET", f"/api/saved_objects/dashboard/{ko.DASHBOARD_ID}")
         assert resp.status_code == 200
+
+
+def test_sparse_vector_counts_frequent_words(real):
+    """8.19+/9.1+ prune sparse_vector query tokens by default: the queries say prune: false, so a
+    frequent word weighed lightly still counts (the hits are the dot-product ranking)."""
+    from dataclasses import replace
+
+    b, docs = real
+    if b.mapping.sparse_type != "sparse_vector":
+        pytest.skip("a rank_features index")
+    rng = np.random.default_rng(2)
+    common = [replace(d, id=f"c{d.id[1:]}", sparse={**d.sparse, "photo": float(rng.uniform(0.5, 2.0))}) for d in docs]
+    b.upsert(common)
+    everything = docs + common
+    for query in ({**random_query(vocabulary(), rng), "photo": 0.5, "w100": 2.6} for _ in range(5)):
+        expected = ranking(query, everything)[:10]
+        hits = b.sparse_search(query, 10)
+        assert [h.id for h in hits] == [i for i, _ in expected]
+        assert all(ulps(h.score, s) <= 1 for h, (_, s) in zip(hits, expected, strict=True))
+    field = next(iter(b._mapping().values()))["mappings"]["properties"]["sparse"]
+    if b.serverless or takes_sparse_index_options(b.server_version()):
+        assert field.get("index_options") == {"prune": False}
+
+
+def test_writes_are_refreshed_once_before_the_next_read(real):
+    from dataclasses import replace
+
+    b, docs = real
+    extra = [replace(d, id=f"e{d.id[1:]}") for d in synthetic_docs(30, dim=DIM, seed=9, prefix="extra")]
+    for start in range(0, 30, 10):
+        b.upsert(extra[start : start + 10])
+    assert b._dirty  # nothing refreshed per batch
+    assert b.stats()["documents"] == N + 30 and not b._dirty
+
+
+def test_doctor_on_the_real_cluster(real):
+    from d2s_search.backends.elasticsearch.doctor import diagnose
+
+    b, _ = real
+    report = diagnose(b, b.identity)
+    by = {c.name: c for c in report.checks}
+    assert not report.failed, [c.to_json() for c in report.checks if c.status == "fail"]
+    plans = by["plans"].data["plans"]
+    assert plans["sparse"] and plans["dense"]
+    assert by["index"].status == "ok" and by["index"].data["documents"] == N
+

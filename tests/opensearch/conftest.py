@@ -29,6 +29,7 @@ def _load(name: str, file: str):
 os_spec = _load("d2s_os_spec", "spec.py")
 faultproxy = _load("d2s_os_faultproxy", "faultproxy.py")
 reference = _load("d2s_os_reference", "reference.py")
+plugins = _load("d2s_os_plugins", "plugins.py")
 
 
 @pytest.fixture(scope="session")

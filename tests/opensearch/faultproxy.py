@@ -11,7 +11,7 @@ Rules are consumed in order by the first request they match (method and a path s
 
 ``proxy.log`` records (method, path, action, bulk item count, body) for every request seen.
 ``stub(method, path, body) -> (status, payload) | None`` answers what the upstream lacks
-(osmem has no kNN or search pipelines) without forwarding.
+(osmem has no kNN or search pipelines) without forwarding; ``plugins.PluginStandIn`` is one.
 """
 
 from __future__ import annotations
@@ -111,13 +111,14 @@ class FaultProxy:
         rule = self._rule_for(method, path)
         action = rule.action if rule else "forward"
         lines = body.decode("utf-8").splitlines() if path.split("?")[0].endswith("/_bulk") else None
-        ids = [json.loads(x).popitem()[1].get("_id") for x in lines[0::2]] if lines else []
+        ids = [meta.get("_id") for meta in _bulk_actions(lines)] if lines else []
         self.log.append(Seen(method, path, action, len(ids) if lines is not None else None, ids,
                              h.headers.get("Authorization"), body, h.headers.get("Content-Type", ""),
                              {k.lower(): v for k, v in h.headers.items()}))
         stubbed = self.stub(method, path, body) if self.stub and action == "forward" else None
-        if stubbed is not None:
-            return self._send(h, stubbed[0], json.dumps(stubbed[1]).encode(), {})
+        if stubbed is not None:  # bytes are sent as they are (b"": an empty body)
+            payload = stubbed[1] if isinstance(stubbed[1], bytes) else json.dumps(stubbed[1]).encode()
+            return self._send(h, stubbed[0], payload, {})
         if action == "status":
             code = rule.options["code"]
             payload = {"error": {"type": "test_fault", "reason": f"injected {code}"}, "status": code}
@@ -185,3 +186,13 @@ class FaultProxy:
         h.close_connection = True
         with contextlib.suppress(OSError):
             h.connection.shutdown(2)
+
+
+def _bulk_actions(lines: list[str]) -> list[dict]:
+    """The metadata of each action of a ``_bulk`` body (a delete has no source line)."""
+    out, i = [], 0
+    while i < len(lines):
+        ((op, meta),) = json.loads(lines[i]).items()
+        out.append(meta)
+        i += 1 if op == "delete" else 2
+    return out

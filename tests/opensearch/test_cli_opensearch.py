@@ -65,3 +65,57 @@ def test_create_refuses_other_bundle(osmem_url, bundle, monkeypatch):
 def test_create_needs_url(bundle):
     res = CliRunner().invoke(index_create, [], env={"D2S_OPENSEARCH_URL": ""})
     assert res.exit_code == 2 and "D2S_OPENSEARCH_URL" in res.output
+
+
+@pytest.fixture
+def cluster_at(osmem_url):
+    from d2s_os_faultproxy import FaultProxy
+    from d2s_os_plugins import PluginStandIn
+
+    made = []
+
+    def make(version: str, serverless: bool = False):
+        proxy = FaultProxy(osmem_url, stub=PluginStandIn(osmem_url, version, serverless=serverless))
+        made.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in made:
+        proxy.close()
+
+
+def test_create_seismic_says_where_the_dense_vectors_are(cluster_at, bundle):
+    from d2s_os_reference import vocabulary
+
+    bundle.terms = vocabulary()
+    proxy = cluster_at("3.3.0")
+    runner = CliRunner()
+    res = runner.invoke(index_create, ["--url", proxy.url, "--index-name", "cli", "--sparse-index", "seismic", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["indices"] == ["cli-000001"] and out["pipelines"] == []  # hybrid is fused here
+    assert "dense vectors in cli-dense" in out["layout"] and "fuses them here" in out["layout"]
+    text = runner.invoke(index_create, ["--url", proxy.url, "--index-name", "cli", "--sparse-index", "seismic"])
+    assert text.exit_code == 0 and "layout: SEISMIC sparse vectors in cli-000001" in text.output
+
+
+def test_create_lucene_before_2_13_is_refused_in_one_line(cluster_at, bundle):
+    from d2s_search.errors import IndexStoreError
+
+    proxy = cluster_at("2.12.0")
+    res = CliRunner().invoke(index_create, ["--url", proxy.url, "--index-name", "cli", "--engine", "lucene"])
+    assert isinstance(res.exception, IndexStoreError)
+    assert "2.13" in str(res.exception) and "--engine faiss" in str(res.exception)
+    assert not [s for s in proxy.log if s.method == "PUT" and s.path.startswith("/cli")]
+
+
+def test_create_on_serverless_says_how_documents_are_found(cluster_at, bundle, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY")
+    monkeypatch.setenv("D2S_OPENSEARCH_AWS_SERVICE", "aoss")
+    monkeypatch.setenv("D2S_OPENSEARCH_AWS_REGION", "eu-west-1")
+    proxy = cluster_at("2.17.0", serverless=True)
+    res = CliRunner().invoke(index_create, ["--url", proxy.url, "--index-name", "cli", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["indices"] == ["cli"] and "content_id" in out["layout"] and "no reindex" in out["layout"]

@@ -15,7 +15,7 @@ from d2s_os_reference import exact_dot, random_query, ranking, synthetic_docs, u
 
 from d2s_search.backends.base import IndexIdentity
 from d2s_search.backends.opensearch.backend import OpenSearchBackend
-from d2s_search.errors import IndexStoreError
+from d2s_search.errors import IndexStoreError, QueryError
 
 # Read at import: tests/conftest.py clears D2S_* variables around every test.
 ENV = {k: v for k, v in os.environ.items() if k.startswith("D2S_OPENSEARCH_")}
@@ -73,6 +73,10 @@ def test_two_phase_and_filters(real):
 def test_neural_sparse_agrees_with_rank_feature(real):
     b, docs = real
     query = random_query(vocabulary(), np.random.default_rng(3))
+    if not b.dialect().neural_sparse_tokens:  # neural-search 2.14.0.0 adds query_tokens
+        with pytest.raises(QueryError, match="2.14"):
+            b.sparse_search(query, 10, neural_sparse=True)
+        return
     try:
         neural = b.sparse_search(query, 10, neural_sparse=True)
     except IndexStoreError as exc:
@@ -113,6 +117,14 @@ def test_hybrid(real, method):
 
 def test_reindex_and_stats(real):
     b, docs = real
+    if b.serverless:
+        with pytest.raises(IndexStoreError, match="not offered on Amazon OpenSearch Serverless"):
+            b.reindex()
+        return
+    if not b.dialect().lucene_inner_product:  # k-NN 2.13.0.0: inner product on Lucene HNSW
+        with pytest.raises(IndexStoreError, match="2.13"):
+            b.reindex(engine="lucene")
+        return
     out = b.reindex(engine="lucene")
     assert out["documents"] == N
     st = b.stats()
@@ -143,7 +155,24 @@ def test_doctor_on_the_real_cluster(real):
     by = {c.name: c for c in report.checks}
     assert not report.failed, [c.to_json() for c in report.checks if c.status == "fail"]
     assert by["reachable"].status == "ok" and by["plans"].data["plans"]["sparse"]
-    assert by["index"].data["documents"] == N
+    assert by["index"].data["documents"] in (N, None)  # None: counting is not offered (Serverless)
+
+
+def test_every_plan_doctor_lists_as_working_works(real):
+    from d2s_search.backends.opensearch.doctor import diagnose
+
+    b, docs = real
+    plans = {c.name: c for c in diagnose(b, b.identity).checks}["plans"].data["plans"]
+    target = docs[21]
+    query = dict(sorted(target.sparse.items(), key=lambda kv: -kv[1])[:8])
+    if plans["dense"]:
+        assert b.dense_search(target.dense, 3)[0].id == target.id
+    if plans["neural_sparse"]:
+        assert b.sparse_search(query, 3, neural_sparse=True)[0].id == b.sparse_search(query, 3)[0].id
+    if plans["hybrid min-max"]:
+        assert b.hybrid_search(query, target.dense, 3)[0].id == target.id
+    if plans["hybrid rrf"]:
+        assert b.hybrid_search(query, target.dense, 3, method="rrf")[0].id == target.id
 
 
 def test_seismic_index_on_3_3(real):
@@ -161,6 +190,82 @@ def test_seismic_index_on_3_3(real):
         hits = s.sparse_search(query, 10)
         want = [i for i, _ in ranking(query, docs)[:10]]
         assert len(set(h.id for h in hits) & set(want)) >= 8  # exact below approximate_threshold
+        # no k-NN in the SEISMIC index: the dense vectors are in its sibling, hybrid is fused here
+        assert s.dense_index == f"{name}-dense" and s.stats()["dense_index"] == s.dense_index
+        target = docs[11]
+        assert s.dense_search(target.dense, 3)[0].id == target.id
+        strongest = dict(sorted(target.sparse.items(), key=lambda kv: -kv[1])[:8])
+        fused = s.hybrid_search(strongest, target.dense, 5)
+        assert fused[0].id == target.id and s.last_fusion == "client-minmax"
     finally:
         s.drop()
         s.close()
+
+
+def test_one_index_cannot_have_both_codec_factories(real):
+    """Why a SEISMIC index has no k-NN: the cluster refuses index.knn with index.sparse
+    (EngineConfigFactory: "existing codec service factory already overridden")."""
+    b, _ = real
+    if not b.dialect().sparse_vector or b.serverless:
+        pytest.skip("needs OpenSearch 3.3+ with neural-search (not Serverless)")
+    from d2s_search.backends.opensearch import queries as q
+
+    body = q.index_body(b.identity, sparse_index="seismic")
+    body["settings"]["index"]["knn"] = True
+    name = f"{b.index_name}-both"
+    reply = b.http.request("PUT", f"/{name}", json_body=body)
+    if reply.ok:  # a release that lets plugins share an index: nothing to guard against there
+        b.http.request("DELETE", f"/{name}")
+        pytest.skip("this cluster accepts index.knn with index.sparse")
+    assert "codec service factory" in reply.error_reason()
+
+
+def test_lucene_engine_follows_the_knn_release(real):
+    b, docs = real
+    if b.serverless:
+        pytest.skip("the engine of a Serverless collection is its own")
+    name = f"{b.index_name}-lucene"
+    s = OpenSearchBackend.from_env(env=ENV, index_name=name)
+    try:
+        if not b.dialect().lucene_inner_product:
+            with pytest.raises(IndexStoreError, match="2.13"):
+                s.create(b.identity, engine="lucene")
+            return
+        s.create(b.identity, engine="lucene")
+        s.open(b.identity)
+        s.upsert(docs[:50])
+        assert s.dense_search(docs[9].dense, 1)[0].id == docs[9].id
+    finally:
+        s.drop()
+        s.close()
+
+
+def test_the_connection_works_on_the_installed_client(real):
+    """The transport resolves its arguments itself (Transport._resolve_request_args takes 3
+    arguments before opensearch-py 2.8.0 and 5 from it)."""
+    import opensearchpy
+
+    b, _ = real
+    assert b.http.client.indices.exists(index=b.index_name) is True
+    assert opensearchpy.__versionstr__
+
+
+def test_serverless_reingest_finds_documents_by_their_hash(real):
+    b, docs = real
+    if not b.serverless:
+        pytest.skip("D2S_OPENSEARCH_AWS_SERVICE is not aoss")
+    import time
+
+    from d2s_search.backends.opensearch import serverless as aoss
+
+    deadline = time.monotonic() + 120  # new documents become searchable on their own
+    while len(b.ids_present([d.id for d in docs])) < N and time.monotonic() < deadline:
+        time.sleep(5)
+    b.upsert(docs[:20])  # the same pictures again: replaced, not added
+    while time.monotonic() < deadline:
+        stored = aoss.stored_documents(b._search, [d.id for d in docs[:20]], False)
+        if len(stored) == 20 and len(b.ids_present([d.id for d in docs])) == N:
+            break
+        time.sleep(5)
+    assert len(aoss.stored_documents(b._search, [d.id for d in docs[:20]], False)) == 20
+    assert dict(b.document_paths(page=50)).keys() == {d.id for d in docs}

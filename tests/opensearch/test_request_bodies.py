@@ -235,3 +235,85 @@ def _query_kinds(node) -> set[str]:
         for v in node:
             out |= _query_kinds(v)
     return out
+
+
+def _check_wire(spec, log) -> set[tuple[str, str]]:
+    """Every request in ``log`` is an operation of the API and its body matches the spec."""
+    paths = spec.paths_by_method()
+    checked = set()
+    for seen in log:
+        method, path = seen.method, seen.path.split("?")[0]
+        template = _template(paths, method, path)
+        checked.add((method, template))
+        if not seen.body:
+            continue
+        if template == "/_bulk":
+            lines = [json.loads(x) for x in seen.body.decode().splitlines()]
+            spec.validate(method, template, lines)
+            for line in (x for x in lines if set(x) & {"index", "delete"} and len(x) == 1):
+                spec.validate_schema("schemas/_core.bulk.yaml#/components/schemas/OperationContainer", line)
+        else:
+            spec.validate(method, template, json.loads(seen.body))
+    return checked
+
+
+def test_every_request_on_a_seismic_index_matches_the_3_3_spec(osmem_url):
+    from d2s_os_plugins import PluginStandIn
+    from d2s_os_reference import vocabulary
+    from d2s_os_spec import OpenSearchSpec
+
+    from d2s_search.search import QueryVectors, SearchOptions, run_query
+
+    rec = FaultProxy(osmem_url, stub=PluginStandIn(osmem_url, "3.3.0"))
+    vocab = vocabulary()
+    b = OpenSearchBackend(rec.url, index_name="d2s-wire", sleep=lambda s: None)
+    try:
+        docs = synthetic_docs(12, dim=8, vocab=vocab)
+        b.create(IDENT, sparse_index="seismic", vocabulary=vocab)
+        b.open(IDENT)
+        b.upsert(docs)
+        b.ids_present([d.id for d in docs])
+        b.get([docs[0].id])
+        query = dict(list(docs[1].sparse.items())[:5])
+        b.sparse_search(query, 5, path_prefix="photos/")
+        b.dense_search(VEC, 5, explain_with=query, path_prefix="photos/")
+        run_query(b, QueryVectors(full=query, own=query, dense=VEC), SearchOptions(mode="hybrid", k=5))
+        b.stats()
+        b.delete([docs[0].id])
+        b.drop()
+    finally:
+        b.close()
+        rec.close()
+    checked = _check_wire(OpenSearchSpec.load(strict=True, version="3.3.0"), rec.log)
+    assert {("PUT", "/{index}"), ("POST", "/_bulk"), ("POST", "/{index}/_search"), ("POST", "/{index}/_mget"),
+            ("POST", "/{index}/_refresh")} <= checked
+
+
+def test_every_request_on_serverless_matches_spec(spec, osmem_url, monkeypatch):
+    from d2s_os_plugins import PluginStandIn
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY")
+    rec = FaultProxy(osmem_url, stub=PluginStandIn(osmem_url, serverless=True))
+    b = OpenSearchBackend(rec.url, index_name="d2s-wire", sleep=lambda s: None, aws_service="aoss",
+                          aws_region="eu-west-1")
+    try:
+        docs = synthetic_docs(12, dim=8)
+        b.open(IDENT)
+        b.upsert(docs)
+        b.upsert(docs[:3])
+        b.ids_present([d.id for d in docs] + ["missing"])
+        b.get([docs[0].id])
+        b.paths_of([docs[1].id])
+        list(b.document_paths(page=5))
+        b.sparse_search(QUERY | {"w000": 1.0}, 5, path_prefix="photos/")
+        b.dense_search(VEC, 5, explain_with=QUERY)
+        b.stats()
+        b.delete([docs[0].id, "missing"])
+        b.drop()
+    finally:
+        b.close()
+        rec.close()
+    checked = _check_wire(spec, rec.log)
+    assert {("PUT", "/{index}"), ("POST", "/_bulk"), ("POST", "/{index}/_search")} <= checked
+    assert not {c for c in checked if "scroll" in c[1] or "refresh" in c[1] or "mget" in c[1]}

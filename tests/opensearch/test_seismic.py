@@ -1,7 +1,9 @@
 """The SEISMIC sparse index (OpenSearch 3.3+): request bodies against the 3.3 spec (refused by
-3.1's), the vocabulary-id keys, and the backend end to end on osmem behind a stand-in that
-does what neural-search 3.3.0.0 does below ``approximate_threshold``: exact scoring of the
-``sparse_vector`` field (``SparseVectorFieldMapper`` indexes one FeatureField per id key)."""
+3.1's), the vocabulary-id keys, and the backend end to end on osmem behind the plugin
+stand-in (tests/opensearch/plugins.py): neural-search 3.3.0.0 below ``approximate_threshold``
+scores the ``sparse_vector`` field exactly, and an index asking for both k-NN's and
+neural-search's codec service factories is refused as core refuses it. A SEISMIC index therefore
+carries no ``index.knn`` and no ``knn_vector``: the dense vectors live in ``<name>-dense``."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import jsonschema
 import numpy as np
 import pytest
 from d2s_os_faultproxy import FaultProxy
+from d2s_os_plugins import CODEC_CONFLICT, PluginStandIn
 from d2s_os_reference import lucene_score, random_query, synthetic_docs, vocabulary
 from d2s_os_spec import OpenSearchSpec
 
@@ -56,44 +59,15 @@ def test_vocabulary_ids():
         Vocabulary.from_json({"terms": "dog car"})
 
 
-class Seismic33:
-    """A 3.3 cluster in front of osmem, for a corpus under approximate_threshold (exact scoring)."""
-
-    def __init__(self, osmem_url: str) -> None:
-        self.osmem = osmem_url
-
-    def __call__(self, method: str, path: str, body: bytes):
-        path = path.split("?")[0]
-        if method == "GET" and path == "/":
-            return 200, {"cluster_name": "c", "version": {"distribution": "opensearch", "number": "3.3.0"}}
-        if method == "PUT" and body and b'"sparse_vector"' in body:
-            doc = json.loads(body)
-            assert doc["settings"]["index"].pop("sparse") is True
-            doc["mappings"]["properties"]["sparse"] = {"type": "rank_features"}  # FeatureField per id
-            resp = httpx.put(self.osmem + path, json=doc)
-            return resp.status_code, resp.json()
-        if path.endswith("/_search") and b'"method_parameters"' in (body or b""):
-            doc = json.loads(body)
-            ns = doc["query"]["neural_sparse"]["sparse"]
-            params = ns["method_parameters"]
-            top = dict(sorted(ns["query_tokens"].items(), key=lambda kv: -kv[1])[: params["top_n"]])
-            should = [{"rank_feature": {"field": f"sparse.{t}", "linear": {}, "boost": w}} for t, w in top.items()]
-            doc["query"] = {"bool": {"should": should, "minimum_should_match": 1}}
-            if "filter" in params:
-                doc["query"]["bool"]["filter"] = [params["filter"]]
-            resp = httpx.post(self.osmem + path, json=doc)
-            return resp.status_code, resp.json()
-        return None
-
-
 @pytest.fixture
 def seismic_proxy(osmem_url):
-    p = FaultProxy(osmem_url, stub=Seismic33(osmem_url))
+    """OpenSearch 3.3 with k-NN and neural-search (tests/opensearch/plugins.py) in front of osmem."""
+    p = FaultProxy(osmem_url, stub=PluginStandIn(osmem_url, "3.3.0"))
     yield p
     p.close()
 
 
-def test_backend_on_a_seismic_index(make_backend, seismic_proxy, identity):
+def test_backend_on_a_seismic_index(seismic_proxy, make_backend, identity):
     b = make_backend(seismic_proxy.url)
     b.create(identity, sparse_index="seismic", vocabulary=VOCAB)
     b.open(identity)
@@ -131,3 +105,93 @@ def test_seismic_needs_3_3(make_backend, proxy, identity):
     b._cluster = ClusterInfo(version=(3, 1, 0))
     with pytest.raises(IndexStoreError, match="3.3"):
         b.create(identity, sparse_index="seismic", vocabulary=VOCAB)
+
+
+# -- one index cannot have both codec service factories ----------------------------------------
+
+
+def test_a_seismic_index_carries_no_knn_and_its_sibling_has_the_vectors():
+    s33 = OpenSearchSpec.load(strict=True, version="3.3.0")
+    index = q.index_body(sparse_index="seismic")
+    assert "knn" not in index["settings"]["index"] and index["settings"]["index"]["sparse"] is True
+    assert all(f.get("type") != "knn_vector" for f in index["mappings"]["properties"].values())
+    assert index["mappings"]["_meta"]["dense_vectors"] == q.DENSE_SIBLING
+    sibling = q.dense_index_body(engine="lucene")
+    assert sibling["settings"]["index"]["knn"] is True and "sparse" not in sibling["settings"]["index"]
+    assert set(sibling["mappings"]["properties"]) == {"dense", "path", "url"}
+    s33.validate("PUT", "/{index}", index)
+    s33.validate("PUT", "/{index}", sibling)
+
+
+@pytest.fixture
+def seismic_corpus(seismic_proxy, make_backend, identity):
+    b = make_backend(seismic_proxy.url)
+    b.create(identity, sparse_index="seismic", vocabulary=VOCAB)
+    b.open(identity)
+    docs = synthetic_docs(60, dim=8, vocab=VOCAB, seed=3)
+    b.upsert(docs)
+    return b, docs
+
+
+def test_created_on_a_3_3_cluster_with_knn_and_neural_search(spec, seismic_corpus, seismic_proxy):
+    # what the 3.3 cluster answers to both settings, or to a k-NN method without index.knn
+    # (the stand-in, as plugins.py cites): why the SEISMIC index has no k-NN
+    both = q.index_body(sparse_index="seismic")
+    both["settings"]["index"]["knn"] = True
+    reply = httpx.put(f"{seismic_proxy.url}/both", json=both)
+    assert reply.status_code == 500
+    assert reply.json()["error"]["root_cause"][0] == {"type": "illegal_state_exception", "reason": CODEC_CONFLICT}
+    no_knn = q.index_body(sparse_index="seismic")
+    no_knn["mappings"]["properties"]["dense"] = {"type": "knn_vector", "dimension": 8, "method": {
+        "name": "hnsw", "space_type": "innerproduct", "engine": "faiss"}}
+    reply = httpx.put(f"{seismic_proxy.url}/no-knn", json=no_knn)
+    assert reply.status_code == 400 and "index.knn setting is false" in reply.text
+    b, _ = seismic_corpus
+    puts = {s.path: json.loads(s.body) for s in seismic_proxy.log if s.method == "PUT" and s.body}
+    main, sibling = puts["/d2s-test-000001"], puts["/d2s-test-dense"]
+    assert "knn" not in main["settings"]["index"] and "dense" not in main["mappings"]["properties"]
+    assert sibling["settings"]["index"]["knn"] is True
+    for body in (main, sibling):
+        spec.validate("PUT", "/{index}", body)
+    assert b.dense_index == "d2s-test-dense" and b.stats()["dense_index"] == "d2s-test-dense"
+    assert not [s for s in seismic_proxy.log if s.method == "PUT" and s.action != "forward"]
+
+
+def test_dense_and_hybrid_use_the_sibling_and_say_they_fused_here(seismic_corpus, make_backend, seismic_proxy,
+                                                                   identity):
+    from d2s_search.search import QueryVectors, SearchOptions, run_query
+
+    b, docs = seismic_corpus
+    again = make_backend(seismic_proxy.url)
+    again.open(identity, create=False)
+    assert again.dense_index == "d2s-test-dense"
+    vec = docs[7].dense
+    hits = again.dense_search(vec, 5, explain_with=dict(list(docs[7].sparse.items())[:6]))
+    ips = sorted(((float(np.dot(d.dense, vec)), d.id) for d in docs), reverse=True)[:5]
+    assert [h.id for h in hits] == [i for _, i in ips]
+    assert all(abs(h.score - ip) < 1e-5 for h, (ip, _) in zip(hits, ips, strict=True))
+    assert hits[0].matched  # the terms come from the SEISMIC index's stored weights
+    assert [s for s in seismic_proxy.seen("POST", "/d2s-test-dense/_search") if b'"knn"' in s.body]
+    sparse = dict(list(docs[7].sparse.items())[:8])
+    query = QueryVectors(full=sparse, own=sparse, dense=vec)
+    again.seismic_top_n = 50
+    result = run_query(again, query, SearchOptions(mode="hybrid", k=5, window=30))
+    assert result.fusion == "client-minmax" and result.hits[0].id == docs[7].id
+    assert set(result.hits[0].parts) == {"sparse", "dense"}
+    assert run_query(again, query, SearchOptions(mode="hybrid", k=5, fusion="rrf")).fusion == "client-rrf"
+    assert not seismic_proxy.seen("PUT", "/_search/pipeline")  # no hybrid query, no pipeline
+
+
+def test_documents_live_in_both_indices(seismic_corpus, seismic_proxy):
+    b, docs = seismic_corpus
+    assert b.ids_present([d.id for d in docs[:5]]) == {d.id for d in docs[:5]}
+    got = b.get([docs[2].id])[0]
+    assert np.array_equal(got.dense, docs[2].dense) and got.path == docs[2].path
+    httpx.delete(f"{seismic_proxy.upstream}/d2s-test-dense/_doc/{docs[3].id}", params={"refresh": "true"})
+    assert docs[3].id not in b.ids_present([docs[3].id])  # half a document is not stored: ingest again
+    assert b.delete([docs[0].id, docs[1].id]) == 2
+    for index in ("d2s-test-000001", "d2s-test-dense"):
+        assert httpx.get(f"{seismic_proxy.upstream}/{index}/_doc/{docs[0].id}").json()["found"] is False
+    b.drop()
+    for index in ("d2s-test-dense", "d2s-test-vocabulary", "d2s-test-000001"):
+        assert httpx.head(f"{seismic_proxy.upstream}/{index}").status_code == 404

@@ -17,6 +17,7 @@ and RRF fusion was asked for; otherwise both runs are fetched and fused here
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -282,10 +283,13 @@ class ElasticsearchBackend(EngineIndex):
         """``PUT /<name>``; on 9.x with vectors kept in ``_source`` (retried without the setting
         on a 9.x release that does not know it yet)."""
         keep = self.server_version() >= (9, 0)
+        # Serverless runs the current code (it reports 9.0): it takes index_options
+        options = self.serverless or q.takes_sparse_index_options(self.server_version())
         if self.serverless:
             shards = replicas = None
         while True:
-            body = q.index_body(identity, mapping, shards=shards, replicas=replicas, keep_vectors_in_source=keep)
+            body = q.index_body(identity, mapping, shards=shards, replicas=replicas, keep_vectors_in_source=keep,
+                                sparse_index_options=options)
             if alias:
                 body["aliases"] = {self.index_name: {}}
             status, reply = self._call("PUT", f"/{name}", body=body)
@@ -309,9 +313,21 @@ class ElasticsearchBackend(EngineIndex):
         self.identity = None
 
     def close(self) -> None:
-        self.es.close()
+        try:
+            self._final_refresh()
+        finally:
+            self.es.close()
+
+    @contextlib.contextmanager
+    def _one_attempt(self) -> Iterator[None]:
+        client, self.es = self.es, self.es.options(max_retries=0)
+        try:
+            yield
+        finally:
+            self.es = client
 
     def stats(self) -> dict:
+        self.settle()
         concrete, meta = self._stats()
         out: dict[str, Any] = {
             "backend": self.name,
@@ -342,10 +358,6 @@ class ElasticsearchBackend(EngineIndex):
 
     def _bulk_delete_items(self, ids: list[str]) -> list[tuple[str, ...]]:
         return [(line,) for line in q.bulk_delete_lines(self.index_name, ids)]
-
-    def _written(self) -> None:
-        if self.refresh:
-            self._refresh()
 
     def _bulk(self, items: list[tuple[str, ...]]) -> tuple[dict[str, str], list[str]]:
         """Send ``items`` in ``_bulk`` chunks; rounds, resends and the report:
@@ -457,6 +469,7 @@ class ElasticsearchBackend(EngineIndex):
         return self.mapping.sparse_type
 
     def _search(self, body: dict, index: str | None = None) -> list[dict]:
+        self.settle()
         status, reply = self._call("POST", f"/{index or self.index_name}/_search", body=body)
         return self._check(status, reply, "search").get("hits", {}).get("hits", [])
 

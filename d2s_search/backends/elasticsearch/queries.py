@@ -14,7 +14,19 @@ Versions (Elasticsearch reference; the backend checks the server's version where
 ``max_inner_product`` similarity                     8.11+
 ``int8_hnsw`` index type                             8.12+
 ``rrf`` retriever                                    8.14+ (GA 8.16), Enterprise or trial license
+``sparse_vector`` query ``prune``                    8.15+ (sent as false: see below)
+``sparse_vector`` mapping ``index_options.prune``    8.19.x and 9.1+ (not 9.0)
 =================================================  =======================================
+
+Pruning (elastic/elasticsearch, ``server/.../index/mapper/vectors/SparseVectorFieldMapper.java``
+and ``server/.../inference/WeightedTokensUtils.java``, 8.19/9.1 line): a ``sparse_vector`` field
+of an index created on 8.19+ or 9.1+ defaults to ``index_options: {prune: true}``, and a
+``sparse_vector`` query without ``prune`` takes the field's setting, so it silently drops every
+query token whose document frequency is over 5x the field's average, unless its weight is over
+0.4x the query's best (``TokenPruningConfig`` defaults). The score is then no longer the dot
+product and frequent words stop counting. Every ``sparse_vector`` query here says
+``prune: false``, and the mapping says ``index_options: {prune: false}`` where the server takes
+it (for Dev Tools and other clients that query the field).
 """
 
 from __future__ import annotations
@@ -52,6 +64,16 @@ SINCE = {
     "int8_hnsw": (8, 12),
     "rrf_retriever": (8, 14),
 }
+
+
+def takes_sparse_index_options(version: tuple[int, int]) -> bool:
+    """Does a server of ``version`` accept ``index_options`` on a ``sparse_vector`` field?
+
+    IndexVersions.SPARSE_VECTOR_PRUNING_INDEX_OPTIONS_SUPPORT (9.1.0) and its 8.x backport
+    (8.19.0); 9.0 has neither ("unknown parameter [index_options]"). These are also the
+    versions whose new fields prune by default.
+    """
+    return (8, 19) <= tuple(version) < (9, 0) or tuple(version) >= (9, 1)
 
 
 @dataclass(frozen=True)
@@ -97,8 +119,12 @@ def index_body(
     shards: int | None = 1,
     replicas: int | None = 0,
     keep_vectors_in_source: bool = False,
+    sparse_index_options: bool = False,
 ) -> dict[str, Any]:
     """The ``PUT /<index>`` body: settings plus the mapping, ``_meta`` carrying the bundle.
+
+    ``sparse_index_options``: a ``sparse_vector`` field gets ``index_options: {prune: false}``
+    (only for a server that takes it: :func:`takes_sparse_index_options`).
 
     ``shards``/``replicas`` None leaves them out (Elastic Cloud Serverless refuses them).
     ``keep_vectors_in_source``: Elasticsearch 9.x drops ``dense_vector``/``sparse_vector`` values
@@ -122,7 +148,7 @@ def index_body(
             "_meta": {**bodies.bundle_meta(identity, dim), "sparse_type": mapping.sparse_type,
                       "similarity": mapping.similarity},
             "properties": {
-                SPARSE_FIELD: {"type": mapping.sparse_type},
+                SPARSE_FIELD: sparse_field(mapping.sparse_type, sparse_index_options),
                 DENSE_FIELD: {
                     "type": "dense_vector",
                     "dims": dim,
@@ -142,6 +168,14 @@ def index_body(
         body["settings"] = {"index": settings}
     return body
 
+
+
+def sparse_field(sparse_type: str, index_options: bool = False) -> dict[str, Any]:
+    """The sparse field's mapping; a ``sparse_vector`` one that never prunes when asked."""
+    field: dict[str, Any] = {"type": sparse_type}
+    if sparse_type == "sparse_vector" and index_options:
+        field["index_options"] = {"prune": False}
+    return field
 
 
 def meta_mapping(meta: Mapping[str, Any] | None, properties: Mapping[str, Any] | None = None) -> VectorMapping:
@@ -223,7 +257,9 @@ def sparse_query(
     if not weights:
         raise QueryError("the query has no terms with a positive weight")
     if sparse_type == "sparse_vector":
-        return bodies.filtered({"sparse_vector": {"field": SPARSE_FIELD, "query_vector": weights}}, filter_clauses)
+        # prune false: every token counts, as in the dot product (see the module docstring)
+        query = {"sparse_vector": {"field": SPARSE_FIELD, "query_vector": weights, "prune": False}}
+        return bodies.filtered(query, filter_clauses)
     return bodies.should_query(bodies.rank_feature_clauses(weights), filter_clauses)
 
 

@@ -11,6 +11,8 @@ scroll on OpenSearch, a point in time on Elasticsearch), ``_doc_source`` and the
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -23,11 +25,14 @@ from d2s_search.backends.engine.documents import SPARSE_FIELD, document_from_sou
 from d2s_search.backends.engine.identity import check_dims, check_identity, meta_identity
 from d2s_search.backends.opensearch.features import matched_terms
 from d2s_search.errors import (
+    BackendUnavailableError,
     BundleMismatchError,
     DocumentsRejectedError,
     IndexStoreError,
     QueryError,
 )
+
+log = logging.getLogger("d2s_search.engine")
 
 
 class EngineIndex:
@@ -101,20 +106,51 @@ class EngineIndex:
     def _refresh(self, index: str | None = None) -> None:
         raise NotImplementedError
 
+    def _one_attempt(self) -> contextlib.AbstractContextManager[None]:
+        """Requests inside this block are tried once, without the retry policy (close)."""
+        return contextlib.nullcontext()
+
+    # -- refresh: once before the next read, not per batch -----------------------------------
+
+    _dirty: bool = False  # written since the last refresh
+
     def _writing(self) -> None:
-        """Called before a bulk write."""
+        """Called before a bulk write: the next read refreshes first."""
+        self._dirty = True
 
     def _written(self) -> None:
         """Called after a bulk write that raised nothing."""
 
     def settle(self) -> None:
-        """Make earlier writes visible before a read (an engine that defers its refresh)."""
+        """Refresh once before the first read after writes (``refresh=True``), not per batch.
+
+        A refresh after every ingest batch of 32 images writes a tiny Lucene segment each
+        time (merge pressure, slower searches) on either engine; searches through this backend
+        still see every write, and :meth:`_final_refresh` refreshes once at the end of an ingest.
+        """
+        if self._dirty and self.refresh:
+            self._refresh()
+        self._dirty = False
+
+    def _final_refresh(self) -> None:
+        """The refresh an ingest still owes, at close: one attempt (closing after the cluster
+        went away must not wait through back-offs; the periodic refresh makes the writes
+        visible within a second anyway)."""
+        try:
+            with self._one_attempt():
+                self.settle()
+        except BackendUnavailableError as exc:
+            log.warning("final refresh of %s failed: %s", self.index_name, exc)
 
     def _opened(self) -> None:
         """Called at the end of :meth:`open`, with ``identity`` set."""
 
     def _remember_mapping(self, mapping: Mapping[str, Any]) -> None:
         """Called with the stored ``mappings`` whenever the identity is read."""
+
+    def _hit_id(self, hit: Mapping[str, Any]) -> str:
+        """The document id (content hash) of a search hit."""
+        return hit["_id"]
 
     def _reindex_target(self, target: Any) -> Any:
         """The engine's settings of the next generation, completed (the stored identity has been
@@ -305,7 +341,7 @@ class EngineIndex:
         self.settle()
         for hits in self._pages(self.index_name, page, fields=["path"]):
             for h in hits:
-                yield h["_id"], h.get("_source", {}).get("path", "")
+                yield self._hit_id(h), h.get("_source", {}).get("path", "")
 
     def paths_of(self, ids: Iterable[str]) -> dict[str, str]:
         ids = list(dict.fromkeys(ids))
@@ -316,11 +352,12 @@ class EngineIndex:
                     out[d["_id"]] = d.get("_source", {}).get("path", "")
         return out
 
-    def _mget(self, ids: list[str], source: bool | str) -> list[dict]:
-        """``source``: whole documents (True), none (False), or these comma-separated fields."""
+    def _mget(self, ids: list[str], source: bool | str, index: str | None = None) -> list[dict]:
+        """``source``: whole documents (True), none (False), or these comma-separated fields;
+        ``index``: another index than this one's."""
         if not ids:
             return []
-        status, body = self._call("POST", f"/{self.index_name}/_mget", body=mget_body(ids),
+        status, body = self._call("POST", f"/{index or self.index_name}/_mget", body=mget_body(ids),
                                   params={"_source": source if isinstance(source, str) else "true" if source else "false"})
         return self._check(status, body, "read documents").get("docs", [])
 
@@ -329,7 +366,7 @@ class EngineIndex:
         for h in raw:
             src = h.get("_source", {})
             hits.append(Hit(
-                id=h["_id"],
+                id=self._hit_id(h),
                 # _score is a float32 printed in shortest form: recover the exact value.
                 score=float(np.float32(h.get("_score") or 0.0)),
                 path=src.get("path", ""),
@@ -413,4 +450,4 @@ class EngineIndex:
 
     def _scan(self, index: str, page: int) -> Iterator[list[Document]]:
         for hits in self._pages(index, page):
-            yield [document_from_source(h["_id"], h.get("_source", {}), self._decode) for h in hits]
+            yield [document_from_source(self._hit_id(h), h.get("_source", {}), self._decode) for h in hits]

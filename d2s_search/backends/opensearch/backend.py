@@ -8,13 +8,18 @@ Scores: a sparse hit's score is OpenSearch's ``rank_feature`` sum, i.e. the dot 
 every stored weight truncated to 9 significant bits (see ``lucene_feature_value``); matched
 terms are computed here from the stored features, so they use the exact weights. A dense
 hit's score is the inner product recovered from OpenSearch's k-NN score, as in ``local``.
+
+Two layouts differ: a SEISMIC index keeps its dense vectors in the sibling ``<name>-dense``
+(:mod:`.seismic`), and on Amazon OpenSearch Serverless documents are found by a
+``content_id`` field instead of their ids (:mod:`.serverless`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +30,7 @@ from d2s_search.backends.base import Document, Hit, IndexIdentity, SparseVector
 from d2s_search.backends.engine.bulk import ChunkLimits, item_reason, send_bulk
 from d2s_search.backends.engine.index import EngineIndex
 from d2s_search.backends.opensearch import queries as q
+from d2s_search.backends.opensearch import serverless as aoss
 from d2s_search.backends.opensearch.client import (
     ENV_AWS_REGION,
     ENV_AWS_SERVICE,
@@ -37,6 +43,8 @@ from d2s_search.backends.opensearch.features import decode_features
 from d2s_search.backends.opensearch.seismic import (
     VOCABULARY_DOC,
     Vocabulary,
+    dense_index,
+    split_source,
     vocabulary_index,
     vocabulary_index_body,
 )
@@ -99,8 +107,11 @@ class OpenSearchBackend(EngineIndex):
         self._max_clauses: int | None = None
         self._pipelines: set[str] = set()
         self._cluster: ClusterInfo | None = None
-        self._dirty = False  # written since the last refresh
         self.vocabulary: Vocabulary | None = None  # set on a SEISMIC index: keys are vocabulary ids
+        self.dense_index: str | None = None  # a SEISMIC index's sibling holding the dense vectors
+        # Serverless: the collection names documents; the content hash is the content_id field
+        self.content_ids = self.serverless
+        self.last_fusion: str | None = None  # set when hybrid is fused here (SEISMIC)
         self.seismic_top_n = 10  # query tokens SEISMIC keeps (SparseAnnQueryBuilder default)
         self.seismic_heap_factor = 1.0
 
@@ -120,6 +131,11 @@ class OpenSearchBackend(EngineIndex):
     def url(self) -> str:
         return self.http.url
 
+    @property
+    def serverless(self) -> bool:
+        """Amazon OpenSearch Serverless (SigV4 service ``aoss``): see :mod:`.serverless`."""
+        return self.http.aws_service == "aoss"
+
     # -- transport ------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, body: Any = None, params: Mapping[str, Any] | None = None,
@@ -137,6 +153,22 @@ class OpenSearchBackend(EngineIndex):
 
     def _opened(self) -> None:
         self._load_vocabulary()
+        if self.vocabulary is not None:
+            sibling = dense_index(self.index_name)
+            if not self.http.request("HEAD", f"/{sibling}").ok:
+                raise IndexStoreError(f"{self.index_name!r} is a SEISMIC index but its dense vectors ({sibling}) are missing")
+            self.dense_index = sibling
+
+    def _remember_mapping(self, mapping: Mapping[str, Any]) -> None:
+        meta = mapping.get("_meta") or {}
+        self.content_ids = self.serverless or meta.get("document_ids") == q.CONTENT_ID
+
+    def _check_engine(self, engine: str) -> None:
+        if engine == "lucene" and not self.dialect().lucene_inner_product:
+            raise IndexStoreError(
+                f"--engine lucene needs OpenSearch 2.13 or later (inner product on Lucene HNSW arrives "
+                f"with k-NN 2.13); {self.url} runs {self.cluster().to_json()['version']}: use --engine faiss"
+            )
 
     def create(self, identity: IndexIdentity, *, engine: str = "faiss", shards: int = 1, replicas: int = 0,
                sparse_index: str = q.SPARSE_RANK_FEATURES, vocabulary: Sequence[str] | None = None,
@@ -144,12 +176,14 @@ class OpenSearchBackend(EngineIndex):
         """Create ``<name>-000001`` behind the alias ``<name>``; returns the concrete name.
 
         ``sparse_index="seismic"`` needs the bundle's ``vocabulary`` (stored beside the index,
-        see :mod:`d2s_search.backends.opensearch.seismic`).
+        see :mod:`d2s_search.backends.opensearch.seismic`) and puts the dense vectors in the
+        sibling ``<name>-dense``. On Serverless the index is ``<name>`` itself (no reindex there,
+        so no generations behind an alias).
         """
-        concrete = f"{self.index_name}-000001"
-        body = q.index_body(identity, engine=engine, shards=shards, replicas=replicas,
-                            sparse_index=sparse_index, seismic=seismic)
-        if sparse_index == q.SPARSE_SEISMIC:
+        seismic_index = sparse_index == q.SPARSE_SEISMIC
+        if seismic_index:
+            if self.serverless:
+                raise IndexStoreError(aoss.SEISMIC_REFUSED)
             if not self.dialect().sparse_vector:
                 raise IndexStoreError(
                     f"the SEISMIC sparse index needs OpenSearch 3.3 or later (this cluster: "
@@ -157,8 +191,24 @@ class OpenSearchBackend(EngineIndex):
                 )
             if not vocabulary:
                 raise IndexStoreError("a SEISMIC index needs the bundle's vocabulary")
-            self._store_vocabulary(Vocabulary(vocabulary, identity.fingerprint), replicas)
-        body["aliases"] = {self.index_name: {}}
+        self._check_engine(engine)
+        concrete = self.index_name if self.serverless else f"{self.index_name}-000001"
+        body = q.index_body(identity, engine=engine, shards=shards, replicas=replicas,
+                            sparse_index=sparse_index, seismic=seismic, serverless=self.serverless)
+        made: list[str] = []  # created here for this index: taken back if the index is not made
+        if seismic_index:
+            self._store_vocabulary(Vocabulary(vocabulary or [], identity.fingerprint), replicas)
+            made.append(vocabulary_index(self.index_name))
+            sibling = dense_index(self.index_name)
+            reply = self.http.request("PUT", f"/{sibling}", json_body=q.dense_index_body(
+                identity, engine=engine, shards=shards, replicas=replicas))
+            if not reply.ok and "resource_already_exists" not in reply.error_reason():
+                self._take_back(made)
+                raise IndexStoreError(f"cannot create {sibling} (the dense vectors) at {self.url}: {reply.error_reason()}")
+            made.append(sibling)
+            self.dense_index = sibling
+        if not self.serverless:
+            body["aliases"] = {self.index_name: {}}
         reply = self.http.request("PUT", f"/{concrete}", json_body=body)
         if not reply.ok:
             kind = reply.error_reason()
@@ -166,12 +216,15 @@ class OpenSearchBackend(EngineIndex):
                 # A retried PUT whose first answer was lost, or a race: accept it if it is ours.
                 self._check_identity(identity, self._stored_identity())
                 return concrete
-            if self.vocabulary is not None:  # created just above for this index: take it back
-                self.http.request("DELETE", f"/{vocabulary_index(self.index_name)}")
-                self.vocabulary = None
+            self._take_back(made)
             raise IndexStoreError(f"cannot create index {concrete} at {self.url}: {kind}")
         self.identity = identity
         return concrete
+
+    def _take_back(self, indices: Sequence[str]) -> None:
+        for name in indices:
+            self.http.request("DELETE", f"/{name}")
+        self.vocabulary, self.dense_index = None, None
 
     def drop(self) -> list[str]:
         """Delete the index (every concrete index behind the alias, and a SEISMIC index's
@@ -179,6 +232,7 @@ class OpenSearchBackend(EngineIndex):
         deleted = []
         if self.vocabulary is not None or self._is_seismic():
             self.http.request("DELETE", f"/{vocabulary_index(self.index_name)}")
+            self.http.request("DELETE", f"/{dense_index(self.index_name)}")
         for concrete in self._concrete_indices():
             reply = self.http.request("DELETE", f"/{concrete}")
             if not reply.ok and reply.status != 404:
@@ -189,16 +243,18 @@ class OpenSearchBackend(EngineIndex):
         return deleted
 
     def close(self) -> None:
-        # One attempt only: closing after the cluster went away must not wait through back-offs
-        # (the periodic refresh makes the writes visible within a second anyway).
+        try:
+            self._final_refresh()
+        finally:
+            self.http.close()
+
+    @contextlib.contextmanager
+    def _one_attempt(self) -> Iterator[None]:
         retries, self.http.policy.retries = self.http.policy.retries, 0
         try:
-            self.settle()
-        except BackendUnavailableError as exc:
-            log.warning("final refresh of %s failed: %s", self.index_name, exc)
+            yield
         finally:
             self.http.policy.retries = retries
-            self.http.close()
 
     def stats(self) -> dict:
         self.settle()
@@ -213,6 +269,10 @@ class OpenSearchBackend(EngineIndex):
             "mapping_version": meta.get("d2s_mapping_version"),
             **self._size_stats(),
         }
+        if self.dense_index:
+            out["dense_index"] = self.dense_index
+        if self.content_ids:
+            out["document_ids"] = f"{q.CONTENT_ID} field (the collection assigns _id)"
         out["max_clause_count"] = self.max_clauses()
         return out
 
@@ -225,50 +285,74 @@ class OpenSearchBackend(EngineIndex):
         return source
 
     def _bulk_index_items(self, sources: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        if self.content_ids:
+            # The stored copies of these documents go, the new ones come: no _id on Serverless.
+            # A document given twice is written once (the last), as an id would overwrite.
+            sources = list({doc_id: (doc_id, source) for doc_id, source in sources}.values())
+            stored = aoss.stored_documents(self._search, [i for i, _ in sources], False)
+            return (q.bulk_delete_stored(self.index_name, aoss.server_ids(stored))
+                    + q.bulk_create_actions(self.index_name, sources))
+        if self.dense_index:
+            halves = [(doc_id, split_source(source)) for doc_id, source in sources]
+            return (q.bulk_index_actions(self.index_name, [(i, main) for i, (main, _) in halves])
+                    + q.bulk_index_actions(self.dense_index, [(i, dense) for i, (_, dense) in halves]))
         return q.bulk_index_actions(self.index_name, sources)
 
     def _bulk_delete_items(self, ids: list[str]) -> list[dict[str, Any]]:
-        return q.bulk_delete_actions(self.index_name, ids)
-
-    def _writing(self) -> None:
-        self._dirty = True
+        if self.content_ids:
+            stored = aoss.stored_documents(self._search, ids, False)
+            return q.bulk_delete_stored(self.index_name, aoss.server_ids(stored))
+        actions = q.bulk_delete_actions(self.index_name, ids)
+        if self.dense_index:
+            actions += q.bulk_delete_actions(self.dense_index, ids)
+        return actions
 
     def _bulk(self, actions: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
         """Send ``actions`` with ``opensearchpy.helpers.streaming_bulk`` (which chunks them and
         turns a chunk refused as too large into 413 items); rounds, resends and the report:
-        :func:`~d2s_search.backends.engine.bulk.send_bulk`."""
+        :func:`~d2s_search.backends.engine.bulk.send_bulk`. Actions for a SEISMIC index's dense
+        sibling go in their own rounds; the results are this index's."""
+        failures: dict[str, str] = {}
+        results: list[str] = []
+        for index in dict.fromkeys(a["_index"] for a in actions):
+            failed, done = self._bulk_rounds([a for a in actions if a["_index"] == index])
+            failures.update(failed)
+            if index == self.index_name:
+                results = done
+        return failures, results
 
+    def _bulk_rounds(self, actions: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
         def send(pending: list[dict[str, Any]], limits: ChunkLimits):
-            by_id = {a["_id"]: a for a in pending}
-            for ok, item in helpers.streaming_bulk(
+            answers = helpers.streaming_bulk(
                 self.http.client, pending, chunk_size=limits.docs, max_chunk_bytes=limits.bytes,
                 raise_on_error=False, raise_on_exception=False, max_retries=0, yield_ok=True,
                 headers={"content-type": "application/x-ndjson"},
-            ):
+            )
+            # streaming_bulk answers in the order of the actions (a chunk's failure too)
+            for action, (ok, item) in zip(pending, answers, strict=True):
                 ((_, result),) = item.items()
-                yield by_id.get(str(result.get("_id"))), ok, result
+                yield action, ok, {**result, "_id": action.get(q.CONTENT_ID) or action.get("_id")}
 
-        return send_bulk(
-            actions, send, ChunkLimits(self.chunk_docs, self.chunk_bytes), retries=self.http.retries,
-            wait=lambda attempt, why: self.http.policy.wait(attempt, None, why),
-            reason=lambda result: item_reason(result, redact.one_line),
-        )
-
-    def settle(self) -> None:
-        """Refresh once before the first read after writes (``refresh=True``), not per batch.
-
-        A refresh after every ingest batch of 32 images writes a tiny Lucene segment each
-        time (merge pressure, slower searches); searches through this backend still see
-        every write, and ``close`` refreshes once at the end of an ingest.
-        """
-        if self._dirty and self.refresh:
-            self._refresh()
-        self._dirty = False
+        policy = self.http.policy
+        # Serverless names each new document: a write whose answer was lost may be stored
+        # already, and sending it again would store it twice.
+        resend, policy.resend_unanswered = policy.resend_unanswered, not self.content_ids
+        try:
+            return send_bulk(
+                actions, send, ChunkLimits(self.chunk_docs, self.chunk_bytes), retries=self.http.retries,
+                wait=lambda attempt, why: policy.wait(attempt, None, why),
+                reason=lambda result: item_reason(result, redact.one_line),
+            )
+        finally:
+            policy.resend_unanswered = resend
 
     def _refresh(self, index: str | None = None) -> None:
-        reply = self.http.request("POST", f"/{index or self.index_name}/_refresh")
+        if self.serverless:
+            return  # not offered there; documents become searchable on their own (serverless.py)
+        target = index or ",".join(filter(None, (self.index_name, self.dense_index)))
+        reply = self.http.request("POST", f"/{target}/_refresh")
         if not reply.ok:
-            log.warning("refresh of %s failed: %s", index or self.index_name, reply.error_reason())
+            log.warning("refresh of %s failed: %s", target, reply.error_reason())
 
     # -- searches -------------------------------------------------------------------------
 
@@ -286,11 +370,20 @@ class OpenSearchBackend(EngineIndex):
             body = q.seismic_search_body(self.vocabulary.to_ids(query), k, offset=offset, top_n=self.seismic_top_n,
                                          heap_factor=self.seismic_heap_factor, filters=q.Filters(path_prefix))
             return self._hits(self._search(body), query, explain)
+        if neural_sparse:
+            self._check_query_tokens()
         body = q.sparse_search_body(
             query, k, offset=offset, max_clauses=self.max_clauses(),
             filters=q.Filters(path_prefix), neural_sparse=neural_sparse,
         )
         return self._hits(self._search(body), query, explain)
+
+    def _check_query_tokens(self) -> None:
+        if not self.dialect().neural_sparse_tokens:
+            raise QueryError(
+                f"neural_sparse with query_tokens needs OpenSearch 2.14 or later (neural-search 2.14); "
+                f"{self.url} runs {self.cluster().to_json()['version']}: use the rank_feature plan (the default)"
+            )
 
     def two_phase_search(
         self,
@@ -321,8 +414,18 @@ class OpenSearchBackend(EngineIndex):
         offset: int = 0,
         path_prefix: str | None = None,
     ) -> list[Hit]:
-        body = q.knn_search_body(vector, k, offset=offset, filters=q.Filters(path_prefix))
-        hits = self._hits(self._search(body), explain_with or {}, explain if explain_with else 0)
+        explain = explain if explain_with else 0
+        if self.dense_index:
+            # A SEISMIC index's vectors are in its sibling; matched terms come from the index.
+            body = q.knn_search_body(vector, k, offset=offset, filters=q.Filters(path_prefix), source=["path", "url"])
+            raw = self._search(body, index=self.dense_index)
+            if explain:
+                stored = {d["_id"]: d.get("_source", {}) for d in self._mget([h["_id"] for h in raw], q.SPARSE_FIELD)}
+                for h in raw:
+                    h.setdefault("_source", {})[q.SPARSE_FIELD] = stored.get(h["_id"], {}).get(q.SPARSE_FIELD)
+        else:
+            raw = self._search(q.knn_search_body(vector, k, offset=offset, filters=q.Filters(path_prefix)))
+        hits = self._hits(raw, explain_with or {}, explain)
         for hit in hits:
             hit.score = knn_score_to_inner_product(hit.score)
         return hits
@@ -357,6 +460,12 @@ class OpenSearchBackend(EngineIndex):
             rank_constant = int(opts.rrf_k)
             window = int(opts.candidates)
             explain = int(opts.explain)
+        self.last_fusion = None
+        if self.dense_index:
+            return self._fused_here(sparse, vector, k, method, weights, rank_constant, window, explain, offset,
+                                    path_prefix)
+        if neural_sparse:
+            self._check_query_tokens()
         pipeline = self.ensure_pipeline(method, weights, rank_constant)
         dialect = self.dialect()
         seismic_clause = None
@@ -373,8 +482,11 @@ class OpenSearchBackend(EngineIndex):
         raw = q.hybrid_page(self._search(body, params={"search_pipeline": pipeline}), k, offset, dialect)
         hits = self._hits(raw, sparse, explain)
         vec = np.asarray(vector, dtype=np.float32).reshape(-1)
-        for hit, h in zip(hits, raw, strict=True):
-            src = h.get("_source", {})
+        first = {}  # the first hit of each document (Serverless may have stored one twice)
+        for h in raw:
+            first.setdefault(self._hit_id(h), h)
+        for hit in hits:
+            src = first[hit.id].get("_source", {})
             doc_sparse = self._decode(src.get(q.SPARSE_FIELD))
             hit.parts = {
                 "sparse": float(sum(w * doc_sparse.get(t, 0.0) for t, w in sparse.items())),
@@ -382,6 +494,27 @@ class OpenSearchBackend(EngineIndex):
                 if src.get(q.DENSE_FIELD) else 0.0,
             }
         return hits
+
+    def _fused_here(self, sparse: SparseVector, vector: np.ndarray, k: int, method: str,
+                    weights: tuple[float, float], rank_constant: int, window: int | None, explain: int,
+                    offset: int, path_prefix: str | None) -> list[Hit]:
+        """Hybrid on a SEISMIC index: its sparse search and its sibling's dense search, fused
+        here (one index cannot hold both, see seismic.py); ``last_fusion`` says so."""
+        from d2s_search import search as plans
+
+        q.check_page(k, offset)
+        depth = min(max(int(window or 0), offset + k), q.MAX_RESULT_WINDOW)
+        runs = {
+            "sparse": self.sparse_search(sparse, depth, explain, path_prefix=path_prefix),
+            "dense": self.dense_search(vector, depth, explain_with=sparse, explain=explain, path_prefix=path_prefix),
+        }
+        if method == "rrf":
+            fused = plans.fuse_rrf(runs, offset + k, rank_constant)
+        else:
+            plans_weights = dict(zip(("sparse", "dense"), q.fusion_weights(weights), strict=True))
+            fused = plans.fuse_minmax(runs, plans_weights, offset + k)
+        self.last_fusion = f"client-{'rrf' if method == 'rrf' else 'minmax'}"
+        return fused[offset:]
 
     def ensure_pipeline(self, method: str = "min_max", weights: tuple[float, float] = (0.5, 0.5),
                         rank_constant: int = 60) -> str:
@@ -431,11 +564,50 @@ class OpenSearchBackend(EngineIndex):
                         break
         return self._max_clauses
 
-    def _search(self, body: dict, params: Mapping[str, str] | None = None) -> list[dict]:
+    def _search(self, body: dict, params: Mapping[str, str] | None = None, *, index: str | None = None) -> list[dict]:
         self.settle()
-        reply = self.http.request("POST", f"/{self.index_name}/_search", json_body=body, params=params)
+        if self.content_ids and isinstance(body.get("_source"), list) and q.CONTENT_ID not in body["_source"]:
+            body = {**body, "_source": [*body["_source"], q.CONTENT_ID]}  # the hit's own id
+        reply = self.http.request("POST", f"/{index or self.index_name}/_search", json_body=body, params=params)
         self._raise_for(reply, "search")
         return reply.body.get("hits", {}).get("hits", [])
+
+    # -- reads (EngineIndex) where the layout differs --------------------------------------
+
+    def _hit_id(self, hit: Mapping[str, Any]) -> str:
+        return aoss.content_id_of(hit) if self.content_ids else hit["_id"]
+
+    def _hits(self, raw: list[dict], query: Mapping[str, float], explain: int) -> list[Hit]:
+        hits = super()._hits(raw, query, explain)
+        if self.content_ids:  # a document stored twice (a write whose answer was lost) shows once
+            seen: set[str] = set()
+            hits = [h for h in hits if not (h.id in seen or seen.add(h.id))]
+        return hits
+
+    def _mget(self, ids: list[str], source: bool | str, index: str | None = None) -> list[dict]:
+        if self.content_ids:  # the ids are the server's: find the documents by their hash
+            fields = source if isinstance(source, bool) else source.split(",")
+            return aoss.as_mget(aoss.stored_documents(self._search, ids, fields))
+        return super()._mget(ids, source, index)
+
+    def ids_present(self, ids: Iterable[str]) -> set[str]:
+        """Stored ids; for a SEISMIC index, those stored in both it and its dense sibling."""
+        found = super().ids_present(ids)
+        if self.dense_index and found:
+            listed = sorted(found)
+            found = {d["_id"] for start in range(0, len(listed), 1000)
+                     for d in self._mget(listed[start : start + 1000], False, self.dense_index) if d.get("found")}
+        return found
+
+    def get(self, ids: Sequence[str]) -> list[Document]:
+        docs = super().get(ids)
+        if self.dense_index and docs:
+            dense = {d["_id"]: d.get("_source", {}).get(q.DENSE_FIELD) for start in range(0, len(docs), 500)
+                     for d in self._mget([x.id for x in docs[start : start + 500]], q.DENSE_FIELD, self.dense_index)
+                     if d.get("found")}
+            for doc in docs:
+                doc.dense = np.asarray(dense.get(doc.id) or [], dtype=np.float32)
+        return docs
 
     # -- reindex --------------------------------------------------------------------------
 
@@ -462,15 +634,22 @@ class OpenSearchBackend(EngineIndex):
         return self._reindex(identity, reencode, target, keep_old=keep_old, page=page)
 
     def _reindex_target(self, target: dict[str, Any]) -> dict[str, Any]:
+        if self.serverless:
+            raise IndexStoreError(aoss.REINDEX_REFUSED)
         if self._is_seismic():
             raise IndexStoreError("reindexing a SEISMIC index is not supported yet: create a new index and ingest")
+        self._check_engine(target.get("engine", "faiss"))
         return target
 
     def _create_generation(self, name: str, identity: IndexIdentity, target: dict[str, Any]) -> tuple[int, Any]:
         return self._call("PUT", f"/{name}", body=q.index_body(identity, **target))
 
     def _pages(self, index: str, page: int, fields: Sequence[str] | None = None) -> Iterator[list[dict]]:
-        """Raw hits of every document of ``index``, a page at a time, through a scroll."""
+        """Raw hits of every document of ``index``, a page at a time, through a scroll (on
+        Serverless, which offers no scroll, ``search_after`` in content-hash order)."""
+        if self.content_ids:
+            yield from self._content_pages(index, page, fields)
+            return
         reply = self.http.request("POST", f"/{index}/_search", params={"scroll": "5m"},
                                   json_body=q.scan_body(page, fields))
         self._raise_for(reply, "scan")
@@ -489,6 +668,15 @@ class OpenSearchBackend(EngineIndex):
         finally:
             if scroll_id:
                 self.http.request("DELETE", "/_search/scroll", json_body={"scroll_id": [scroll_id]})
+
+    def _content_pages(self, index: str, page: int, fields: Sequence[str] | None) -> Iterator[list[dict]]:
+        after = None
+        while True:
+            hits = self._search(q.content_page_body(page, after, fields), index=index)
+            if not hits:
+                return
+            yield hits
+            after = hits[-1]["sort"]
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -524,7 +712,9 @@ class OpenSearchBackend(EngineIndex):
         self.vocabulary = vocabulary
 
     def _put_meta(self, identity: IndexIdentity) -> None:
-        meta = q.index_body(identity)["mappings"]["_meta"]
+        # _meta is replaced whole: keep what the index records besides the bundle (SEISMIC, ids)
+        stored = next(iter(self._mapping().values()), {}).get("mappings", {}).get("_meta") or {}
+        meta = {**stored, **q.index_body(identity)["mappings"]["_meta"]}
         reply = self.http.request("PUT", f"/{self.index_name}/_mapping", json_body={"_meta": meta})
         self._raise_for(reply, "record the bundle in _meta")
 

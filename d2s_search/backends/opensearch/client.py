@@ -121,6 +121,9 @@ class RetryPolicy:
     statuses: frozenset[int] = RETRY_STATUSES
     sleep: Callable[[float], None] = time.sleep
     retried: int = 0  # how many requests were repeated (for stats and tests)
+    # False: a request that got no answer (dropped, timed out) is not sent again, as it may
+    # have been applied (a write that is not idempotent: Serverless assigns the ids)
+    resend_unanswered: bool = True
 
     def wait(self, attempt: int, retry_after: str | None, why: str) -> None:
         delay = min(self.max_backoff, self.backoff * (2**attempt)) * (0.5 + random.random() / 2)
@@ -159,6 +162,29 @@ def aws_auth(region: str | None, service: str, env: Mapping[str, str] | None = N
     return Urllib3AWSV4SignerAuth(credentials, region, service)
 
 
+def request_args(serializer: Any, params: Mapping[str, Any] | None, body: Any, ignore: Collection[int] | int,
+                 timeout: float | None) -> tuple[dict[str, Any] | None, Any, Collection[int], float | None]:
+    """What ``Transport.perform_request`` does with its arguments before sending, done here for
+    every supported opensearch-py: the body serialized and UTF-8 encoded; ``request_timeout``
+    (or ``timeout``) and ``ignore`` taken out of ``params`` unless given explicitly.
+
+    Not ``Transport._resolve_request_args``: a private method whose signature changed in 2.8.0
+    (``opensearchpy/transport.py``: ``(method, params, body)`` up to v2.7.1, ``(method, params,
+    body, ignore, timeout)`` from v2.8.0), so calling it either way breaks the other releases.
+    """
+    if body is not None:
+        body = serializer.dumps(body)
+        with contextlib.suppress(UnicodeDecodeError, AttributeError):  # bytes stay bytes
+            body = body.encode("utf-8", "surrogatepass")
+    params = dict(params) if params else None
+    if params:
+        if not timeout:
+            timeout = params.pop("request_timeout", None) or params.pop("timeout", None)
+        if not ignore:
+            ignore = params.pop("ignore", ())
+    return params, body, (ignore,) if isinstance(ignore, int) else ignore, timeout
+
+
 class _PolicyTransport(Transport):
     """opensearch-py's Transport whose requests go through :meth:`OpenSearchHTTP.send`
     (so ``OpenSearch`` client methods and ``helpers`` share the retry policy)."""
@@ -168,7 +194,7 @@ class _PolicyTransport(Transport):
     def perform_request(self, method: str, url: str, params: Mapping[str, Any] | None = None,
                         body: Any = None, timeout: float | None = None, ignore: Collection[int] = (),
                         headers: Mapping[str, str] | None = None) -> Any:
-        method, params, body, ignore, timeout = self._resolve_request_args(method, params, body, ignore, timeout)
+        params, body, ignore, timeout = request_args(self.serializer, params, body, ignore, timeout)
         status, resp_headers, raw = self.owner.send(method, url, params=params, body=body,
                                                     headers=headers, timeout=timeout)
         if method == "HEAD":
@@ -338,7 +364,7 @@ class OpenSearchHTTP:
                         "its CA certificate (PEM), or D2S_OPENSEARCH_INSECURE=1 for a local demo certificate"
                     ) from None
                 failover = self._mark_dead(conn)
-                if attempt >= self.policy.retries:
+                if attempt >= self.policy.retries or not self.policy.resend_unanswered:
                     raise BackendUnavailableError(
                         f"cannot reach {self.service_name} at {self.url}: {_describe(exc)} "
                         f"(after {attempt + 1} attempts)"

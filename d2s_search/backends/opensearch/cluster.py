@@ -17,7 +17,17 @@ GitHub, not guessed):
   used, neural-search#1370) and from ``combination.rank_constant`` from 3.1.0.0 on,
   where ``parameters`` goes to ``RRFScoreCombinationTechnique``, whose only parameter is
   ``weights`` (``rank_constant`` there is refused).
-* ``sparse_vector`` with the SEISMIC index: neural-search 3.3.0.0.
+* ``sparse_vector`` with the SEISMIC index: neural-search 3.3.0.0. Its codec service factory
+  (``NeuralSearch.java``, when ``index.sparse``) and k-NN's (``KNNPlugin.java``, when
+  ``index.knn``) cannot serve one index: core's ``EngineConfigFactory`` refuses the second
+  ("existing codec service factory already overridden", OpenSearch#18466; still so in
+  3.8.0.0), so a SEISMIC index holds no ``knn_vector`` (see ``seismic.py``).
+* Lucene HNSW with ``innerproduct`` (``--engine lucene``): k-NN 2.13.0.0
+  ``index/util/Lucene.java`` adds ``SpaceType.INNER_PRODUCT`` (2.11/2.12 offer L2 and cosine
+  only, and refuse the mapping).
+* ``neural_sparse`` with ``query_tokens``: neural-search 2.14.0.0
+  ``query/NeuralSparseQueryBuilder.java`` (``QUERY_TOKENS_FIELD``); 2.11-2.13 refuse it
+  ("[neural_sparse] unknown token [START_OBJECT] after [query_tokens]").
 """
 
 from __future__ import annotations
@@ -35,6 +45,8 @@ RRF: Version = (2, 19, 0)
 RRF_TOP_LEVEL_RANK_CONSTANT: Version = (3, 1, 0)
 SPARSE_VECTOR_SEISMIC: Version = (3, 3, 0)
 HYBRID_QUERY: Version = (2, 10, 0)
+LUCENE_INNER_PRODUCT: Version = (2, 13, 0)
+NEURAL_SPARSE_QUERY_TOKENS: Version = (2, 14, 0)
 
 DISTRIBUTION_OPENSEARCH = "OpenSearch"
 DISTRIBUTION_AWS = "Amazon OpenSearch Service"
@@ -85,6 +97,14 @@ class Dialect:
     @property
     def sparse_vector(self) -> bool:
         return self.version >= SPARSE_VECTOR_SEISMIC
+
+    @property
+    def lucene_inner_product(self) -> bool:
+        return self.version >= LUCENE_INNER_PRODUCT
+
+    @property
+    def neural_sparse_tokens(self) -> bool:
+        return self.version >= NEURAL_SPARSE_QUERY_TOKENS
 
 
 @dataclass

@@ -3,15 +3,20 @@
 Every check reads the cluster (nothing is written) and ends ``ok``, ``warn``, ``fail`` or
 ``skip`` (could not be read, e.g. a user without ``cluster:monitor/*`` or Serverless, which
 has no ``GET /``, ``_cat`` or ``_nodes``). The plans each need (component names as
-``_cat/plugins`` lists them):
+``_cat/plugins`` lists them; versions from the plugin sources, see cluster.py):
 
     sparse, two-phase          core (rank_features, rescore)
     dense                      opensearch-knn
+    dense (lucene engine)      opensearch-knn >= 2.13 (inner product on Lucene HNSW)
     hybrid (min-max)           opensearch-neural-search + opensearch-knn, OpenSearch >= 2.10
-    hybrid (RRF)               the same, OpenSearch >= 2.19
-    neural_sparse (tokens)     opensearch-neural-search
-    server-side model          opensearch-neural-search + opensearch-ml
-    sparse_vector / SEISMIC    opensearch-neural-search, OpenSearch >= 3.3
+    hybrid (RRF)               the same, OpenSearch >= 2.19; not on Serverless
+    neural_sparse (tokens)     opensearch-neural-search >= 2.14 (query_tokens)
+    server-side model          opensearch-neural-search + opensearch-ml; not on Serverless
+    sparse_vector / SEISMIC    opensearch-neural-search >= 3.3; not on Serverless; its dense
+                               vectors in <name>-dense (opensearch-knn), hybrid fused here
+
+On Serverless (no ``GET /`` or ``_cat/plugins``) the plans are the ones AWS documents for a
+vector search collection (serverless.py).
 """
 
 from __future__ import annotations
@@ -24,11 +29,10 @@ from d2s_search.backends.opensearch import queries as q
 from d2s_search.backends.opensearch.cluster import (
     DISTRIBUTION_SERVERLESS,
     HYBRID_QUERY,
-    RRF,
-    SPARSE_VECTOR_SEISMIC,
     ClusterInfo,
     version_text,
 )
+from d2s_search.backends.opensearch.seismic import dense_index
 from d2s_search.errors import BackendUnavailableError, D2SError
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -39,6 +43,7 @@ ML_SETTINGS = (
     "plugins.ml_commons.allow_registering_model_via_url",
     "plugins.ml_commons.native_memory_threshold",
     "plugins.ml_commons.jvm_heap_memory_threshold",
+    "plugins.ml_commons.disk_free_space_threshold",
 )
 MIN_ML_HEAP = 2 * 1024**3  # below this, loading an ONNX model trips the heap breaker easily
 
@@ -101,6 +106,9 @@ def diagnose(backend: Any, identity: Any = None) -> Report:
         missing = [n for n in (KNN, NEURAL) if n not in present]
         add(Check("plugins", WARN if missing else OK, shown, {"present": sorted(present)}))
     add(_plans(info, present, plugins is not None))
+    if info.distribution == DISTRIBUTION_SERVERLESS:
+        add(Check("serverless", OK, "the collection assigns document ids: each document's content hash is its "
+                  "content_id field (re-ingest finds it); no _refresh, no scroll (search_after), no reindex"))
     add(_bodies(info))
     add(_clauses(backend))
     add(_ml(backend, present if plugins is not None else None))
@@ -118,18 +126,23 @@ def _plugins(backend: Any) -> set[str] | None:
 def _plans(info: ClusterInfo, present: set[str], known: bool) -> Check:
     d = info.dialect
     has = present.__contains__
+    managed = info.distribution != DISTRIBUTION_SERVERLESS  # what Serverless does not offer
     plans = {
         "sparse": True, "two-phase": True,
         "dense": has(KNN),
+        "dense (lucene engine)": has(KNN) and d.lucene_inner_product,
         "hybrid min-max": has(KNN) and has(NEURAL) and d.hybrid,
-        "hybrid rrf": has(KNN) and has(NEURAL) and d.version >= RRF,
-        "neural_sparse": has(NEURAL),
-        "server-side model": has(NEURAL) and has(ML),
-        "sparse_vector (SEISMIC)": has(NEURAL) and d.version >= SPARSE_VECTOR_SEISMIC,
+        "hybrid rrf": has(KNN) and has(NEURAL) and d.rrf and managed,
+        "neural_sparse": has(NEURAL) and d.neural_sparse_tokens,
+        "server-side model": has(NEURAL) and has(ML) and managed,
+        "sparse_vector (SEISMIC)": has(NEURAL) and d.sparse_vector and managed,
     }
     working = [p for p, ok in plans.items() if ok]
     not_working = [p for p, ok in plans.items() if not ok]
     detail = f"work: {', '.join(working)}" + (f"; not: {', '.join(not_working)}" if not_working else "")
+    if plans["sparse_vector (SEISMIC)"]:
+        detail += ("; SEISMIC keeps only sparse vectors (k-NN and neural-search cannot share an index): dense in "
+                   "<index>-dense, hybrid fused here" + ("" if has(KNN) else ", which needs opensearch-knn"))
     if not known:
         detail += " (plugins unknown: assumed from the distribution)"
     return Check("plans", OK if plans["hybrid min-max"] else WARN, detail, {"plans": plans})
@@ -188,6 +201,13 @@ def _ml(backend: Any, present: set[str] | None) -> Check:
             problems.append(f"heap {short['heap_max']} < 2 GiB: set OPENSEARCH_HEAP=2g or more")
         if threshold < 100 and heap["heap_used_percent"] > threshold:
             problems.append(f"heap use {heap['heap_used_percent']}% is over jvm_heap_memory_threshold ({threshold}%)")
+    free = _disk_free(backend)
+    if free is not None:
+        short["disk_free"] = f"{free / 1024**3:.1f} GiB"
+        needed = byte_size(values.get(ML_SETTINGS[5])) or 5 * 1024**3  # DiskCircuitBreaker default: 5 GB
+        if free < needed:
+            problems.append(f"{short['disk_free']} free on a node's disk, under disk_free_space_threshold "
+                            f"({needed / 1024**3:g} GiB): ml-commons refuses register, deploy and predict")
     detail = ", ".join(f"{k}={v}" for k, v in short.items()) or "settings not reported"
     if problems:
         detail += "; " + "; ".join(problems)
@@ -208,6 +228,29 @@ def _heap(backend: Any) -> dict[str, int] | None:
             "heap_used_percent": max(int(m.get("heap_used_percent", 0)) for m in mems)}
 
 
+def _disk_free(backend: Any) -> int | None:
+    """The smallest free space a node reports for its data paths (what DiskCircuitBreaker reads)."""
+    reply = backend.http.request("GET", "/_nodes/stats/fs", raise_auth=False)
+    if not reply.ok or not isinstance(reply.body, dict):
+        return None
+    free = [n.get("fs", {}).get("total", {}).get("available_in_bytes") for n in (reply.body.get("nodes") or {}).values()]
+    free = [int(f) for f in free if isinstance(f, int)]
+    return min(free) if free else None
+
+
+_UNITS = {"b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3, "tb": 1024**4, "pb": 1024**5}
+
+
+def byte_size(text: Any) -> int | None:
+    """An OpenSearch byte-size setting ("5gb", "512mb", "1024") in bytes; None if unreadable."""
+    value = str(text or "").strip().lower()
+    unit = next((u for u in sorted(_UNITS, key=len, reverse=True) if value.endswith(u)), "b")
+    try:
+        return int(float(value.removesuffix(unit) if value.endswith(unit) else value) * _UNITS[unit])
+    except ValueError:
+        return None
+
+
 def _index(backend: Any, identity: Any) -> Check:
     try:
         stored = backend._stored_identity()
@@ -221,11 +264,15 @@ def _index(backend: Any, identity: Any) -> Check:
     mapping = backend._mapping()
     props = next(iter(mapping.values())).get("mappings", {}).get("properties", {})
     sparse_type = props.get(q.SPARSE_FIELD, {}).get("type")
-    dense = props.get(q.DENSE_FIELD, {})
-    count = backend._count(name)
+    dense, where = props.get(q.DENSE_FIELD, {}), ""
+    if not dense and sparse_type == "sparse_vector":  # SEISMIC: the vectors are in the sibling
+        where = f" in {dense_index(name)}"
+        dense = _sibling_dense_field(backend, dense_index(name))
+    count = backend._size_stats()["documents"]  # None where counting is not offered (Serverless)
     data = {"index": name, "fingerprint": stored.fingerprint, "documents": count, "sparse_field": sparse_type,
             "dense_dim": dense.get("dimension")}
-    detail = f"{name}: {count} documents, sparse {sparse_type}, dense {dense.get('type')}[{dense.get('dimension')}]"
+    detail = (f"{name}: {'?' if count is None else count} documents, sparse {sparse_type}, "
+              f"dense {dense.get('type')}[{dense.get('dimension')}]{where}")
     if sparse_type not in ("rank_features", "sparse_vector"):
         return Check("index", FAIL, f"{detail}; `{q.SPARSE_FIELD}` is not rank_features/sparse_vector", data)
     if identity is None:
@@ -236,3 +283,11 @@ def _index(backend: Any, identity: Any) -> Check:
     if identity.dense_dim and dense.get("dimension") and dense["dimension"] != identity.dense_dim:
         return Check("index", FAIL, f"{detail}; the bundle makes {identity.dense_dim}-d vectors", data)
     return Check("index", OK, f"{detail}, bundle {identity.fingerprint[:12]} matches", data)
+
+
+def _sibling_dense_field(backend: Any, sibling: str) -> dict[str, Any]:
+    """The dense field's mapping in a SEISMIC index's sibling ({} when it is missing)."""
+    status, body = backend._call("GET", f"/{sibling}/_mapping")
+    if status != 200 or not isinstance(body, dict) or not body:
+        return {}
+    return next(iter(body.values())).get("mappings", {}).get("properties", {}).get(q.DENSE_FIELD, {})

@@ -48,10 +48,15 @@ SETTING_URL = "plugins.ml_commons.allow_registering_model_via_url"
 SETTING_ML_NODE = "plugins.ml_commons.only_run_on_ml_node"
 SETTING_MEMORY = "plugins.ml_commons.native_memory_threshold"
 SETTING_HEAP = "plugins.ml_commons.jvm_heap_memory_threshold"
+SETTING_DISK = "plugins.ml_commons.disk_free_space_threshold"
 # (text in an ml-commons error, what the user can do about it). ml-commons 2.19.1.0/3.1.0.0,
 # plugin/.../breaker/: MemoryCircuitBreaker ("Memory Circuit Breaker") opens when JVM heap use
 # passes jvm_heap_memory_threshold (85%); NativeMemoryCircuitBreaker ("Native Memory Circuit
 # Breaker") checks native_memory_threshold (90%). The native one must be matched first.
+# DiskCircuitBreaker ("Disk Circuit Breaker", the same 2.19.1.0 and 3.1.0.0 folder) opens when the
+# node's data path has less free space than disk_free_space_threshold (5 GB,
+# MLCommonsSettings.ML_COMMONS_DISK_FREE_SPACE_THRESHOLD); MLNodeUtils.checkOpenCircuitBreaker
+# then refuses register, deploy and predict with "<name> is open, please check your resources!".
 _HINTS = (
     ("allow_registering_model_via_local_file",
      f"allow uploads with --configure-cluster (sets {SETTING_LOCAL_FILE}=true)"),
@@ -62,6 +67,9 @@ _HINTS = (
     ("Memory Circuit Breaker",
      f"JVM heap use is over {SETTING_HEAP} (85%): give the node a larger heap (OPENSEARCH_HEAP=2g "
      f"or more in .env, then `docker compose up -d`), or raise {SETTING_HEAP}"),
+    ("Disk Circuit Breaker",
+     f"less than {SETTING_DISK} (5 GB) is free on the node's data disk: free space (a Docker host: "
+     f"`docker system df`, `docker system prune`), or lower {SETTING_DISK}"),
     ("model content changed", "the uploaded zip does not match its hash: run register-model again"),
 )
 

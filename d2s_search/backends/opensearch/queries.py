@@ -47,6 +47,9 @@ SPARSE_SEISMIC = "seismic"
 # segment before the approximate index is built, quantization_ceiling_ingest 3.0 (document
 # weights are quantized to 8 bits up to it: larger ones are clipped), _search 16.
 SEISMIC_DEFAULTS: dict[str, Any] = {"approximate_threshold": 1_000_000, "quantization_ceiling_ingest": 3.0}
+# Amazon OpenSearch Serverless vector search collections generate every document id: the
+# content hash lives in this keyword field instead (see backend.py).
+CONTENT_ID = "content_id"
 PIPELINE_MINMAX = "d2s-hybrid-minmax"
 PIPELINE_RRF = "d2s-hybrid-rrf"
 # Fields a search hit needs to become a Hit (matched terms come from the stored features).
@@ -66,49 +69,86 @@ def index_body(
     ef_construction: int = 128,
     sparse_index: str = SPARSE_RANK_FEATURES,
     seismic: Mapping[str, Any] | None = None,
+    serverless: bool = False,
 ) -> dict[str, Any]:
     """The ``PUT /<index>`` body: settings plus the mapping, ``_meta`` carrying the bundle.
 
     ``sparse_index="seismic"`` (OpenSearch 3.3+, neural-search): the sparse field is a
     ``sparse_vector`` with the SEISMIC approximate index (keys are vocabulary ids, see
-    :mod:`d2s_search.backends.opensearch.seismic`); ``seismic`` overrides its parameters.
+    :mod:`d2s_search.backends.opensearch.seismic`); ``seismic`` overrides its parameters. Such
+    an index has neither ``index.knn`` nor a ``knn_vector`` (k-NN's and neural-search's codec
+    factories cannot share an index): the dense vectors live in the sibling index that
+    :func:`dense_index_body` describes.
+
+    ``serverless`` (Amazon OpenSearch Serverless): no shard counts (a collection manages its
+    shards; an index there takes ``knn``, ``knn.algo_param.ef_search`` and ``refresh_interval``,
+    AWS CloudFormation ``AWS::OpenSearchServerless::Index``), and the content hash in the
+    keyword field :data:`CONTENT_ID`, as a vector search collection assigns document ids itself.
     """
     if engine not in ("faiss", "lucene"):
         raise QueryError(f"unknown k-NN engine {engine!r} (use faiss or lucene)")
     if sparse_index not in (SPARSE_RANK_FEATURES, SPARSE_SEISMIC):
         raise QueryError(f"unknown sparse index {sparse_index!r} (use {SPARSE_RANK_FEATURES} or {SPARSE_SEISMIC})")
     dim = identity.dense_dim if identity else 256
-    settings: dict[str, Any] = {"number_of_shards": shards, "number_of_replicas": replicas, "knn": True}
-    sparse_mapping: dict[str, Any] = {"type": "rank_features"}
+    settings: dict[str, Any] = {} if serverless else {"number_of_shards": shards, "number_of_replicas": replicas}
+    properties: dict[str, Any] = {SPARSE_FIELD: {"type": "rank_features"}}
+    meta = bodies.bundle_meta(identity, dim)
     if sparse_index == SPARSE_SEISMIC:
         settings["sparse"] = True  # neural-search 3.3.0.0 SparseSettings.IS_SPARSE_INDEX_SETTING
-        sparse_mapping = {"type": "sparse_vector",
-                          "method": {"name": "seismic", "parameters": {**SEISMIC_DEFAULTS, **(seismic or {})}}}
-    body = {
+        properties[SPARSE_FIELD] = {
+            "type": "sparse_vector",
+            "method": {"name": "seismic", "parameters": {**SEISMIC_DEFAULTS, **(seismic or {})}},
+        }
+        meta.update(sparse_index=SPARSE_SEISMIC, sparse_keys="vocabulary ids (positions in the bundle's vocabulary)",
+                    dense_vectors=DENSE_SIBLING)
+    else:
+        settings["knn"] = True
+        properties[DENSE_FIELD] = knn_vector(dim, engine, m, ef_construction)
+    properties.update(bodies.document_properties())
+    if serverless:
+        properties[CONTENT_ID] = {"type": "keyword"}
+        meta["document_ids"] = CONTENT_ID
+    return {
         "settings": {"index": settings},
+        "mappings": {"dynamic": "strict", "_meta": meta, "properties": properties},
+    }
+
+
+# ``_meta.dense_vectors`` of a SEISMIC index: its dense vectors are in ``<name>-dense``.
+DENSE_SIBLING = "sibling index <name>-dense"
+
+
+def knn_vector(dim: int, engine: str = "faiss", m: int = 16, ef_construction: int = 128) -> dict[str, Any]:
+    """The dense field: HNSW with inner product on ``engine``."""
+    return {
+        "type": "knn_vector",
+        "dimension": dim,
+        "method": {
+            "name": "hnsw",
+            "space_type": "innerproduct",
+            "engine": engine,
+            "parameters": {"m": m, "ef_construction": ef_construction},
+        },
+    }
+
+
+def dense_index_body(identity: IndexIdentity | None = None, *, engine: str = "faiss", shards: int = 1,
+                     replicas: int = 0, m: int = 16, ef_construction: int = 128) -> dict[str, Any]:
+    """The sibling of a SEISMIC index: the dense vectors (``index.knn``, k-NN's codec), with the
+    path (filters) and URL (hits) of each document, under the same ids."""
+    dim = identity.dense_dim if identity else 256
+    return {
+        "settings": {"index": {"number_of_shards": shards, "number_of_replicas": replicas, "knn": True}},
         "mappings": {
             "dynamic": "strict",
-            "_meta": bodies.bundle_meta(identity, dim),
+            "_meta": {**bodies.bundle_meta(identity, dim), "dense_vectors_of": "the SEISMIC index <name>"},
             "properties": {
-                SPARSE_FIELD: sparse_mapping,
-                DENSE_FIELD: {
-                    "type": "knn_vector",
-                    "dimension": dim,
-                    "method": {
-                        "name": "hnsw",
-                        "space_type": "innerproduct",
-                        "engine": engine,
-                        "parameters": {"m": m, "ef_construction": ef_construction},
-                    },
-                },
-                **bodies.document_properties(),
+                DENSE_FIELD: knn_vector(dim, engine, m, ef_construction),
+                "path": {"type": "keyword"},
+                "url": {"type": "keyword"},
             },
         },
     }
-    if sparse_index == SPARSE_SEISMIC:
-        body["mappings"]["_meta"]["sparse_index"] = SPARSE_SEISMIC
-        body["mappings"]["_meta"]["sparse_keys"] = "vocabulary ids (positions in the bundle's vocabulary)"
-    return body
 
 
 
@@ -127,6 +167,41 @@ def bulk_index_actions(index: str, docs: Iterable[tuple[str, Mapping[str, Any]]]
 
 def bulk_delete_actions(index: str, ids: Iterable[str]) -> list[dict[str, Any]]:
     return [{"_op_type": "delete", "_index": index, "_id": i} for i in ids]
+
+
+# Serverless: the server names each document; an action also carries the content hash under
+# CONTENT_ID (opensearchpy.helpers.expand_action sends only the metadata keys it knows), so its
+# answer is reported under the document's own id.
+
+def bulk_create_actions(index: str, docs: Iterable[tuple[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """``index`` actions without ``_id`` (the source holds the content hash in CONTENT_ID)."""
+    return [{"_op_type": "index", "_index": index, "_source": {**source, CONTENT_ID: doc_id}, CONTENT_ID: doc_id}
+            for doc_id, source in docs]
+
+
+def bulk_delete_stored(index: str, stored: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
+    """``delete`` actions for (content hash, server id) pairs."""
+    return [{"_op_type": "delete", "_index": index, "_id": server_id, CONTENT_ID: doc_id}
+            for doc_id, server_id in stored]
+
+
+def content_lookup_body(ids: Sequence[str], fields: Sequence[str] | bool) -> dict[str, Any]:
+    """The stored documents with these content hashes (a few more than asked: a hash stored
+    twice is found twice and removed with the other)."""
+    return {"query": {"terms": {CONTENT_ID: list(ids)}}, "size": min(MAX_RESULT_WINDOW, 2 * len(ids) + 10),
+            "_source": fields if isinstance(fields, bool) else list(fields), "track_total_hits": False}
+
+
+def content_page_body(page: int, after: Sequence[Any] | None = None,
+                      fields: Sequence[str] | None = None) -> dict[str, Any]:
+    """One page of every document in content-hash order, through ``search_after`` (no scroll)."""
+    body: dict[str, Any] = {"size": int(page), "query": {"match_all": {}}, "sort": [{CONTENT_ID: {"order": "asc"}}],
+                            "track_total_hits": False}
+    if fields is not None:
+        body["_source"] = [*fields, CONTENT_ID]
+    if after is not None:
+        body["search_after"] = list(after)
+    return body
 
 
 def scan_body(page: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
@@ -322,7 +397,7 @@ def minmax_pipeline_body(weights: tuple[float, float] = (0.5, 0.5)) -> dict[str,
     squeezes the negative range, so a candidate pool with negative inner products is fused on
     a different scale than the plain inner products (``Hit.parts`` reports the exact ones).
     """
-    ws, wd = _fusion_weights(weights)
+    ws, wd = fusion_weights(weights)
     return {
         "description": "d2s-search hybrid: min-max normalised sparse and dense scores, "
         "weighted arithmetic mean (weights: sparse, dense)",
@@ -363,7 +438,7 @@ def pipeline_name(method: str, weights: tuple[float, float] = (0.5, 0.5), rank_c
         return PIPELINE_RRF if rank_constant == 60 else f"{PIPELINE_RRF}-k{rank_constant}"
     if method != "min_max":
         raise QueryError(f"unknown fusion {method!r} (use min_max or rrf)")
-    ws, wd = _fusion_weights(weights)
+    ws, wd = fusion_weights(weights)
     if (ws, wd) == (0.5, 0.5):
         return PIPELINE_MINMAX
     return f"{PIPELINE_MINMAX}-{ws:.4f}-{wd:.4f}"
@@ -377,7 +452,7 @@ def pipeline_body(method: str, weights: tuple[float, float] = (0.5, 0.5), rank_c
     return minmax_pipeline_body(weights)
 
 
-def _fusion_weights(weights: tuple[float, float]) -> tuple[float, float]:
+def fusion_weights(weights: tuple[float, float]) -> tuple[float, float]:
     ws, wd = (float(w) for w in weights)
     if not (math.isfinite(ws) and math.isfinite(wd)) or ws < 0 or wd < 0 or ws + wd <= 0:
         raise QueryError("fusion weights must be non-negative and not both zero")

@@ -21,8 +21,21 @@ Trade-offs against the default ``rank_features`` plan (exact ``rank_feature`` su
 * keys are vocabulary ids, so the index needs the bundle's vocabulary: it is stored once in
   the side index ``<name>-vocabulary`` when the index is created and read back on open;
 * no two-phase plan, no ``query --server-side`` with a registered model (the model emits
-  words, the field wants ids), no ``index reindex`` yet; hybrid and dense work as usual;
+  words, the field wants ids), no ``index reindex`` yet;
 * the segment-level structures live in memory (neural-search's sparse caches): size the heap.
+
+Dense vectors live in a sibling index, ``<name>-dense``. A SEISMIC index needs
+``index.sparse: true``, which makes neural-search supply the index's codec service factory
+(neural-search 3.3.0.0 ``plugin/NeuralSearch.java``); a ``knn_vector`` with an HNSW method
+needs ``index.knn: true``, which makes k-NN supply one too (k-NN 3.3.0.0
+``plugin/KNNPlugin.java``), and core refuses a second factory for one index
+(``index/engine/EngineConfigFactory.java``: "existing codec service factory already
+overridden", OpenSearch#18466, neural-search#1335; the same in 3.8.0.0). Without ``index.knn``
+k-NN refuses a method on the field ("Cannot set modelId or method parameters when index.knn
+setting is false"). So the sibling holds the dense vector, path and URL of every document under
+the same id: writes go to both, ``dense`` searches the sibling, and ``hybrid`` runs both searches
+and fuses them here (min-max or RRF, the result names the fusion as ``client-minmax`` /
+``client-rrf``), as for Elasticsearch without the RRF retriever.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from d2s_search.backends.engine.documents import DENSE_FIELD
 from d2s_search.backends.opensearch.features import FLOAT32_MAX, FLOAT32_MIN_NORMAL, as_float32
 from d2s_search.errors import IndexStoreError
 
@@ -38,6 +52,18 @@ VOCABULARY_DOC = "vocabulary"
 
 def vocabulary_index(index_name: str) -> str:
     return f"{index_name}-vocabulary"
+
+
+def dense_index(index_name: str) -> str:
+    """The sibling holding a SEISMIC index's dense vectors."""
+    return f"{index_name}-dense"
+
+
+def split_source(source: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A document's ``_source`` -> (the SEISMIC index's part, the dense sibling's part)."""
+    main = {k: v for k, v in source.items() if k != DENSE_FIELD}
+    sibling = {k: source[k] for k in (DENSE_FIELD, "path", "url") if k in source}
+    return main, sibling
 
 
 def vocabulary_index_body(replicas: int = 0) -> dict[str, Any]:
