@@ -39,7 +39,7 @@ def _clean(x):
 def _console(stderr: bool = True):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    return Console(stderr=stderr, highlight=False, log_path=False)  # no source file:line on log lines
 
 
 def _bias_value(v: str | None) -> float | None:
@@ -129,7 +129,10 @@ def _tokenizer_option(f):
               help="torch device (auto: CUDA when available).")
 @click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads for torch (on a busy machine 1 can be much faster).")
 @click.option("--amp/--no-amp", default=True, show_default=True, help="Mixed precision (used only on CUDA).")
-@click.option("--resume", is_flag=True, help="Continue from <out>/last.pt.")
+@click.option("--resume", is_flag=True, help="Continue from <out>/last.pt, refusing other settings (the default "
+              "when <out> holds an unfinished run of the same settings: the same command continues it).")
+@click.option("--force", is_flag=True, help="Start over even when <out> holds a run (finished or not): its "
+              "head.pt, last.pt and history.json are replaced.")
 @click.option("--export-onnx-head", is_flag=True, help="Also write <out>/head.onnx (dense -> sparse) for torch-free evaluation.")
 @_tokenizer_option
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
@@ -138,7 +141,7 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
           vocab_init, freeze_vocab, regularizer, bias_init, lr_bias, norm_gain, output_terms, proj_init, gate_own_words,
           image_eta_scale, mix, mix_most, flops_budget, query_word_boost, calibration_distractors, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image,
           joint_w1, joint_w2, joint_lambda1, joint_lambda2, joint_lambda3, joint_tau, joint_max_flops, joint_init_head, seed, device, threads,
-          amp, resume, export_onnx_head, tokenizer, as_json) -> int:
+          amp, resume, force, export_onnx_head, tokenizer, as_json) -> int:
     """Train a D2S sparse head on precomputed dense embeddings (docs/training.md).
 
     \b
@@ -149,7 +152,9 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
     if ctx.invoked_subcommand is not None:
         return EXIT_OK
     if not data:
-        raise click.UsageError("--data is required (or use a subcommand: convert-head, export-head)")
+        raise click.UsageError("--data is required (or use a subcommand: convert-head, export-head, extract-head)")
+    if resume and force:
+        raise click.UsageError("--resume continues the run in --out, --force starts it over: give one")
     if threads:
         import torch
 
@@ -186,20 +191,7 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
         if not as_json:
             click.echo(f"{n_captions:,} training captions: {epochs} epochs of batch {batch_size} "
                        "(--epochs / --batch-size to change)", err=True)
-    tok = load_tokenizer(tokenizer)
-    train_tokens = tokenize_captions(splits["train"].captions, tok)
     val = splits.get("val")
-    val_tokens = tokenize_captions(val.captions, tok) if val is not None else None
-    head = build_head(splits["train"].dim, vocab_init, excluded_token_ids(tok), tok.get_vocab_size(), seed=seed,
-                      bias_init=bias_init, norm_gain=norm_gain, output_terms=output_terms, tokenizer=tok)
-    if freeze_vocab:
-        head.vocab.weight.requires_grad_(False)  # no gradient: AdamW leaves it untouched
-    if proj_init == "words":
-        from d2s_search.train.modeling import fit_projection_to_words
-
-        fit_projection_to_words(head, splits["train"], train_tokens)
-    if head.config.vocab_size != tok.get_vocab_size():
-        raise TrainingError(f"--vocab-init has {head.config.vocab_size} rows, the tokenizer {tok.get_vocab_size()} terms")
     cfg = TrainConfig(
         expansion=expansion, eta=eta, lam=lam, tau=tau, epochs=epochs, batch_size=batch_size,
         lr_proj=lr_proj, lr_vocab=lr_vocab, warmup=warmup, schedule=schedule, seed=seed,
@@ -212,6 +204,24 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
         select_flops_budget=flops_budget if val is not None else 0.0, select_boost=query_word_boost,
         val_distractors=calibration_distractors if flops_budget > 0 and val is not None else 0,
     )
+    from d2s_search.train.trainer import resume_decision
+
+    resume, continuing = resume_decision(out, cfg, resume, force)  # before any work: refusals come first
+    if continuing and not as_json:
+        click.echo(continuing, err=True)
+    tok = load_tokenizer(tokenizer)
+    train_tokens = tokenize_captions(splits["train"].captions, tok)
+    val_tokens = tokenize_captions(val.captions, tok) if val is not None else None
+    head = build_head(splits["train"].dim, vocab_init, excluded_token_ids(tok), tok.get_vocab_size(), seed=seed,
+                      bias_init=bias_init, norm_gain=norm_gain, output_terms=output_terms, tokenizer=tok)
+    if freeze_vocab:
+        head.vocab.weight.requires_grad_(False)  # no gradient: AdamW leaves it untouched
+    if proj_init == "words":
+        from d2s_search.train.modeling import fit_projection_to_words
+
+        fit_projection_to_words(head, splits["train"], train_tokens)
+    if head.config.vocab_size != tok.get_vocab_size():
+        raise TrainingError(f"--vocab-init has {head.config.vocab_size} rows, the tokenizer {tok.get_vocab_size()} terms")
     summary = run_train(head, splits["train"], train_tokens, cfg, out, val, val_tokens,
                         resume=resume, progress=not as_json)
     if flops_budget > 0 and val is not None:
@@ -226,8 +236,9 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
     if as_json:
         _emit_json(_clean(summary))
     else:
-        v = summary["best_val"]
-        best = f" (val R@1 {v['R@1']:.4f}, FLOPs {v['FLOPs']:.1f})" if v else ""
+        v, n_val = summary["best_val"], summary.get("validation_images", 0)
+        best = (f" (val R@1 {v['R@1']:.4f} among the {n_val:,} validation images, FLOPs {v['FLOPs']:.1f}; "
+                "the head alone)") if v else ""
         click.echo(f"kept head: {summary['head']} from epoch {summary['best_epoch']}{best}")
         chosen = summary.get("document_shift")
         if chosen:
@@ -237,9 +248,12 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
                 click.echo(f"no document shift: validation FLOPs {row['FLOPs']:.1f} are over "
                            f"--flops-budget {flops_budget:g} even without one")
             else:
+                among = (f"the {n_val:,} validation and {chosen['distractors']:,} training images"
+                         if chosen.get("distractors") else f"the {n_val:,} validation images")
                 click.echo(f"document shift {chosen['document_shift']:g}, query word boost "
-                           f"{chosen['query_word_boost']:g}: images keep {row['terms_per_image']:.0f} terms, val R@1 "
-                           f"{row['R@1']:.4f} at FLOPs {row['FLOPs']:.1f} (budget {flops_budget:g})")
+                           f"{chosen['query_word_boost']:g}: images keep {row['terms_per_image']:.0f} terms; val R@1 "
+                           f"{row['R@1']:.4f} among {among} (as searched), FLOPs {row['FLOPs']:.1f} "
+                           f"(budget {flops_budget:g})")
     return EXIT_OK
 
 
