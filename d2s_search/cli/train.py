@@ -406,6 +406,14 @@ def export_head(head_path, out, as_json) -> int:
 @click.option("--index-name", envvar="D2S_OPENSEARCH_INDEX", default="d2s", show_default=True,
               help="With --dataset: OpenSearch index name.")
 @click.option("--modes", default="sparse,two-phase,dense,hybrid", show_default=True, help="With --dataset: query plans to measure.")
+@click.option("--within-split", is_flag=True,
+              help="With --dataset: rank only among the split's images (copied from the index into a scratch local "
+                   "index), as --data does; default: among every document of the index.")
+@click.option("--val-fraction", type=click.FloatRange(0, 1), default=0.1, show_default=True,
+              help="With --dataset CSV: share of images in val (as given to embed).")
+@click.option("--test-fraction", type=click.FloatRange(0, 1), default=0.1, show_default=True,
+              help="With --dataset CSV: share of images in test (as given to embed).")
+@click.option("--seed", type=int, default=0, show_default=True, help="With --dataset CSV: seed of the split (as given to embed).")
 @click.option("--split", default="test", show_default=True, help="Split to evaluate (train, val, test).")
 @click.option("--head", "head_path", type=click.Path(exists=True, dir_okay=False), help="Sparse head: .pt (needs torch) or .onnx. Without it only the dense run is measured.")
 @click.option("--runs", default="dense,sparse,hybrid", show_default=True, help="Comma-separated: dense, sparse, hybrid.")
@@ -418,16 +426,18 @@ def export_head(head_path, out, as_json) -> int:
 @click.option("--check", is_flag=True, help="Recompute R@k/MRR@10 with ir_measures and report both.")
 @_tokenizer_option
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def evaluate_cmd(data, dataset, image_root, bundle, index_dir, backend, url, index_name, modes, split, head_path,
-                 runs, query_mask, fusion, alpha, semantic_k, max_images, check, tokenizer, as_json) -> int:
+def evaluate_cmd(data, dataset, image_root, bundle, index_dir, backend, url, index_name, modes, within_split,
+                 val_fraction, test_fraction, seed, split, head_path, runs, query_mask, fusion, alpha, semantic_k,
+                 max_images, check, tokenizer, as_json) -> int:
     """Text->image R@1/5/10, MRR@10, FLOPs, Exact@k, Semantic@k, terms per vector and
     faithfulness to the dense run, on precomputed embeddings (--data) or end to end through
     an index (--dataset, after `d2s-search ingest` of its images)."""
     if (data is None) == (dataset is None):
         raise click.UsageError("give either --data (precomputed embeddings) or --dataset (end to end through an index)")
     if dataset:
+        csv_split = {"val_fraction": val_fraction, "test_fraction": test_fraction, "seed": seed}
         return _evaluate_index(dataset, image_root, bundle, index_dir, backend, url, index_name, modes, split,
-                               fusion, alpha, max_images, as_json)
+                               fusion, alpha, max_images, as_json, within_split, csv_split)
     from d2s_search import metrics as M
     from d2s_search.evaluate import (
         EvalData,
@@ -479,48 +489,77 @@ def evaluate_cmd(data, dataset, image_root, bundle, index_dir, backend, url, ind
 
 
 def _evaluate_index(dataset, image_root, bundle, index_dir, backend, url, index_name, modes, split, fusion, alpha,
-                    max_images, as_json) -> int:
+                    max_images, as_json, within_split=False, csv_split=None) -> int:
     from rich.progress import Progress
 
-    from d2s_search.cli.options import open_index
+    from d2s_search.cli.options import index_location, open_index
     from d2s_search.embed import read_dataset
     from d2s_search.encoder import Encoder
     from d2s_search.evaluate import evaluate_index
     from d2s_search.train.data import DatasetError
 
-    items = read_dataset(dataset, image_root)
-    if any(it.split == split for it in items):
-        items = [it for it in items if it.split == split]
-    elif str(dataset).lower().endswith(".json"):
-        raise DatasetError(f"{dataset} has no {split!r} images")
+    # A CSV is split by the seeded draw `embed` makes, with the same options and defaults.
+    is_json = str(dataset).lower().endswith(".json")
+    items = read_dataset(dataset, image_root, **({} if is_json else dict(csv_split or {})))
+    items = [it for it in items if it.split == split]
+    if not items:
+        raise DatasetError(f"{dataset} has no {split!r} images" + ("" if is_json else " with this --val-fraction, "
+                                                                   "--test-fraction and --seed"))
     if max_images:
         items = items[:max_images]
     wanted = tuple(m.strip() for m in modes.split(",") if m.strip())
     bundle_obj, store, _ = open_index(backend, index_dir, url, index_name, bundle, create=False)
-    progress = None if as_json else Progress(console=_console())
+    progress = None if as_json else _ShownOnFirstTask(Progress(console=_console()))
     try:
-        if progress:
-            progress.start()
-        result = evaluate_index(store, Encoder(bundle_obj), items, wanted, fusion=fusion, alpha=alpha, progress=progress)
+        where = index_location(store)
+        result = evaluate_index(store, Encoder(bundle_obj), items, wanted, fusion=fusion, alpha=alpha,
+                                progress=progress, within_split=within_split)
     finally:
         if progress:
             progress.stop()
         store.close()
     result["dataset"] = f"{Path(dataset).name}/{split}"
-    result["documents"] = result.get("documents", 0)
+    result["index"] = where
     if as_json:
         _emit_json(_clean(result))
-    else:
-        click.echo(f"{result['queries']} queries over {result['documents']} indexed images "
-                   f"({result['skipped_queries']} captions skipped: image not in the index); "
-                   f"FLOPs {result.get('FLOPs', 0):.1f}, terms/query {result.get('terms_per_query', 0):.1f}, "
-                   f"terms/image {result.get('terms_per_image', 0):.1f}")
-        _print_eval({"dataset": result["dataset"], "queries": result["queries"], "documents": result["documents"],
-                     "runs": result["runs"]}, 20)
+        return EXIT_OK
+    every = f"all {result['ranked_among']:,}" if result["ranked_among"] is not None else "all the"
+    among = (f"ranked among these {result['documents']:,} images alone (--within-split), as --data ranks a split"
+             if within_split else
+             f"ranked among {every} documents of the index (--within-split: among these images alone, as --data "
+             "ranks a split)")
+    click.echo(f"{result['queries']} queries about {result['documents']:,} {split} images in {where}, {among}; "
+               f"{result['skipped_queries']} captions skipped (image not in the index)")
+    click.echo(f"FLOPs {result.get('FLOPs', 0):.1f}, terms/query {result.get('terms_per_query', 0):.1f}, "
+               f"terms/image {result.get('terms_per_image', 0):.1f}")
+    scope = "this split" if within_split else "the whole index"
+    _print_eval({"dataset": result["dataset"], "queries": result["queries"], "documents": result["ranked_among"] or "?",
+                 "runs": result["runs"]}, 20, documents_label=f"images ranked ({scope})")
     return EXIT_OK
 
 
-def _print_eval(result: dict, k: int) -> None:
+class _ShownOnFirstTask:
+    """A rich Progress that appears with its first task: an error before any work prints its one
+    line alone."""
+
+    def __init__(self, progress) -> None:
+        self.progress, self.started = progress, False
+
+    def add_task(self, *args, **kwargs):
+        if not self.started:
+            self.progress.start()
+            self.started = True
+        return self.progress.add_task(*args, **kwargs)
+
+    def update(self, *args, **kwargs) -> None:
+        self.progress.update(*args, **kwargs)
+
+    def stop(self) -> None:
+        if self.started:
+            self.progress.stop()
+
+
+def _print_eval(result: dict, k: int, documents_label: str = "images") -> None:
     from rich.table import Table
 
     cols = ["R@1", "R@5", "R@10", "MRR@10", "FLOPs", f"Exact@{k}", f"Semantic@{k}", "terms_per_query",
@@ -541,7 +580,7 @@ def _print_eval(result: dict, k: int) -> None:
     console = _console(stderr=False)
     if not console.is_terminal:
         console.width = max(console.width, 160)  # don't squeeze the table in pipes and logs
-    console.print(f"{result['dataset']}: {result['queries']} queries, {result['documents']} images")
+    console.print(f"{result['dataset']}: {result['queries']} queries, {result['documents']} {documents_label}")
     console.print(table)
     co = result.get("coactivation")
     if co:
