@@ -33,6 +33,7 @@ from d2s_search.bundle import (
 )
 from d2s_search.errors import ModelError, ParityError
 
+from .bundle_head import head_source
 from .dense import ProjectedTower
 from .head import SparseHead, finite_setting, head_summary, load_head
 from .models import DenseDualEncoder, build_dense_encoder
@@ -192,6 +193,7 @@ def export_bundle(
         (tmp / "vocab.txt").write_text("\n".join(display_terms(encoder.tokenizer, vocab_size)) + "\n", encoding="utf-8")
         feature_dims = write_projections(encoder, tmp / PROJECTIONS_FILE, "joint" if projections is not None else "model")
         manifest = _manifest(encoder, head, precision, tmp, parity, feature_dims, projections)
+        manifest["head_source"] = head_source(head_path, encoder.name)  # not fingerprinted: where, not what
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         if out_dir.exists():
             shutil.rmtree(out_dir)

@@ -1,4 +1,4 @@
-"""``d2s-search train`` (+ ``convert-head``, ``export-head``), ``evaluate`` and ``embed``.
+"""``d2s-search train`` (+ ``convert-head``, ``export-head``, ``extract-head``), ``evaluate`` and ``embed``.
 
 Commands return exit codes (0 ok, 1 failed, 3 partial) and raise :class:`D2SError`
 subclasses for one-line errors; heavy imports (torch) happen inside the commands.
@@ -389,6 +389,34 @@ def export_head(head_path, out, as_json) -> int:
         _emit_json({"onnx": str(path)})
     else:
         click.echo(f"wrote {path}")
+    return EXIT_OK
+
+
+@train.command("extract-head")
+@click.option("--bundle", type=click.Path(file_okay=False), envvar="D2S_BUNDLE", help="Model bundle (default: the one "
+              "exported last).")
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="Head file to write (.pt, for "
+              "`evaluate --head` and `export-onnx --head`).")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def extract_head(bundle, out, as_json) -> int:
+    """Write the head inside a bundle as a head file, to compare it with a new head on the same
+    vectors (`evaluate --data embs --head`). The head is rebuilt from what export recorded (the
+    --head file, or the model's own head) and checked against the bundle's graphs."""
+    from d2s_search.cli.options import load_bundle
+    from onnx_export.bundle_head import extract_head as extract
+    from onnx_export.head import head_summary, save_head
+
+    bundle_obj = load_bundle(bundle, verify=True)
+    extracted = extract(bundle_obj)
+    path = save_head(extracted.head, out)
+    c = extracted.head.config
+    if as_json:
+        _emit_json({"head": str(path), "bundle": str(bundle_obj.path), "source": extracted.source,
+                    "max_difference": extracted.max_difference, **head_summary(extracted.head)})
+    else:
+        click.echo(f"wrote {path}: the head of {bundle_obj.path} ({extracted.source}; document shift "
+                   f"{c.document_shift:g}, query word boost {c.query_word_boost:g}), matching the bundle's graphs "
+                   f"within {extracted.max_difference:.1g}")
     return EXIT_OK
 
 
