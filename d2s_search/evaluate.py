@@ -137,10 +137,13 @@ def sparse_from_head(
     data: EvalData,
     query_tokens: Sequence[np.ndarray] | None = None,
     query_mask: str | None = None,
+    typed_tokens: Sequence[np.ndarray] | None = None,
 ) -> SparseVectors:
     """Encode both sides with a head (``.pt`` via torch, ``.onnx`` via ONNX Runtime).
 
     ``query_mask``: ``own_tokens`` | ``none`` | None (= what the head's notes say).
+    ``typed_tokens``: per query, its tokens that are whole words, where the boost is added as
+    the exported text graph adds it (None: at every one of ``query_tokens``).
     """
     p = Path(head_path)
     if p.suffix == ".onnx":
@@ -166,7 +169,7 @@ def sparse_from_head(
     if boost:
         if query_tokens is None:
             raise ModelError("a head with a query word boost needs the query token ids")
-        q = boost_own_words(q, query_tokens, allowed, boost)
+        q = boost_own_words(q, typed_tokens if typed_tokens is not None else query_tokens, allowed, boost)
     mode = query_mask or recorded
     if mode == "own_tokens":
         if query_tokens is None:

@@ -497,7 +497,8 @@ def evaluate_cmd(data, dataset, image_root, bundle, index_dir, backend, url, ind
         names = id_to_token(tok)
         ct = tokenize_captions(s.captions, tok)
         q_tokens = [ct.row(i) for i in range(len(ct))]
-        sv = sparse_from_head(head_path, ev, q_tokens, None if query_mask == "auto" else query_mask)
+        typed = [ct.boosted().row(i) for i in range(len(ct))]
+        sv = sparse_from_head(head_path, ev, q_tokens, None if query_mask == "auto" else query_mask, typed)
     opts = EvalOptions(runs=wanted, hybrid_weight=alpha, fusion=fusion, semantic_k=semantic_k)
     result = evaluate(ev, sv, q_tokens, static_embeddings() if sv is not None else None, opts, names)
     if check:
