@@ -53,29 +53,39 @@ def extract_head(bundle: Bundle) -> ExtractedHead:
         from .models import build_dense_encoder
 
         head = build_head(build_dense_encoder(bundle.model_name), None)
-        source = f"{bundle.model_name}'s own head" + ("" if head.config.trained else " (untrained, vocabulary init)")
+        source = f"{bundle.model_name}'s own head" + (
+            "" if head.config.trained else " (untrained, vocabulary init)"
+        )
     head = _with_bundle_settings(head, bundle)
     difference = _max_difference(head, bundle)
     precision = bundle.manifest.get("precision", "fp32")
     allowed = TOLERANCE.get(precision, COARSE_TOLERANCE)
     if difference > allowed:
         if recorded is None:
-            raise ModelError(f"{bundle.path} was exported with a head its manifest does not name (exported before "
-                             "bundles recorded their head): pass that head file to `evaluate --head`, or export "
-                             "the bundle again with `--head FILE`")
-        raise ModelError(f"the head rebuilt from {source} does not reproduce {bundle.path} (differs by "
-                         f"{difference:.2g}, more than {allowed:g}): its source changed since the export")
+            raise ModelError(
+                f"{bundle.path} was exported with a head its manifest does not name (exported before "
+                "bundles recorded their head): pass that head file to `evaluate --head`, or export "
+                "the bundle again with `--head FILE`"
+            )
+        raise ModelError(
+            f"the head rebuilt from {source} does not reproduce {bundle.path} (differs by "
+            f"{difference:.2g}, more than {allowed:g}): its source changed since the export"
+        )
     return ExtractedHead(head, source, difference)
 
 
 def _from_file(bundle: Bundle, recorded: dict) -> SparseHead:
     path = Path(recorded["file"])
     if not path.is_file():
-        raise ModelError(f"{bundle.path} was exported with the head file {path}, which is gone: pass a copy of it "
-                         "to `evaluate --head` directly")
+        raise ModelError(
+            f"{bundle.path} was exported with the head file {path}, which is gone: pass a copy of it "
+            "to `evaluate --head` directly"
+        )
     if sha256_file(path) != recorded.get("sha256"):
-        raise ModelError(f"{bundle.path} was exported with the head file {path}, which has changed since (its "
-                         "SHA-256 differs): the bundle's head is no longer in a file")
+        raise ModelError(
+            f"{bundle.path} was exported with the head file {path}, which has changed since (its "
+            "SHA-256 differs): the bundle's head is no longer in a file"
+        )
     return load_head(path)
 
 
@@ -84,8 +94,12 @@ def _with_bundle_settings(head: SparseHead, bundle: Bundle) -> SparseHead:
     the first two and adds the tokenizer's special tokens to the last)."""
     summary = bundle.manifest.get("head", {})
     c = head.config
-    c.document_shift = finite_setting(summary.get("document_shift", 0.0), "the bundle's document shift")
-    c.query_word_boost = finite_setting(summary.get("query_word_boost", 0.0), "the bundle's query word boost")
+    c.document_shift = finite_setting(
+        summary.get("document_shift", 0.0), "the bundle's document shift"
+    )
+    c.query_word_boost = finite_setting(
+        summary.get("query_word_boost", 0.0), "the bundle's query word boost"
+    )
     excluded = sorted(int(i) for i in bundle.manifest["text"]["excluded_ids"])
     if excluded != sorted(set(c.excluded_ids)):  # rebuilt: the in-graph mask follows the ids
         state = head.state_dict()
@@ -106,7 +120,9 @@ def _max_difference(head: SparseHead, bundle: Bundle) -> float:
 
     encoder = Encoder(bundle, device="cpu")
     rng = np.random.default_rng(0)
-    pictures = [Image.fromarray(rng.integers(0, 256, (96, 128, 3), dtype=np.uint8)) for _ in range(3)]
+    pictures = [
+        Image.fromarray(rng.integers(0, 256, (96, 128, 3), dtype=np.uint8)) for _ in range(3)
+    ]
     dense, sparse = encoder.encode_images(pictures)
     ours = head(torch.from_numpy(dense), document=True).numpy()
     worst = float(np.max(np.abs(ours - sparse))) / _scale(sparse, bundle)
@@ -118,7 +134,9 @@ def _max_difference(head: SparseHead, bundle: Bundle) -> float:
     away = np.ones_like(ours, dtype=bool)
     for row, row_ids in enumerate(ids):
         away[row, row_ids] = False
-    worst = max(worst, float(np.max(np.abs(ours - text.sparse)[away])) / _scale(text.sparse, bundle))
+    worst = max(
+        worst, float(np.max(np.abs(ours - text.sparse)[away])) / _scale(text.sparse, bundle)
+    )
     return worst
 
 

@@ -27,8 +27,13 @@ def _every_command(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tup
 
 
 def test_the_console_script_starts_and_lists_every_command(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "d2s_search.cli", "--help"], capture_output=True, text=True,
-                          env=clean_env(tmp_path) | {"COLUMNS": "100"}, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "d2s_search.cli", "--help"],
+        capture_output=True,
+        text=True,
+        env=clean_env(tmp_path) | {"COLUMNS": "100"},
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert all(f"  {name} " in done.stdout for name in cli.commands)
 
@@ -47,7 +52,9 @@ def test_version_names_the_package(capsys):
 
 def test_settings_come_from_the_config_file(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "d2s-search.toml").write_text('index = "from-the-config"\n\n[opensearch]\nindex_name = "photos"\n')
+    (tmp_path / "d2s-search.toml").write_text(
+        'index = "from-the-config"\n\n[opensearch]\nindex_name = "photos"\n'
+    )
     code, _, err = run_cli(["index", "stats"], capsys)
     assert code == 1 and f"no index at {tmp_path / 'from-the-config'}" in err
     from d2s_search import settings
@@ -60,4 +67,6 @@ def test_a_broken_config_file_is_one_line(tmp_path, monkeypatch, capsys):
     (tmp_path / "d2s-search.toml").write_text('index = "unterminated\n')
     code, out, err = run_cli(["index", "stats"], capsys)
     assert code == 1 and not out
-    assert err.startswith("error: cannot read config file d2s-search.toml: ") and err.count("\n") == 1
+    assert (
+        err.startswith("error: cannot read config file d2s-search.toml: ") and err.count("\n") == 1
+    )

@@ -23,7 +23,9 @@ QUERY = "giraffe zebra"  # bert-base-uncased: [CLS] gi ##raf ##fe zebra [SEP]
 def boosted_bundle(tmp_path_factory) -> Bundle:
     from onnx_export.export import export_bundle
 
-    return export_bundle("tiny-blip", tmp_path_factory.mktemp("typed") / "boosted", query_word_boost=BOOST).bundle
+    return export_bundle(
+        "tiny-blip", tmp_path_factory.mktemp("typed") / "boosted", query_word_boost=BOOST
+    ).bundle
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,9 @@ def old_graph_bundle(tmp_path_factory) -> Bundle:
     mp = pytest.MonkeyPatch()
     mp.setattr(export, "TextGraph", EveryToken)
     try:
-        bundle = export.export_bundle("tiny-blip", tmp_path_factory.mktemp("typed") / "old", query_word_boost=BOOST)
+        bundle = export.export_bundle(
+            "tiny-blip", tmp_path_factory.mktemp("typed") / "old", query_word_boost=BOOST
+        )
     finally:
         mp.undo()
     path = bundle.bundle.path
@@ -70,7 +74,9 @@ def _plain(bundle: Bundle, dense: np.ndarray) -> np.ndarray:
 def test_the_text_graph_boosts_whole_words_not_the_fragments_of_a_split_word(boosted_bundle):
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(boosted_bundle.path / "text.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(boosted_bundle.path / "text.onnx"), providers=["CPUExecutionProvider"]
+    )
     tokenizer = Encoder(boosted_bundle).tokenizer
     texts = [QUERY, "gi giraffe", "a giraffe"]
     ids, mask = tokenize_batch(tokenizer, texts, boosted_bundle.max_text_length)
@@ -80,12 +86,16 @@ def test_the_text_graph_boosts_whole_words_not_the_fragments_of_a_split_word(boo
     boost = sparse - plain
     assert boost[0, zebra] == pytest.approx(BOOST, abs=1e-4)  # typed whole
     assert np.abs(boost[0, [gi, raf, fe]]).max() < 1e-4  # fragments of "giraffe": nothing added
-    assert boost[1, gi] == pytest.approx(BOOST, abs=1e-4)  # typed whole once, a fragment once: one boost
+    assert boost[1, gi] == pytest.approx(
+        BOOST, abs=1e-4
+    )  # typed whole once, a fragment once: one boost
     assert np.abs(boost[2, [gi, raf, fe]]).max() < 1e-4
     assert boosted_bundle.manifest["text"]["own_words"] == "whole words"
 
 
-def test_a_graph_exported_before_has_the_fragments_boost_taken_off(boosted_bundle, old_graph_bundle):
+def test_a_graph_exported_before_has_the_fragments_boost_taken_off(
+    boosted_bundle, old_graph_bundle
+):
     new, old = Encoder(boosted_bundle), Encoder(old_graph_bundle)
     texts = [QUERY, "gi giraffe", "two dogs skateboarding"]
     fixed, corrected = new.encode_texts(texts), old.encode_texts(texts)
@@ -93,26 +103,35 @@ def test_a_graph_exported_before_has_the_fragments_boost_taken_off(boosted_bundl
     # without the correction the old graph does boost them: the test is not vacuous
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(old_graph_bundle.path / "text.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(old_graph_bundle.path / "text.onnx"), providers=["CPUExecutionProvider"]
+    )
     ids, mask = tokenize_batch(old.tokenizer, texts, old_graph_bundle.max_text_length)
     raw = session.run(["sparse"], {"input_ids": ids, "attention_mask": mask})[0]
     (gi,) = _ids(old_graph_bundle, "gi")
     assert raw[0, gi] - fixed.sparse[0, gi] == pytest.approx(BOOST, abs=1e-4)
 
 
-def test_typed_words_are_whole_words_and_an_unknown_word_gets_a_note(boosted_bundle, image_folder, tmp_path,
-                                                                     capsys):
+def test_typed_words_are_whole_words_and_an_unknown_word_gets_a_note(
+    boosted_bundle, image_folder, tmp_path, capsys
+):
     from d2s_search.search import SearchResult, encode_text_query
 
     vectors = encode_text_query(Encoder(boosted_bundle), QUERY)
     assert vectors.typed == {"zebra"} and "gi" not in vectors.own and "zebra" in vectors.own
     assert vectors.unrecognised == ["giraffe"] and not vectors.weak
-    result = SearchResult(mode="sparse", hits=[], took_ms=0.0, unrecognised_words=vectors.unrecognised)
-    assert result.notice == ("The model does not know the word 'giraffe': the results match the query's other "
-                             "words, not it. Try another word for it.")
+    result = SearchResult(
+        mode="sparse", hits=[], took_ms=0.0, unrecognised_words=vectors.unrecognised
+    )
+    assert result.notice == (
+        "The model does not know the word 'giraffe': the results match the query's other "
+        "words, not it. Try another word for it."
+    )
     index = tmp_path / "idx"
-    code, _, err = run_cli(["ingest", image_folder / "b", "--bundle", boosted_bundle.path, "--index", index, "--json"],
-                           capsys)
+    code, _, err = run_cli(
+        ["ingest", image_folder / "b", "--bundle", boosted_bundle.path, "--index", index, "--json"],
+        capsys,
+    )
     assert code == 0, err
     code, out, err = run_cli(["query", QUERY, "--index", index, "--no-serve"], capsys)
     assert code == 0 and out
@@ -135,7 +154,11 @@ def test_evaluation_boosts_what_the_graph_boosts(boosted_bundle):
     tokens = tokenize_captions(captions, load_tokenizer(boosted_bundle.path))
     typed = tokens.boosted()
     assert tokens.typed is not None and typed.row(1).size < tokens.row(1).size
-    modelled = boost_own_words(sp.csr_matrix(_plain(boosted_bundle, graph.dense)),
-                               [typed.row(i) for i in range(len(typed))], encoder.bundle.allowed_mask, BOOST)
+    modelled = boost_own_words(
+        sp.csr_matrix(_plain(boosted_bundle, graph.dense)),
+        [typed.row(i) for i in range(len(typed))],
+        encoder.bundle.allowed_mask,
+        BOOST,
+    )
     np.testing.assert_allclose(modelled.toarray(), graph.sparse, atol=1e-4)
     assert tokens.subset([1, 3]).typed.row(0).tolist() == typed.row(1).tolist()

@@ -83,10 +83,14 @@ def test_back_and_forward_step_through_searches(page, live_server, image_folder)
     back_or_forward(page.go_back)  # the sparse search for "a red car"
     assert page.input_value("#q") == "a red car" and "mode=sparse" in page.url
     assert page.is_checked("input[name=mode][value=sparse]")
-    assert shown(page) == [r["id"] for r in api(live_server, "/api/search", q="a red car", k=20)["results"]]
+    assert shown(page) == [
+        r["id"] for r in api(live_server, "/api/search", q="a red car", k=20)["results"]
+    ]
     back_or_forward(page.go_back)
     assert page.input_value("#q") == "a dog" and "q=a+dog&" in page.url + "&"
-    assert shown(page) == [r["id"] for r in api(live_server, "/api/search", q="a dog", k=20)["results"]]
+    assert shown(page) == [
+        r["id"] for r in api(live_server, "/api/search", q="a dog", k=20)["results"]
+    ]
     back_or_forward(page.go_forward)
     back_or_forward(page.go_forward)
     assert page.input_value("#q") == "a red car" and shown(page) == dense_car
@@ -131,8 +135,13 @@ def test_arrow_keys_step_through_results_in_the_picture_view(page, live_server):
     assert page.inner_text("#d-position") == "1 of 6" and page.is_disabled("#d-prev")
     for n in range(1, 6):
         page.keyboard.press("ArrowRight")
-        page.wait_for_function(f"document.querySelector('#detail').dataset.id === '{want[n]['id']}'")
-        assert page.inner_text("#d-name") == want[n]["name"] and page.inner_text("#d-position") == f"{n + 1} of 6"
+        page.wait_for_function(
+            f"document.querySelector('#detail').dataset.id === '{want[n]['id']}'"
+        )
+        assert (
+            page.inner_text("#d-name") == want[n]["name"]
+            and page.inner_text("#d-position") == f"{n + 1} of 6"
+        )
     assert page.is_disabled("#d-next")
     page.keyboard.press("ArrowRight")  # the last one: stays
     page.keyboard.press("ArrowLeft")
@@ -172,7 +181,8 @@ def test_long_file_names_wrap_between_words(browser, live_server):
         assert page.inner_text("#d-name") == LONG_NAME  # the break opportunities add no characters
         for box in ("#d-name", "#d-path"):
             # the character before each line break: a separator, never a letter or digit
-            before_breaks = page.evaluate("""(sel) => {
+            before_breaks = page.evaluate(
+                """(sel) => {
                 const node = document.querySelector(sel);
                 const walker = document.createTreeWalker(node, NodeFilter.SHOW_TEXT);
                 const chars = [];
@@ -186,7 +196,9 @@ def test_long_file_names_wrap_between_words(browser, live_server):
                 const out = [];
                 for (let i = 1; i < chars.length; i++) if (chars[i][1] > chars[i - 1][1] + 2) out.push(chars[i - 1][0]);
                 return out;
-            }""", box)
+            }""",
+                box,
+            )
             assert before_breaks, f"{box} fits on one line: the test needs a narrower view"
             assert set(before_breaks) <= set("/_-. "), (box, before_breaks)
         _shot(page, "12-long-name-phone")
@@ -195,15 +207,24 @@ def test_long_file_names_wrap_between_words(browser, live_server):
 
 
 def test_a_phone_keeps_the_query_words_to_one_row(browser, live_server):
-    context = browser.new_context(viewport={"width": 390, "height": 844}, base_url=live_server.url,
-                                  is_mobile=True, has_touch=True, device_scale_factor=2)
+    context = browser.new_context(
+        viewport={"width": 390, "height": 844},
+        base_url=live_server.url,
+        is_mobile=True,
+        has_touch=True,
+        device_scale_factor=2,
+    )
     page = context.new_page()
     try:
         page.goto("/?q=two+children+playing+with+a+dog+on+the+beach+at+sunset&k=20")
         page.wait_for_selector("#grid[data-state=done]")
         chips = page.locator("#query-terms .chip")
         assert chips.count() == 24
-        tops = {round(box["y"]) for box in (chips.nth(i).bounding_box() for i in range(chips.count())) if box}
+        tops = {
+            round(box["y"])
+            for box in (chips.nth(i).bounding_box() for i in range(chips.count()))
+            if box
+        }
         box = page.locator("#query-terms").bounding_box()
         row = chips.first.bounding_box()["height"]
         assert box["height"] <= row + 8, "the query's words take more than one row"
@@ -215,7 +236,9 @@ def test_a_phone_keeps_the_query_words_to_one_row(browser, live_server):
         assert page.locator("#query-terms").bounding_box()["height"] > 2 * row
         assert page.inner_text("#query-terms-more") == "fewer words"
         page.click("#query-terms-more")
-        page.set_viewport_size({"width": 1280, "height": 900})  # a wide screen: every word, no button
+        page.set_viewport_size(
+            {"width": 1280, "height": 900}
+        )  # a wide screen: every word, no button
         page.wait_for_function("document.querySelector('#query-terms-more').hidden")
         assert chips.nth(23).is_visible()
     finally:

@@ -18,13 +18,30 @@ from tests.train.test_cli_embed import _word_dataset
 @pytest.fixture
 def data(tmp_path):
     _word_dataset(tmp_path / "data")
-    np.save(tmp_path / "w2.npy", np.random.default_rng(0).standard_normal((30522, 16)).astype(np.float32) * 0.1)
+    np.save(
+        tmp_path / "w2.npy",
+        np.random.default_rng(0).standard_normal((30522, 16)).astype(np.float32) * 0.1,
+    )
     return tmp_path
 
 
 def _train(root, out: str, *extra) -> list[str]:
-    return ["train", "--data", root / "data", "--out", root / out, "--batch-size", "32", "--vocab-init",
-            root / "w2.npy", "--flops-budget", "0", "--threads", "1", *extra]
+    return [
+        "train",
+        "--data",
+        root / "data",
+        "--out",
+        root / out,
+        "--batch-size",
+        "32",
+        "--vocab-init",
+        root / "w2.npy",
+        "--flops-budget",
+        "0",
+        "--threads",
+        "1",
+        *extra,
+    ]
 
 
 def _interrupt_after_epoch(monkeypatch, epoch: int) -> None:
@@ -68,29 +85,41 @@ def test_a_finished_run_is_replaced_only_with_force(data, capsys):
     before = (data / "run" / "last.pt").stat().st_mtime_ns
     code, out, err = run_cli(_train(data, "run", "--epochs", "2"), capsys)
     assert code == 1 and not out
-    assert err == (f"error: {data / 'run'} holds a finished run (2 epochs): pass --force to train again from "
-                   "scratch, or use another --out\n")
+    assert err == (
+        f"error: {data / 'run'} holds a finished run (2 epochs): pass --force to train again from "
+        "scratch, or use another --out\n"
+    )
     assert (data / "run" / "last.pt").stat().st_mtime_ns == before  # nothing was touched
     (data / "run" / "notes.txt").write_text("mine")
     code, _, err = run_cli(_train(data, "run", "--epochs", "2", "--force"), capsys)
     assert code == 0, err
     assert "continuing" not in err and (data / "run" / "last.pt").stat().st_mtime_ns != before
     assert len(json.loads((data / "run" / "history.json").read_text())) == 2
-    assert (data / "run" / "notes.txt").read_text() == "mine"  # only the run's own files are replaced
+    assert (
+        data / "run" / "notes.txt"
+    ).read_text() == "mine"  # only the run's own files are replaced
 
 
-def test_an_unfinished_run_with_other_settings_is_refused_naming_the_difference(data, monkeypatch, capsys):
+def test_an_unfinished_run_with_other_settings_is_refused_naming_the_difference(
+    data, monkeypatch, capsys
+):
     _interrupt_after_epoch(monkeypatch, 1)
     code, _, _ = run_cli(_train(data, "run", "--epochs", "3"), capsys)
     assert code == 130
     code, out, err = run_cli(_train(data, "run", "--epochs", "3", "--eta", "0.01"), capsys)
     assert code == 1 and not out
-    assert err == (f"error: {data / 'run'} holds an unfinished run (epoch 1 of 3) with other settings (eta 0.0003 "
-                   "there, 0.01 now): give its settings again to continue it, or pass --force to start over (or use "
-                   "another --out)\n")
+    assert err == (
+        f"error: {data / 'run'} holds an unfinished run (epoch 1 of 3) with other settings (eta 0.0003 "
+        "there, 0.01 now): give its settings again to continue it, or pass --force to start over (or use "
+        "another --out)\n"
+    )
     # --resume asks for the same continuation explicitly, and refuses the same way
-    code, _, err = run_cli(_train(data, "run", "--epochs", "3", "--eta", "0.01", "--resume"), capsys)
-    assert code == 1 and "with other settings (eta 0.0003 there, 0.01 now)" in err and "--force" in err
+    code, _, err = run_cli(
+        _train(data, "run", "--epochs", "3", "--eta", "0.01", "--resume"), capsys
+    )
+    assert (
+        code == 1 and "with other settings (eta 0.0003 there, 0.01 now)" in err and "--force" in err
+    )
     code, _, err = run_cli(_train(data, "run", "--epochs", "3", "--resume", "--force"), capsys)
     assert code == 2 and err.count("\n") == 1
     code, _, err = run_cli(_train(data, "run", "--epochs", "3", "--resume"), capsys)
@@ -99,18 +128,41 @@ def test_an_unfinished_run_with_other_settings_is_refused_naming_the_difference(
 
 
 def test_train_prints_its_plan_first_and_labels_each_validation_number(data, capsys):
-    code, out, err = run_cli(["train", "--data", data / "data", "--out", data / "run", "--epochs", "12",
-                              "--batch-size", "16", "--vocab-init", data / "w2.npy", "--threads", "1"], capsys)
+    code, out, err = run_cli(
+        [
+            "train",
+            "--data",
+            data / "data",
+            "--out",
+            data / "run",
+            "--epochs",
+            "12",
+            "--batch-size",
+            "16",
+            "--vocab-init",
+            data / "w2.npy",
+            "--threads",
+            "1",
+        ],
+        capsys,
+    )
     assert code == 0, err
     lines = err.splitlines()
     plan = next(n for n, line in enumerate(lines) if line.startswith("plan: "))
     first_epoch = next(n for n, line in enumerate(lines) if "epoch 1:" in line)
     assert plan < first_epoch
-    assert lines[plan] == "plan: 12 epochs x 5 steps of batch 16 = 60 steps, validated on 10 images after each epoch"
+    assert (
+        lines[plan]
+        == "plan: 12 epochs x 5 steps of batch 16 = 60 steps, validated on 10 images after each epoch"
+    )
     assert any(line.startswith("estimate: 10 steps took ") for line in lines)
     assert "trainer.py" not in err and ".py:" not in err  # no source location on log lines
     kept = next(line for line in out.splitlines() if line.startswith("kept head:"))
     assert "val R@1" in kept and "among the 10 validation images" in kept
-    shift = next(line for line in out.splitlines() if line.startswith(("document shift", "no document shift")))
+    shift = next(
+        line
+        for line in out.splitlines()
+        if line.startswith(("document shift", "no document shift"))
+    )
     if shift.startswith("document shift"):
         assert "among the 10 validation and 40 training images" in shift
