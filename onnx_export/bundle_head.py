@@ -28,14 +28,6 @@ COARSE_TOLERANCE = 5e-2
 PROBE_TEXTS = ["a dog running on the beach", "two people riding bikes in the city at night", "snow"]
 
 
-def head_source(head_path: str | Path | None, model: str) -> dict:
-    """What export records as the origin of a bundle's head."""
-    if head_path is None:
-        return {"model": model}
-    path = Path(head_path).expanduser().resolve()
-    return {"file": str(path), "sha256": sha256_file(path)}
-
-
 @dataclass
 class ExtractedHead:
     head: SparseHead

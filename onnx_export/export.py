@@ -35,7 +35,6 @@ from d2s_search.encoder import OWN_WORDS
 from d2s_search.errors import ModelError, ParityError
 from d2s_search.terms import split_word_flags
 
-from .bundle_head import head_source
 from .dense import ProjectedTower
 from .head import SparseHead, finite_setting, head_summary, load_head
 from .models import DenseDualEncoder, build_dense_encoder
@@ -319,6 +318,15 @@ def write_projections(encoder: DenseDualEncoder, path: Path, source: str) -> dic
     save_file(tensors, str(path), metadata={"model": encoder.name, "source": source})
     path.chmod(0o644)
     return dims
+
+
+def head_source(head_path: str | Path | None, model: str) -> dict:
+    """Where a bundle's head came from, recorded in its manifest outside the fingerprint (a
+    head file moved elsewhere is the same head): ``train extract-head`` rebuilds it from there."""
+    if head_path is None:
+        return {"model": model}
+    path = Path(head_path).expanduser().resolve()
+    return {"file": str(path), "sha256": sha256_file(path)}
 
 
 def _manifest(encoder: DenseDualEncoder, head: SparseHead, precision: str, folder: Path, parity: dict,
