@@ -23,6 +23,10 @@ from tokenizers import Tokenizer
 
 from .bundle import Bundle
 from .errors import BundleError
+from .terms import split_word_flags, whole_word_positions
+
+# What a bundle's manifest says (text.own_words) when its text graph boosts typed words only.
+OWN_WORDS = "whole words"
 
 if TYPE_CHECKING:  # PIL is imported where images are handled: a text query never needs it
     from PIL import Image
@@ -193,6 +197,9 @@ class TextEncoding:
     sparse: np.ndarray  # (B, |V|)
     token_ids: list[list[int]]  # the texts' own tokens (special tokens removed)
     features: np.ndarray | None = None  # (B, f) pre-projection vectors, when asked for
+    # The typed words among them: tokens that are whole words, not fragments of a split word
+    # (d2s_search.terms); None from encoders that do not tell them apart.
+    typed_ids: list[list[int]] | None = None
 
 
 class Encoder:
@@ -214,6 +221,11 @@ class Encoder:
         # tokens; its queries must be masked the same way at search time.
         notes = bundle.manifest.get("head", {}).get("notes") or {}
         self.queries_use_own_tokens_only = notes.get("query_mask") == "own_tokens"
+        # A text graph exported before typed words were told apart adds the query word boost at
+        # every allowed input token, fragments of split words included: taken back off here.
+        boost = bundle.manifest.get("head", {}).get("query_word_boost") or 0.0
+        whole = bundle.manifest["text"].get("own_words") == OWN_WORDS
+        self._fragment_boost = float(boost) if isinstance(boost, (int, float)) and not whole else 0.0
 
     @cached_property
     def image_session(self):
@@ -259,7 +271,23 @@ class Encoder:
         names = ["dense", "sparse", "features"] if features else ["dense", "sparse"]
         out = self.text_session.run(names, {"input_ids": ids, "attention_mask": mask})
         own = [[int(t) for t, m in zip(row, mrow) if m and self._allowed[t]] for row, mrow in zip(ids, mask)]
-        return TextEncoding(dense=out[0], sparse=out[1], token_ids=own, features=out[2] if features else None)
+        whole = whole_word_positions(ids, mask, *split_word_flags(self.tokenizer, len(self._allowed), only=ids))
+        typed = [[int(t) for t, w in zip(row, wrow) if w and self._allowed[t]] for row, wrow in zip(ids, whole)]
+        sparse = out[1]
+        if self._fragment_boost:
+            sparse = self._unboost_fragments(sparse, own, typed)
+        return TextEncoding(dense=out[0], sparse=sparse, token_ids=own, features=out[2] if features else None,
+                            typed_ids=typed)
+
+    def _unboost_fragments(self, sparse: np.ndarray, own: list[list[int]], typed: list[list[int]]) -> np.ndarray:
+        """The boost the graph added at tokens that are only fragments of split words, removed
+        (the graph's plain weights there are >= 0; rounding is clipped)."""
+        sparse = np.array(sparse, copy=True)
+        for row, (all_ids, typed_ids) in enumerate(zip(own, typed)):
+            fragments = sorted(set(all_ids) - set(typed_ids))
+            if fragments:
+                sparse[row, fragments] = np.maximum(sparse[row, fragments] - np.float32(self._fragment_boost), 0.0)
+        return sparse
 
     # -- sparse rows -> terms -------------------------------------------------------------
 

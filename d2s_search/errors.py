@@ -60,6 +60,10 @@ class QueryError(D2SError):
     exit_code = EXIT_USAGE
 
 
+class QueryImageError(D2SError):
+    """The query picture cannot be used: missing, unreadable, or not a picture."""
+
+
 class ImageRejected(Exception):
     """One input file cannot be used as an image; carries the reason shown to the user."""
 

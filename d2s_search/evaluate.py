@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from d2s_search import metrics as M
-from d2s_search.errors import ModelError
+from d2s_search.errors import D2SError, ModelError
 
 RUNS = ("dense", "sparse", "hybrid")
 
@@ -136,10 +137,13 @@ def sparse_from_head(
     data: EvalData,
     query_tokens: Sequence[np.ndarray] | None = None,
     query_mask: str | None = None,
+    typed_tokens: Sequence[np.ndarray] | None = None,
 ) -> SparseVectors:
     """Encode both sides with a head (``.pt`` via torch, ``.onnx`` via ONNX Runtime).
 
     ``query_mask``: ``own_tokens`` | ``none`` | None (= what the head's notes say).
+    ``typed_tokens``: per query, its tokens that are whole words, where the boost is added as
+    the exported text graph adds it (None: at every one of ``query_tokens``).
     """
     p = Path(head_path)
     if p.suffix == ".onnx":
@@ -165,7 +169,7 @@ def sparse_from_head(
     if boost:
         if query_tokens is None:
             raise ModelError("a head with a query word boost needs the query token ids")
-        q = boost_own_words(q, query_tokens, allowed, boost)
+        q = boost_own_words(q, typed_tokens if typed_tokens is not None else query_tokens, allowed, boost)
     mode = query_mask or recorded
     if mode == "own_tokens":
         if query_tokens is None:
@@ -313,6 +317,10 @@ def static_embeddings() -> np.ndarray | None:
 # ----------------------------------------------------------------------------- end to end
 
 
+class NothingToEvaluateError(D2SError):
+    """No caption of the dataset has its image in the index: there is nothing to measure."""
+
+
 def evaluate_index(
     backend,
     encoder,
@@ -323,6 +331,7 @@ def evaluate_index(
     fusion: str = "minmax",
     alpha: float = 0.5,
     progress=None,
+    within_split: bool = False,
 ) -> dict:
     """Query an index with every caption of ``items`` and score what the engine returns.
 
@@ -330,9 +339,13 @@ def evaluate_index(
     to index documents by content hash, as ingest stores them; captions whose image is not in
     the index are left out and counted. Needs the images ingested with the same bundle
     (``d2s-search ingest``). Ties are ordered by the engine, not by trec_eval's rule.
+
+    The queries rank every document of the index (``ranked_among``), unless ``within_split``:
+    then only the documents of ``items``' images, copied from the index into a scratch local
+    index searched with the same plans, as ``evaluate --data`` ranks a split's images.
     """
     from d2s_search.images import content_id, read_bytes
-    from d2s_search.search import SearchOptions, encode_text_query, run_query
+    from d2s_search.search import encode_text_query
 
     doc_of: dict[str, int] = {}
     for i, it in enumerate(items):
@@ -341,12 +354,49 @@ def evaluate_index(
     present = backend.ids_present(list(doc_of))
     queries = [(sid, text, doc_of_i) for h, doc_of_i in doc_of.items() if h in present
                for sid, text in items[doc_of_i].sentences]
-    n_missing = sum(len(it.sentences) for it in items) - len(queries)
-    result: dict = {"queries": len(queries), "documents": len(present), "skipped_queries": n_missing,
-                    "index_documents": backend.count(), "runs": {}}
     if not queries:
-        return result
+        found = f"{len(doc_of)} of them readable at their paths, none" if doc_of else "none of them readable at their paths"
+        raise NothingToEvaluateError(
+            f"no caption to evaluate: {len(items)} images, {found} in the index; ingest them with the bundle the "
+            "index records (or give the --image-root their paths are relative to)")
+    n_missing = sum(len(it.sentences) for it in items) - len(queries)
+    index_documents = backend.stats().get("documents")  # every backend's stats count its documents
+    result: dict = {"queries": len(queries), "documents": len(present), "skipped_queries": n_missing,
+                    "index_documents": index_documents, "runs": {},
+                    "ranking": "split" if within_split else "index",
+                    "ranked_among": len(present) if within_split else index_documents}
     vectors = [encode_text_query(encoder, text) for _, text, _ in queries]
+    with _split_index(backend, sorted(present)) if within_split else nullcontext(backend) as searched:
+        result["runs"] = _ranked_runs(searched, vectors, queries, doc_of, modes, k, window, fusion, alpha, progress)
+    _efficiency(backend, present, vectors, result)
+    return result
+
+
+@contextmanager
+def _split_index(backend, ids: Sequence[str]):
+    """A scratch local index holding only the documents ``ids`` of ``backend`` (their stored
+    vectors, copied as they are); removed afterwards."""
+    import shutil
+    import tempfile
+
+    from d2s_search.backends.local import LocalBackend
+
+    folder = Path(tempfile.mkdtemp(prefix="d2s-split-"))
+    scratch = LocalBackend(folder / "index")
+    try:
+        scratch.open(backend.identity, create=True)
+        for start in range(0, len(ids), 256):
+            scratch.upsert(backend.get(ids[start : start + 256]))
+        yield scratch
+    finally:
+        scratch.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _ranked_runs(backend, vectors, queries, doc_of, modes, k, window, fusion, alpha, progress) -> dict:
+    from d2s_search.search import SearchOptions, run_query
+
+    runs = {}
     qrels = [np.array([d]) for _, _, d in queries]
     for mode in modes:
         opts = SearchOptions(mode=mode, k=k, window=window, fusion=fusion, alpha=alpha, explain=0)
@@ -363,8 +413,13 @@ def evaluate_index(
         run = M.aggregate(M.per_query_metrics(ranked, qrels))
         run["latency_ms_mean"] = float(np.mean(took))
         run["latency_ms_p95"] = float(np.percentile(took, 95))
-        result["runs"][mode] = run
-    # Efficiency of what is stored: FLOPs over term sets of queries and indexed documents.
+        runs[mode] = run
+    return runs
+
+
+def _efficiency(backend, present: set[str], vectors, result: dict) -> None:
+    """FLOPs and terms per vector of what is stored: the term sets of the queries and of the
+    documents they were asked about."""
     docs = backend.get(sorted(present))
     terms: dict[str, int] = {}
     def csr(dicts) -> sp.csr_matrix:
@@ -383,4 +438,3 @@ def evaluate_index(
     result["FLOPs"] = M.flops(qm, dm)
     result["terms_per_query"] = M.terms_per_vector(qm)
     result["terms_per_image"] = M.terms_per_vector(dm)
-    return result

@@ -25,6 +25,7 @@ UNSUPPORTED_IMAGE_SUFFIXES = frozenset({
     ".orf", ".raf", ".rw2",
 })
 FORMAT_NOT_SUPPORTED = "format not supported"
+READ_FORMATS = "JPEG, PNG, WebP, GIF, BMP or TIFF"  # what decode() is tested with (IMAGE_SUFFIXES)
 DEFAULT_MAX_PIXELS = 120_000_000  # ~ a 108 MP phone photo; larger is refused as a likely bomb
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 
@@ -199,7 +200,7 @@ def decode(
     except ImageRejected:
         raise
     except UnidentifiedImageError:
-        raise ImageRejected("not an image PIL can read") from None
+        raise ImageRejected(f"not an image in a format we read ({READ_FORMATS})") from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
         raise ImageRejected(f"corrupt or truncated image: {reason}") from None

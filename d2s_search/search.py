@@ -30,6 +30,7 @@ class QueryVectors:
     # Text queries: typed words the vocabulary knows / does not know (d2s_search.terms).
     recognised: list[str] | None = None
     unrecognised: list[str] = field(default_factory=list)
+    typed: set[str] = field(default_factory=set)  # the query's terms that are words it typed whole
 
     @property
     def weak(self) -> bool:
@@ -75,7 +76,9 @@ class SearchResult:
 
     @property
     def notice(self) -> str | None:
-        return weak_query_notice(self.unrecognised_words) if self.weak_query else None
+        if self.weak_query:
+            return weak_query_notice(self.unrecognised_words)
+        return unknown_words_notice(self.unrecognised_words) if self.unrecognised_words else None
 
     def to_json(self) -> dict:
         return {
@@ -96,6 +99,13 @@ def weak_query_notice(unrecognised: list[str]) -> str:
             "not matches. Try other (English) words, or search by a picture.")
 
 
+def unknown_words_notice(unrecognised: list[str]) -> str:
+    words = ", ".join(repr(w) for w in unrecognised[:5])
+    one = len(unrecognised) == 1
+    return (f"The model does not know the word{'' if one else 's'} {words}: the results match the query's other "
+            f"words, not {'it' if one else 'them'}. Try another word for {'it' if one else 'them'}.")
+
+
 # --- encoding queries ------------------------------------------------------------------
 
 
@@ -104,15 +114,17 @@ def encode_text_query(encoder, text: str, top_k: int | None = None) -> QueryVect
         raise QueryError("the query is empty: type some words")
     enc = encoder.encode_texts([text])
     full = encoder.to_terms(enc.sparse[0], top_k=top_k)
-    own_words = encoder.own_terms(enc.token_ids[0])
-    if getattr(encoder, "queries_use_own_tokens_only", False):
-        full = {t: w for t, w in full.items() if t in own_words}
+    if getattr(encoder, "queries_use_own_tokens_only", False):  # as such a head was trained: every input token
+        input_words = encoder.own_terms(enc.token_ids[0])
+        full = {t: w for t, w in full.items() if t in input_words}
     if not full:
         raise QueryError(f"the model gives no terms for {text!r}; try other words or --mode dense")
-    own = {t: w for t, w in full.items() if t in own_words}
+    # Typed words are whole-word tokens: "giraffe" split into gi ##raf ##fe types none of them.
+    typed = encoder.own_terms(enc.typed_ids[0] if enc.typed_ids is not None else enc.token_ids[0])
+    own = {t: w for t, w in full.items() if t in typed}
     known, unknown = recognised_words(encoder.tokenizer, text)
     return QueryVectors(full=full, own=own or _top(full, 8), dense=enc.dense[0], recognised=known,
-                        unrecognised=unknown)
+                        unrecognised=unknown, typed=typed)
 
 
 def encode_image_query(encoder, image, top_k: int | None = None) -> QueryVectors:

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-import tomllib
-
 from .errors import D2SError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, from PyPI (a dependency there only)
+    import tomli as tomllib
 
 # Keys a config file may set, and the option names they feed (same name, '-' -> '_').
 CONFIG_KEYS = ("bundle", "index", "backend", "url", "index_name", "device", "batch_size", "mode", "k", "search_threads")

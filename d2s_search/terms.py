@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 # Function words carry no meaning for search (also the stop words of `output_terms: words`).
 _STOPWORDS_TEXT = """
 a about above after again against all am an and any are as at be because been before being below
@@ -61,3 +63,43 @@ def recognised_words(tokenizer, text: str) -> tuple[list[str], list[str]]:
         stem = len(pieces) > 1 and is_content_word(pieces[0]) and len(pieces[0]) >= MIN_FIRST_PIECE
         (known if whole or stem else unknown).append(typed)
     return known, unknown
+
+
+# --- typed words: tokens that are whole words ------------------------------------------
+#
+# A typed word split into several tokens ("giraffe" -> ``gi ##raf ##fe``) is not a word the
+# model knows, and none of its fragments is a word the user typed: only tokens that are whole
+# words are a query's own words (boosted, shown as typed, the two-phase first pass). The text
+# graph decides it from the input ids alone (so a graph served from a cluster does too), with
+# two flags per vocabulary id that these functions derive from the tokenizer.
+
+
+def split_word_flags(tokenizer, size: int | None = None, only=None) -> tuple[np.ndarray, np.ndarray]:
+    """Per vocabulary id: (it continues the token before it: WordPiece ``##``; it leaves its
+    word open for the next token: BPE without ``</w>``). Special tokens are neither. ``only``:
+    just these ids (the others read False), for a query's few tokens instead of the vocabulary."""
+    size = size or tokenizer.get_vocab_size()
+    prefix = getattr(tokenizer.model, "continuing_subword_prefix", None) or ""
+    suffix = getattr(tokenizer.model, "end_of_word_suffix", None) or ""
+    special = set(tokenizer.get_added_tokens_decoder())
+    joins, opens = np.zeros(size, dtype=bool), np.zeros(size, dtype=bool)
+    pairs = (tokenizer.get_vocab().items() if only is None
+             else ((tokenizer.id_to_token(int(i)), int(i)) for i in set(np.asarray(only).ravel().tolist())))
+    for token, i in pairs:
+        if token is None or not 0 <= i < size or i in special:
+            continue
+        joins[i] = bool(prefix) and token.startswith(prefix)
+        opens[i] = bool(suffix) and not token.endswith(suffix)
+    return joins, opens
+
+
+def whole_word_positions(ids, mask, joins, opens):
+    """(B, T) bools: True where a real token (``mask``) is a whole word: it neither joins the
+    token before it nor is joined by the one after (:func:`split_word_flags`)."""
+    real = np.asarray(mask).astype(bool)
+    ids = np.asarray(ids)
+    join, open_ = joins[ids] & real, opens[ids] & real
+    joined_next, open_before = np.zeros_like(join), np.zeros_like(open_)
+    joined_next[:, :-1] = join[:, 1:]
+    open_before[:, 1:] = open_[:, :-1]
+    return real & ~join & ~open_ & ~joined_next & ~open_before

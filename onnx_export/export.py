@@ -31,7 +31,9 @@ from d2s_search.bundle import (
     compute_fingerprint,
     sha256_file,
 )
+from d2s_search.encoder import OWN_WORDS
 from d2s_search.errors import ModelError, ParityError
+from d2s_search.terms import split_word_flags
 
 from .dense import ProjectedTower
 from .head import SparseHead, finite_setting, head_summary, load_head
@@ -64,15 +66,34 @@ class ImageGraph(nn.Module):
 
 class TextGraph(nn.Module):
     """input_ids, attention_mask -> (dense, sparse, features); the query's own words carry the
-    head's ``query_word_boost``."""
+    head's ``query_word_boost``. With the ``tokenizer``, own words are the tokens that are whole
+    words (d2s_search.terms): a typed word split into several tokens boosts none of its
+    fragments. The graph tells them apart from the input ids alone, so it does the same wherever
+    it runs (ONNX Runtime here, ml-commons in a cluster)."""
 
-    def __init__(self, tower: ProjectedTower, head: SparseHead) -> None:
+    def __init__(self, tower: ProjectedTower, head: SparseHead, tokenizer=None) -> None:
         super().__init__()
         self.tower, self.head = tower, head
+        self.whole_words = tokenizer is not None
+        size = head.config.vocab_size
+        joins, opens = split_word_flags(tokenizer, size) if tokenizer is not None else (np.zeros(size, bool),) * 2
+        self.register_buffer("joins", torch.from_numpy(joins.astype(np.float32)), persistent=False)
+        self.register_buffer("opens", torch.from_numpy(opens.astype(np.float32)), persistent=False)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         dense, sparse, feats = _outputs(self.tower, self.head, input_ids, attention_mask)
-        return dense, self.head.with_own_words(sparse, input_ids, attention_mask), feats
+        own = attention_mask * self.whole_word_mask(input_ids, attention_mask) if self.whole_words else attention_mask
+        return dense, self.head.with_own_words(sparse, input_ids, own), feats
+
+    def whole_word_mask(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """1 where a token neither joins the one before it nor is joined by the next (the torch
+        twin of d2s_search.terms.whole_word_positions)."""
+        real = attention_mask.to(self.joins.dtype)
+        join, open_ = self.joins[input_ids] * real, self.opens[input_ids] * real
+        edge = torch.zeros_like(join[:, :1])
+        joined_next = torch.cat([join[:, 1:], edge], dim=1)
+        open_before = torch.cat([edge, open_[:, :-1]], dim=1)
+        return real * (1 - join) * (1 - open_) * (1 - joined_next) * (1 - open_before)
 
 
 @dataclass
@@ -162,7 +183,7 @@ def export_bundle(
         if value is not None:
             setattr(head.config, name, finite_setting(value, name.replace("_", " ")))
     image_graph = ImageGraph(encoder.image_tower, head).eval()
-    text_graph = TextGraph(encoder.text_tower, head).eval()
+    text_graph = TextGraph(encoder.text_tower, head, encoder.tokenizer).eval()
     pixels, ids, mask = sample_inputs(encoder, TRACE_TEXTS)
 
     tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir.parent))  # same filesystem: atomic rename
@@ -192,6 +213,7 @@ def export_bundle(
         (tmp / "vocab.txt").write_text("\n".join(display_terms(encoder.tokenizer, vocab_size)) + "\n", encoding="utf-8")
         feature_dims = write_projections(encoder, tmp / PROJECTIONS_FILE, "joint" if projections is not None else "model")
         manifest = _manifest(encoder, head, precision, tmp, parity, feature_dims, projections)
+        manifest["head_source"] = head_source(head_path, encoder.name)  # not fingerprinted: where, not what
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -298,6 +320,15 @@ def write_projections(encoder: DenseDualEncoder, path: Path, source: str) -> dic
     return dims
 
 
+def head_source(head_path: str | Path | None, model: str) -> dict:
+    """Where a bundle's head came from, recorded in its manifest outside the fingerprint (a
+    head file moved elsewhere is the same head): ``train extract-head`` rebuilds it from there."""
+    if head_path is None:
+        return {"model": model}
+    path = Path(head_path).expanduser().resolve()
+    return {"file": str(path), "sha256": sha256_file(path)}
+
+
 def _manifest(encoder: DenseDualEncoder, head: SparseHead, precision: str, folder: Path, parity: dict,
               feature_dims: dict[str, int], projections: str | Path | None) -> dict:
     import onnx
@@ -315,6 +346,7 @@ def _manifest(encoder: DenseDualEncoder, head: SparseHead, precision: str, folde
             "max_length": encoder.max_text_length,
             "pad_id": pad_id,
             "excluded_ids": sorted(set(head.config.excluded_ids)),
+            "own_words": OWN_WORDS,  # the text graph boosts whole-word tokens only (TextGraph)
         },
         "image": {k: encoder.image[k] for k in ("size", "resize", "crop", "resample", "mean", "std")},
         "head": head_summary(head),

@@ -115,11 +115,12 @@ class SparseHead(nn.Module):
 
     def with_own_words(self, sparse: torch.Tensor, token_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """A query's sparse vector with ``query_word_boost`` added at its own allowed tokens
-        (``token_ids`` B x T, ``mask`` 1 for real tokens). Padding and special tokens are
-        never allowed terms, so they add nothing."""
+        (``token_ids`` B x T, ``mask`` 1 for its own words: real tokens, or the whole-word ones).
+        Padding and special tokens are never allowed terms, so they add nothing. Added, not
+        assigned: a token that is an own word at one position and not at another is one."""
         if not self.config.query_word_boost:
             return sparse
-        own = torch.zeros_like(sparse).scatter(1, token_ids.long(), mask.to(sparse.dtype))
+        own = torch.zeros_like(sparse).scatter_add(1, token_ids.long(), mask.to(sparse.dtype))
         return sparse + self.config.query_word_boost * torch.clamp(own, max=1.0) * self.allowed
 
 

@@ -223,7 +223,7 @@ def test_query_by_image_finds_that_image_first(tmp_path, tiny_blip_bundle, image
     bad = tmp_path / "bad.jpg"
     bad.write_text("nope")
     code, _, err = run_cli(["query", "--image", bad, "--bundle", tiny_blip_bundle, "--index", index], capsys)
-    assert code == 2 and "cannot use" in err and "not an image" in err
+    assert code == 1 and "cannot use" in err and "not an image in a format we read" in err
 
 
 def test_image_bytes_in_memory_match_file_ids(tmp_path):

@@ -39,6 +39,7 @@ COMMANDS = {
 }
 
 _DEBUG = {"on": os.environ.get("D2S_DEBUG") == "1"}
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click 8.2+
 
 
 @click.group(cls=LazyGroup, package=__name__, lazy_commands=COMMANDS,
@@ -83,15 +84,38 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         code = exc.exit_code if exc.exit_code else EXIT_USAGE
-        if as_json:
-            _fail(type(exc).__name__, exc.format_message(), code, as_json)
-        exc.show()
-        sys.exit(code)
+        if isinstance(exc, _NO_ARGS_IS_HELP) and not as_json:
+            exc.show()  # a group called alone: its help, which lists what it can do
+            sys.exit(code)
+        _fail(type(exc).__name__, _usage_line(exc, args, as_json), code, as_json)
     except D2SError as exc:
         if _DEBUG["on"]:
             traceback.print_exc()
         _fail(type(exc).__name__, redact.scrub(str(exc)), exc.exit_code, as_json)  # server text may carry secrets
     sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+
+def _usage_line(exc: click.ClickException, args: list[str], as_json: bool) -> str:
+    """click's error as one line (click shows usage, a hint and the error on four); a usage
+    error names the command's help instead of repeating its usage."""
+    message = " ".join(exc.format_message().split())
+    if isinstance(exc, click.UsageError) and not as_json:
+        ctx = exc.ctx  # the parser's own errors (an option without its value) come without one
+        message += f" (see `{ctx.command_path if ctx is not None else _command_path(args)} --help`)"
+    return message
+
+
+def _command_path(args: list[str]) -> str:
+    """``d2s-search`` and the (sub)command names that lead ``args``."""
+    path, command = ["d2s-search"], cli
+    for arg in args:
+        if arg.startswith("-"):
+            continue
+        if not isinstance(command, click.Group) or arg not in command.commands:
+            break
+        path.append(arg)
+        command = command.commands[arg]
+    return " ".join(path)
 
 
 def _interrupted() -> None:

@@ -76,7 +76,7 @@ def align(ctx, data, out, cache, model, test_photos, val_photos, split_seed, aug
                            tuple(c.strip() for c in clipart_categories.split(",") if c.strip()))
     config = AlignConfig(dim=dim, bridge=bridge and solver == "infonce", epochs=epochs, batch_size=batch_size, lr=lr,
                          text_lr=text_lr, weight_decay=weight_decay, seed=seed, solver=solver)
-    console = Console(stderr=True, highlight=False)
+    console = Console(stderr=True, highlight=False, log_path=False)  # no source file:line on log lines
 
     def log(e: dict) -> None:
         if not as_json and (e["epoch"] % 10 == 0 or e["epoch"] == 1):

@@ -193,6 +193,7 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
         raise click.UsageError("--server-side needs --url or D2S_OPENSEARCH_URL")
     options = SearchOptions(mode=mode, k=k, window=window, fusion=fusion, alpha=alpha, explain=explain)
     options.validate()
+    picture = _query_picture(image_path) if image_path is not None else None  # before any index or model
     local = backend_kind(backend, url) == "local"
     note = LOCAL_TWO_PHASE_NOTE if local and mode == "two-phase" else None
     if text is not None and not server_side and not no_serve and local:
@@ -201,7 +202,6 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
             result, address = answered
             return _show_result(result, as_json, paths_only, answered_by=address, note=note)
     from d2s_search.encoder import Encoder  # not needed when a serve answered
-    from d2s_search.errors import QueryError
     from d2s_search.search import encode_image_query, encode_text_query, run_query
 
     bundle_obj, store, _ = open_index(backend, index, url, index_name, bundle, create=False, threads=search_threads)
@@ -213,21 +213,32 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
                                      encoder_factory=lambda: Encoder(bundle_obj, device=device))
             return _show_result(result, as_json, paths_only)
         encoder = Encoder(bundle_obj, device=device, quick_start=True)  # one query per process
-        if image_path:
-            from d2s_search.errors import ImageRejected
-            from d2s_search.images import load_image
-            from d2s_search.pathtext import path_to_text
-
-            try:
-                vectors = encode_image_query(encoder, load_image(Path(image_path)).image)
-            except ImageRejected as exc:
-                raise QueryError(f"cannot use {path_to_text(image_path)} as a query: {exc}") from None
+        if picture is not None:
+            vectors = encode_image_query(encoder, picture)
         else:
             vectors = encode_text_query(encoder, text)
         result = run_query(store, vectors, options)
     finally:
         store.close()
     return _show_result(result, as_json, paths_only, note=note)
+
+
+def _query_picture(image_path: str):
+    """The decoded query picture; a URL, or a file that is missing or not a picture, is a
+    one-line error (exit 2 for a URL, 1 for a file) before any index or model is opened."""
+    import re
+
+    from d2s_search.errors import ImageRejected, QueryImageError
+    from d2s_search.images import load_image
+    from d2s_search.pathtext import path_to_text
+
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", image_path) and not Path(image_path).exists():
+        raise click.BadParameter("URLs are not supported: download the picture and give its file",
+                                 param_hint="'--image'")
+    try:
+        return load_image(Path(image_path)).image
+    except ImageRejected as exc:
+        raise QueryImageError(f"cannot use {path_to_text(image_path)} as a query: {exc}") from None
 
 
 def _ask_running_serve(text: str, options, index: str, bundle: str | None):

@@ -1,4 +1,4 @@
-"""``d2s-search train`` (+ ``convert-head``, ``export-head``), ``evaluate`` and ``embed``.
+"""``d2s-search train`` (+ ``convert-head``, ``export-head``, ``extract-head``), ``evaluate`` and ``embed``.
 
 Commands return exit codes (0 ok, 1 failed, 3 partial) and raise :class:`D2SError`
 subclasses for one-line errors; heavy imports (torch) happen inside the commands.
@@ -39,7 +39,7 @@ def _clean(x):
 def _console(stderr: bool = True):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    return Console(stderr=stderr, highlight=False, log_path=False)  # no source file:line on log lines
 
 
 def _bias_value(v: str | None) -> float | None:
@@ -129,7 +129,10 @@ def _tokenizer_option(f):
               help="torch device (auto: CUDA when available).")
 @click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads for torch (on a busy machine 1 can be much faster).")
 @click.option("--amp/--no-amp", default=True, show_default=True, help="Mixed precision (used only on CUDA).")
-@click.option("--resume", is_flag=True, help="Continue from <out>/last.pt.")
+@click.option("--resume", is_flag=True, help="Continue from <out>/last.pt, refusing other settings (the default "
+              "when <out> holds an unfinished run of the same settings: the same command continues it).")
+@click.option("--force", is_flag=True, help="Start over even when <out> holds a run (finished or not): its "
+              "head.pt, last.pt and history.json are replaced.")
 @click.option("--export-onnx-head", is_flag=True, help="Also write <out>/head.onnx (dense -> sparse) for torch-free evaluation.")
 @_tokenizer_option
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
@@ -138,7 +141,7 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
           vocab_init, freeze_vocab, regularizer, bias_init, lr_bias, norm_gain, output_terms, proj_init, gate_own_words,
           image_eta_scale, mix, mix_most, flops_budget, query_word_boost, calibration_distractors, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image,
           joint_w1, joint_w2, joint_lambda1, joint_lambda2, joint_lambda3, joint_tau, joint_max_flops, joint_init_head, seed, device, threads,
-          amp, resume, export_onnx_head, tokenizer, as_json) -> int:
+          amp, resume, force, export_onnx_head, tokenizer, as_json) -> int:
     """Train a D2S sparse head on precomputed dense embeddings (docs/training.md).
 
     \b
@@ -149,7 +152,9 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
     if ctx.invoked_subcommand is not None:
         return EXIT_OK
     if not data:
-        raise click.UsageError("--data is required (or use a subcommand: convert-head, export-head)")
+        raise click.UsageError("--data is required (or use a subcommand: convert-head, export-head, extract-head)")
+    if resume and force:
+        raise click.UsageError("--resume continues the run in --out, --force starts it over: give one")
     if threads:
         import torch
 
@@ -186,20 +191,7 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
         if not as_json:
             click.echo(f"{n_captions:,} training captions: {epochs} epochs of batch {batch_size} "
                        "(--epochs / --batch-size to change)", err=True)
-    tok = load_tokenizer(tokenizer)
-    train_tokens = tokenize_captions(splits["train"].captions, tok)
     val = splits.get("val")
-    val_tokens = tokenize_captions(val.captions, tok) if val is not None else None
-    head = build_head(splits["train"].dim, vocab_init, excluded_token_ids(tok), tok.get_vocab_size(), seed=seed,
-                      bias_init=bias_init, norm_gain=norm_gain, output_terms=output_terms, tokenizer=tok)
-    if freeze_vocab:
-        head.vocab.weight.requires_grad_(False)  # no gradient: AdamW leaves it untouched
-    if proj_init == "words":
-        from d2s_search.train.modeling import fit_projection_to_words
-
-        fit_projection_to_words(head, splits["train"], train_tokens)
-    if head.config.vocab_size != tok.get_vocab_size():
-        raise TrainingError(f"--vocab-init has {head.config.vocab_size} rows, the tokenizer {tok.get_vocab_size()} terms")
     cfg = TrainConfig(
         expansion=expansion, eta=eta, lam=lam, tau=tau, epochs=epochs, batch_size=batch_size,
         lr_proj=lr_proj, lr_vocab=lr_vocab, warmup=warmup, schedule=schedule, seed=seed,
@@ -212,6 +204,24 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
         select_flops_budget=flops_budget if val is not None else 0.0, select_boost=query_word_boost,
         val_distractors=calibration_distractors if flops_budget > 0 and val is not None else 0,
     )
+    from d2s_search.train.trainer import resume_decision
+
+    resume, continuing = resume_decision(out, cfg, resume, force)  # before any work: refusals come first
+    if continuing and not as_json:
+        click.echo(continuing, err=True)
+    tok = load_tokenizer(tokenizer)
+    train_tokens = tokenize_captions(splits["train"].captions, tok)
+    val_tokens = tokenize_captions(val.captions, tok) if val is not None else None
+    head = build_head(splits["train"].dim, vocab_init, excluded_token_ids(tok), tok.get_vocab_size(), seed=seed,
+                      bias_init=bias_init, norm_gain=norm_gain, output_terms=output_terms, tokenizer=tok)
+    if freeze_vocab:
+        head.vocab.weight.requires_grad_(False)  # no gradient: AdamW leaves it untouched
+    if proj_init == "words":
+        from d2s_search.train.modeling import fit_projection_to_words
+
+        fit_projection_to_words(head, splits["train"], train_tokens)
+    if head.config.vocab_size != tok.get_vocab_size():
+        raise TrainingError(f"--vocab-init has {head.config.vocab_size} rows, the tokenizer {tok.get_vocab_size()} terms")
     summary = run_train(head, splits["train"], train_tokens, cfg, out, val, val_tokens,
                         resume=resume, progress=not as_json)
     if flops_budget > 0 and val is not None:
@@ -226,8 +236,9 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
     if as_json:
         _emit_json(_clean(summary))
     else:
-        v = summary["best_val"]
-        best = f" (val R@1 {v['R@1']:.4f}, FLOPs {v['FLOPs']:.1f})" if v else ""
+        v, n_val = summary["best_val"], summary.get("validation_images", 0)
+        best = (f" (val R@1 {v['R@1']:.4f} among the {n_val:,} validation images, FLOPs {v['FLOPs']:.1f}; "
+                "the head alone)") if v else ""
         click.echo(f"kept head: {summary['head']} from epoch {summary['best_epoch']}{best}")
         chosen = summary.get("document_shift")
         if chosen:
@@ -237,9 +248,12 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
                 click.echo(f"no document shift: validation FLOPs {row['FLOPs']:.1f} are over "
                            f"--flops-budget {flops_budget:g} even without one")
             else:
+                among = (f"the {n_val:,} validation and {chosen['distractors']:,} training images"
+                         if chosen.get("distractors") else f"the {n_val:,} validation images")
                 click.echo(f"document shift {chosen['document_shift']:g}, query word boost "
-                           f"{chosen['query_word_boost']:g}: images keep {row['terms_per_image']:.0f} terms, val R@1 "
-                           f"{row['R@1']:.4f} at FLOPs {row['FLOPs']:.1f} (budget {flops_budget:g})")
+                           f"{chosen['query_word_boost']:g}: images keep {row['terms_per_image']:.0f} terms; val R@1 "
+                           f"{row['R@1']:.4f} among {among} (as searched), FLOPs {row['FLOPs']:.1f} "
+                           f"(budget {flops_budget:g})")
     return EXIT_OK
 
 
@@ -378,6 +392,34 @@ def export_head(head_path, out, as_json) -> int:
     return EXIT_OK
 
 
+@train.command("extract-head")
+@click.option("--bundle", type=click.Path(file_okay=False), envvar="D2S_BUNDLE", help="Model bundle (default: the one "
+              "exported last).")
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="Head file to write (.pt, for "
+              "`evaluate --head` and `export-onnx --head`).")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def extract_head(bundle, out, as_json) -> int:
+    """Write the head inside a bundle as a head file, to compare it with a new head on the same
+    vectors (`evaluate --data embs --head`). The head is rebuilt from what export recorded (the
+    --head file, or the model's own head) and checked against the bundle's graphs."""
+    from d2s_search.cli.options import load_bundle
+    from onnx_export.bundle_head import extract_head as extract
+    from onnx_export.head import head_summary, save_head
+
+    bundle_obj = load_bundle(bundle, verify=True)
+    extracted = extract(bundle_obj)
+    path = save_head(extracted.head, out)
+    c = extracted.head.config
+    if as_json:
+        _emit_json({"head": str(path), "bundle": str(bundle_obj.path), "source": extracted.source,
+                    "max_difference": extracted.max_difference, **head_summary(extracted.head)})
+    else:
+        click.echo(f"wrote {path}: the head of {bundle_obj.path} ({extracted.source}; document shift "
+                   f"{c.document_shift:g}, query word boost {c.query_word_boost:g}), matching the bundle's graphs "
+                   f"within {extracted.max_difference:.1g}")
+    return EXIT_OK
+
+
 # ----------------------------------------------------------------------------- evaluate
 
 
@@ -392,6 +434,14 @@ def export_head(head_path, out, as_json) -> int:
 @click.option("--index-name", envvar="D2S_OPENSEARCH_INDEX", default="d2s", show_default=True,
               help="With --dataset: OpenSearch index name.")
 @click.option("--modes", default="sparse,two-phase,dense,hybrid", show_default=True, help="With --dataset: query plans to measure.")
+@click.option("--within-split", is_flag=True,
+              help="With --dataset: rank only among the split's images (copied from the index into a scratch local "
+                   "index), as --data does; default: among every document of the index.")
+@click.option("--val-fraction", type=click.FloatRange(0, 1), default=0.1, show_default=True,
+              help="With --dataset CSV: share of images in val (as given to embed).")
+@click.option("--test-fraction", type=click.FloatRange(0, 1), default=0.1, show_default=True,
+              help="With --dataset CSV: share of images in test (as given to embed).")
+@click.option("--seed", type=int, default=0, show_default=True, help="With --dataset CSV: seed of the split (as given to embed).")
 @click.option("--split", default="test", show_default=True, help="Split to evaluate (train, val, test).")
 @click.option("--head", "head_path", type=click.Path(exists=True, dir_okay=False), help="Sparse head: .pt (needs torch) or .onnx. Without it only the dense run is measured.")
 @click.option("--runs", default="dense,sparse,hybrid", show_default=True, help="Comma-separated: dense, sparse, hybrid.")
@@ -404,16 +454,18 @@ def export_head(head_path, out, as_json) -> int:
 @click.option("--check", is_flag=True, help="Recompute R@k/MRR@10 with ir_measures and report both.")
 @_tokenizer_option
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def evaluate_cmd(data, dataset, image_root, bundle, index_dir, backend, url, index_name, modes, split, head_path,
-                 runs, query_mask, fusion, alpha, semantic_k, max_images, check, tokenizer, as_json) -> int:
+def evaluate_cmd(data, dataset, image_root, bundle, index_dir, backend, url, index_name, modes, within_split,
+                 val_fraction, test_fraction, seed, split, head_path, runs, query_mask, fusion, alpha, semantic_k,
+                 max_images, check, tokenizer, as_json) -> int:
     """Text->image R@1/5/10, MRR@10, FLOPs, Exact@k, Semantic@k, terms per vector and
     faithfulness to the dense run, on precomputed embeddings (--data) or end to end through
     an index (--dataset, after `d2s-search ingest` of its images)."""
     if (data is None) == (dataset is None):
         raise click.UsageError("give either --data (precomputed embeddings) or --dataset (end to end through an index)")
     if dataset:
+        csv_split = {"val_fraction": val_fraction, "test_fraction": test_fraction, "seed": seed}
         return _evaluate_index(dataset, image_root, bundle, index_dir, backend, url, index_name, modes, split,
-                               fusion, alpha, max_images, as_json)
+                               fusion, alpha, max_images, as_json, within_split, csv_split)
     from d2s_search import metrics as M
     from d2s_search.evaluate import (
         EvalData,
@@ -445,7 +497,8 @@ def evaluate_cmd(data, dataset, image_root, bundle, index_dir, backend, url, ind
         names = id_to_token(tok)
         ct = tokenize_captions(s.captions, tok)
         q_tokens = [ct.row(i) for i in range(len(ct))]
-        sv = sparse_from_head(head_path, ev, q_tokens, None if query_mask == "auto" else query_mask)
+        typed = [ct.boosted().row(i) for i in range(len(ct))]
+        sv = sparse_from_head(head_path, ev, q_tokens, None if query_mask == "auto" else query_mask, typed)
     opts = EvalOptions(runs=wanted, hybrid_weight=alpha, fusion=fusion, semantic_k=semantic_k)
     result = evaluate(ev, sv, q_tokens, static_embeddings() if sv is not None else None, opts, names)
     if check:
@@ -465,48 +518,77 @@ def evaluate_cmd(data, dataset, image_root, bundle, index_dir, backend, url, ind
 
 
 def _evaluate_index(dataset, image_root, bundle, index_dir, backend, url, index_name, modes, split, fusion, alpha,
-                    max_images, as_json) -> int:
+                    max_images, as_json, within_split=False, csv_split=None) -> int:
     from rich.progress import Progress
 
-    from d2s_search.cli.options import open_index
+    from d2s_search.cli.options import index_location, open_index
     from d2s_search.embed import read_dataset
     from d2s_search.encoder import Encoder
     from d2s_search.evaluate import evaluate_index
     from d2s_search.train.data import DatasetError
 
-    items = read_dataset(dataset, image_root)
-    if any(it.split == split for it in items):
-        items = [it for it in items if it.split == split]
-    elif str(dataset).lower().endswith(".json"):
-        raise DatasetError(f"{dataset} has no {split!r} images")
+    # A CSV is split by the seeded draw `embed` makes, with the same options and defaults.
+    is_json = str(dataset).lower().endswith(".json")
+    items = read_dataset(dataset, image_root, **({} if is_json else dict(csv_split or {})))
+    items = [it for it in items if it.split == split]
+    if not items:
+        raise DatasetError(f"{dataset} has no {split!r} images" + ("" if is_json else " with this --val-fraction, "
+                                                                   "--test-fraction and --seed"))
     if max_images:
         items = items[:max_images]
     wanted = tuple(m.strip() for m in modes.split(",") if m.strip())
     bundle_obj, store, _ = open_index(backend, index_dir, url, index_name, bundle, create=False)
-    progress = None if as_json else Progress(console=_console())
+    progress = None if as_json else _ShownOnFirstTask(Progress(console=_console()))
     try:
-        if progress:
-            progress.start()
-        result = evaluate_index(store, Encoder(bundle_obj), items, wanted, fusion=fusion, alpha=alpha, progress=progress)
+        where = index_location(store)
+        result = evaluate_index(store, Encoder(bundle_obj), items, wanted, fusion=fusion, alpha=alpha,
+                                progress=progress, within_split=within_split)
     finally:
         if progress:
             progress.stop()
         store.close()
     result["dataset"] = f"{Path(dataset).name}/{split}"
-    result["documents"] = result.get("documents", 0)
+    result["index"] = where
     if as_json:
         _emit_json(_clean(result))
-    else:
-        click.echo(f"{result['queries']} queries over {result['documents']} indexed images "
-                   f"({result['skipped_queries']} captions skipped: image not in the index); "
-                   f"FLOPs {result.get('FLOPs', 0):.1f}, terms/query {result.get('terms_per_query', 0):.1f}, "
-                   f"terms/image {result.get('terms_per_image', 0):.1f}")
-        _print_eval({"dataset": result["dataset"], "queries": result["queries"], "documents": result["documents"],
-                     "runs": result["runs"]}, 20)
+        return EXIT_OK
+    every = f"all {result['ranked_among']:,}" if result["ranked_among"] is not None else "all the"
+    among = (f"ranked among these {result['documents']:,} images alone (--within-split), as --data ranks a split"
+             if within_split else
+             f"ranked among {every} documents of the index (--within-split: among these images alone, as --data "
+             "ranks a split)")
+    click.echo(f"{result['queries']} queries about {result['documents']:,} {split} images in {where}, {among}; "
+               f"{result['skipped_queries']} captions skipped (image not in the index)")
+    click.echo(f"FLOPs {result.get('FLOPs', 0):.1f}, terms/query {result.get('terms_per_query', 0):.1f}, "
+               f"terms/image {result.get('terms_per_image', 0):.1f}")
+    scope = "this split" if within_split else "the whole index"
+    _print_eval({"dataset": result["dataset"], "queries": result["queries"], "documents": result["ranked_among"] or "?",
+                 "runs": result["runs"]}, 20, documents_label=f"images ranked ({scope})")
     return EXIT_OK
 
 
-def _print_eval(result: dict, k: int) -> None:
+class _ShownOnFirstTask:
+    """A rich Progress that appears with its first task: an error before any work prints its one
+    line alone."""
+
+    def __init__(self, progress) -> None:
+        self.progress, self.started = progress, False
+
+    def add_task(self, *args, **kwargs):
+        if not self.started:
+            self.progress.start()
+            self.started = True
+        return self.progress.add_task(*args, **kwargs)
+
+    def update(self, *args, **kwargs) -> None:
+        self.progress.update(*args, **kwargs)
+
+    def stop(self) -> None:
+        if self.started:
+            self.progress.stop()
+
+
+def _print_eval(result: dict, k: int, documents_label: str = "images") -> None:
     from rich.table import Table
 
     cols = ["R@1", "R@5", "R@10", "MRR@10", "FLOPs", f"Exact@{k}", f"Semantic@{k}", "terms_per_query",
@@ -527,7 +609,7 @@ def _print_eval(result: dict, k: int) -> None:
     console = _console(stderr=False)
     if not console.is_terminal:
         console.width = max(console.width, 160)  # don't squeeze the table in pipes and logs
-    console.print(f"{result['dataset']}: {result['queries']} queries, {result['documents']} images")
+    console.print(f"{result['dataset']}: {result['queries']} queries, {result['documents']} {documents_label}")
     console.print(table)
     co = result.get("coactivation")
     if co:

@@ -149,6 +149,13 @@ async def preview(svc: Service, cache: Annotated[PictureCache, Depends(pictures)
     return await _picture(svc, cache, doc_id, "preview")
 
 
+@router.get("/documents/{doc_id}/original", response_class=FileResponse,
+            summary="The whole picture at its full size (JPEG, re-encoded from the stored file)",
+            responses={200: {"content": {"image/jpeg": {}}}, 404: ERRORS[404]})
+async def original(svc: Service, cache: Annotated[PictureCache, Depends(pictures)], doc_id: DocId) -> FileResponse:
+    return await _picture(svc, cache, doc_id, "original")
+
+
 @router.get("/status", response_model=schemas.Status, summary="Index size, bundle, backend, last ingest")
 async def status(svc: Service) -> schemas.Status:
     stats = await svc.run(svc.status)

@@ -28,7 +28,8 @@ class Term(BaseModel):
 
 
 class QueryTerm(Term):
-    own: bool = Field(description="One of the query's own words (not an expansion term).")
+    own: bool = Field(description="One of the words the query typed whole (not an expansion term, nor a "
+                      "fragment of a word the vocabulary splits).")
 
 
 class Match(BaseModel):
@@ -66,7 +67,8 @@ class SearchResponse(BaseModel):
     query_terms: list[QueryTerm] = Field(description="The query's 50 strongest words.")
     weak_query: bool = Field(False, description="True when the model recognises none of the typed words: the results are guesses.")
     unrecognised_words: list[str] = Field(default_factory=list, description="Typed words the model's vocabulary does not know.")
-    notice: str | None = Field(None, description="A sentence for the user when the query is weak.")
+    notice: str | None = Field(None, description="A sentence for the user when the query is weak or has a word "
+                                "the model does not know.")
     results: list[Result]
 
 

@@ -111,9 +111,8 @@ class SearchService:
         start = time.perf_counter()
         vectors = encode_text_query(self.encoder, text)
         encode_ms = (time.perf_counter() - start) * 1000
-        # The words typed (not vectors.own, which falls back to the strongest terms).
-        typed = self.encoder.own_terms(self.encoder.tokenizer.encode(text).ids)
-        return Searched(run_query(self.backend, vectors, options), vectors, encode_ms, typed)
+        # The words typed whole (not vectors.own, which falls back to the strongest terms).
+        return Searched(run_query(self.backend, vectors, options), vectors, encode_ms, vectors.typed)
 
     def search_image(self, image: Image.Image, options: SearchOptions) -> Searched:
         options.validate()

@@ -23,7 +23,8 @@ from ..images import content_id, decode, read_bytes
 from ..pathtext import stored_path
 
 DOC_ID = re.compile(r"^[0-9a-f]{64}$")
-SIZES = {"thumbnail": 320, "preview": 1024}  # longest side in pixels (never upscaled)
+# Longest side in pixels (never upscaled); None: the whole picture, re-encoded like the others.
+SIZES: dict[str, int | None] = {"thumbnail": 320, "preview": 1024, "original": None}
 
 
 class PictureUnavailable(Exception):
@@ -64,9 +65,10 @@ class PictureCache:
             image, _, _ = decode(data, draft_size=size)
         except ImageRejected as exc:
             raise PictureUnavailable(f"the stored file cannot be decoded: {exc}") from None
-        image.thumbnail((size, size), Image.Resampling.LANCZOS)
+        if size is not None:
+            image.thumbnail((size, size), Image.Resampling.LANCZOS)
         buf = io.BytesIO()
-        image.save(buf, "JPEG", quality=self.quality, optimize=True)
+        image.save(buf, "JPEG", quality=self.quality if size is not None else 92, optimize=True)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.{id(buf)}.tmp")
         tmp.write_bytes(buf.getvalue())

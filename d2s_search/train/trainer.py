@@ -76,6 +76,79 @@ def _settings_differ(stored, now: dict) -> str:
     return f" ({parts}{'; ...' if len(keys) > 3 else ''})" if keys else ""
 
 
+# What a run folder holds of the run that wrote it: removed by --force before a new run starts
+# (config.json is rewritten by every run).
+RUN_FILES = ("last.pt", "head.pt", "history.json", "head.onnx")
+
+
+@dataclass
+class PreviousRun:
+    """What ``last.pt`` in a run folder says about the run that wrote it."""
+
+    settings: dict  # TrainConfig.identity() of that run
+    epochs_done: int
+
+    @property
+    def epochs(self) -> int | None:
+        epochs = self.settings.get("epochs") if isinstance(self.settings, dict) else None
+        return epochs if isinstance(epochs, int) else None
+
+    @property
+    def finished(self) -> bool:
+        return self.epochs is not None and self.epochs_done >= self.epochs
+
+
+def previous_run(out_dir: str | Path) -> PreviousRun | None:
+    """The run whose ``last.pt`` is in ``out_dir``, or None when there is none. Mapped, not read
+    whole: only its settings and epoch count are looked at."""
+    last = Path(out_dir) / "last.pt"
+    if not last.is_file():
+        return None
+    try:
+        ckpt = torch.load(last, map_location="cpu", weights_only=False, mmap=True)
+        return PreviousRun(ckpt["config"], int(ckpt["state"]["epoch"]))
+    except Exception as exc:  # truncated, foreign or from another torch: say so in one line
+        reason = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise TrainingError(f"{last} cannot be read ({reason}): pass --force to start the run over, "
+                            "or use another --out") from None
+
+
+def resume_decision(out_dir: str | Path, config: TrainConfig, resume: bool, force: bool) -> tuple[bool, str | None]:
+    """Whether a run into ``out_dir`` continues the one there, and the line that says so.
+
+    The same command run again continues its unfinished run; a finished run is replaced only
+    with ``force``; an unfinished run with other settings is refused, naming the difference.
+    ``resume`` asks to continue explicitly (:func:`train` refuses other settings then)."""
+    if force:
+        clear_run(out_dir)
+        return False, None
+    if resume:
+        return True, None
+    before = previous_run(out_dir)
+    if before is None:
+        return False, None
+    now = config.identity()
+    differ = _settings_differ(before.settings, now) if before.settings != now else ""
+    if before.settings != now and not differ:
+        differ = " (unreadable settings)"
+    of = f"epoch {before.epochs_done} of {before.epochs}" if before.epochs else f"epoch {before.epochs_done}"
+    if before.finished:
+        what = "a finished run" + (f" with other settings{differ}" if differ else f" ({before.epochs} epochs)")
+        raise TrainingError(f"{out_dir} holds {what}: pass --force to train again from scratch, or use another --out")
+    if differ:
+        raise TrainingError(f"{out_dir} holds an unfinished run ({of}) with other settings{differ}: give its "
+                            "settings again to continue it, or pass --force to start over (or use another --out)")
+    return True, f"continuing the unfinished run in {out_dir} after {of} (--force starts over)"
+
+
+def clear_run(out_dir: str | Path) -> None:
+    """Remove the files a previous run wrote (:data:`RUN_FILES`), nothing else."""
+    for name in RUN_FILES:
+        path = Path(out_dir) / name
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
+
+
 @dataclass
 class TrainConfig:
     expansion: str = "c+w"
@@ -289,8 +362,8 @@ def train(
         ckpt = torch.load(last, map_location="cpu", weights_only=False)
         if ckpt["config"] != config.identity():
             raise TrainingError(
-                f"{last} was written with other settings{_settings_differ(ckpt['config'], config.identity())}; "
-                "use another --out or drop --resume (or give the run's settings again)"
+                f"{last} was written with other settings{_settings_differ(ckpt['config'], config.identity())}: "
+                "give the run's settings again to continue it, or pass --force to start over (or use another --out)"
             )
         head.load_state_dict(ckpt["head"])
         opt.load_state_dict(ckpt["optimizer"])
@@ -304,7 +377,7 @@ def train(
             try:
                 average.load_state_dict(ckpt.get("average", {}))
             except (ValueError, KeyError, TypeError, RuntimeError) as err:
-                raise TrainingError(f"{last}: {err}; use another --out or drop --resume") from None
+                raise TrainingError(f"{last}: {err}; pass --force to start over, or use another --out") from None
         torch.set_rng_state(ckpt["torch_rng"])
         state = ckpt["state"]
     (out / "config.json").write_text(json.dumps({**asdict(config), "head": asdict(head.config)}, indent=2))
@@ -316,14 +389,18 @@ def train(
 
     bar = _progress(progress)
     task = bar.add_task("training", total=total, completed=state["step"], info="") if bar else None
+    pool_label = f"with {len(val_extra)} training images" if val_extra is not None and len(val_extra) else ""
+    timer = _StepTimer(total - state["step"])
     try:
         if bar:
+            bar.console.print(_plan_line(config, steps_per_epoch, state["epoch"], val), soft_wrap=True)
             bar.start()
         for epoch in range(state["epoch"], config.epochs):
             t0 = time.perf_counter()
             perm = order_rng.permutation(n) if row_cluster is None else clustered_order(order_rng, row_cluster)
             sums = {"loss": 0.0, "ce": 0.0, "l1_img": 0.0, "l1_cap": 0.0, "expanded": 0.0}
             for b in range(steps_per_epoch):
+                timer.start()
                 rows = perm[b * config.batch_size : (b + 1) * config.batch_size]
                 rows_t = torch.as_tensor(rows)
                 zc = z_txt[rows_t].to(device)
@@ -351,6 +428,8 @@ def train(
                 if average is not None:
                     average.update(head)
                 state["step"] += 1
+                if bar and (estimate := timer.step()):
+                    bar.console.print(estimate, soft_wrap=True)
                 sums["loss"] += float(parts.total.detach())
                 sums["ce"] += (parts.ce_i2c + parts.ce_c2i) / 2
                 sums["l1_img"] += parts.l1_img
@@ -398,7 +477,7 @@ def train(
             _save_state(last, head, opt, sched, scaler, pec, order_rng, config, state, mixer, average)
             (out / "history.json").write_text(json.dumps(state["history"], indent=2))
             if bar:
-                bar.console.log(_epoch_line(entry))
+                bar.console.log(_epoch_line(entry, pool_label))
             if log:
                 log(entry)
     finally:
@@ -414,6 +493,8 @@ def train(
         "best_val": head.config.notes.get("val", {}),
         "epochs": config.epochs,
         "steps": state["step"],
+        "steps_per_epoch": steps_per_epoch,
+        "validation_images": len(val.image_ids) if val is not None else 0,
         "history": state["history"],
     }
 
@@ -481,9 +562,48 @@ def _save_state(path, head, opt, sched, scaler, pec, order_rng, config, state, m
     tmp.replace(path)
 
 
-def _epoch_line(e: EpochLog) -> str:
+def _plan_line(config: TrainConfig, steps_per_epoch: int, done: int, val: PairSplit | None) -> str:
+    """What the run will do, printed before the first step."""
+    steps = config.epochs * steps_per_epoch
+    plan = (f"plan: {config.epochs} epochs x {steps_per_epoch:,} steps of batch {config.batch_size} = {steps:,} steps"
+            + (f", validated on {len(val.image_ids):,} images after each epoch" if val is not None else ""))
+    return plan + (f"; continuing after epoch {done}" if done else "")
+
+
+class _StepTimer:
+    """Times the first steps of a run (validation between epochs left out) and then says how
+    long all of its steps will take."""
+
+    FIRST_STEPS = 10
+
+    def __init__(self, remaining: int) -> None:
+        self.remaining, self.done, self.took, self.t0 = remaining, 0, 0.0, time.perf_counter()
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def step(self) -> str | None:
+        self.done += 1
+        self.took += time.perf_counter() - self.t0
+        if self.done != self.FIRST_STEPS or self.remaining <= self.FIRST_STEPS:
+            return None
+        took = self.took
+        left = took / self.done * (self.remaining - self.done)
+        return (f"estimate: {self.done} steps took {took:.1f}s, so about {_duration(took + left)} for all "
+                f"{self.remaining:,} steps, plus validation after each epoch")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _epoch_line(e: EpochLog, pool_label: str = "") -> str:
     v = e.val
-    pool = f" (with distractors {v['R@1_pool']:.4f})" if "R@1_pool" in v else ""
+    pool = f" ({v['R@1_pool']:.4f} {pool_label or 'with distractors'})" if "R@1_pool" in v else ""
     val = f" val R@1 {v['R@1']:.4f}{pool} FLOPs {v['FLOPs']:.1f}" if v else ""
     return (
         f"epoch {e.epoch}: loss {e.loss:.4f} ce {e.ce:.4f} l1 img/cap {e.l1_img:.1f}/{e.l1_cap:.1f}"
@@ -506,5 +626,5 @@ def _progress(enabled: bool):
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-        console=Console(stderr=True), transient=False,
+        console=Console(stderr=True, log_path=False), transient=False,  # no source file:line per epoch
     )

@@ -91,7 +91,8 @@ def validation_queries(head: SparseHead, split: PairSplit, tokens: CaptionTokens
     if head.config.query_word_boost and tokens is not None:
         from d2s_search.evaluate import boost_own_words
 
-        q = boost_own_words(q, [tokens.row(i) for i in range(len(tokens))], head.allowed.cpu().numpy() > 0,
+        boosted = tokens.boosted()  # the typed words, as the exported text graph boosts them
+        q = boost_own_words(q, [boosted.row(i) for i in range(len(boosted))], head.allowed.cpu().numpy() > 0,
                             head.config.query_word_boost)
     return q
 

@@ -70,6 +70,13 @@ class CaptionTokens:
     indptr: np.ndarray  # (n + 1,) int64
     indices: np.ndarray  # (nnz,) int64
     vocab_size: int
+    # The typed words among them (tokens that are whole words, d2s_search.terms): where the
+    # text graph adds the query word boost. None: not told apart (every token counts).
+    typed: CaptionTokens | None = None
+
+    def boosted(self) -> CaptionTokens:
+        """The tokens the text graph boosts: the typed words when known."""
+        return self.typed if self.typed is not None else self
 
     def __len__(self) -> int:
         return len(self.indptr) - 1
@@ -83,29 +90,42 @@ class CaptionTokens:
         lengths = np.array([len(p) for p in parts], dtype=np.int64)
         indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         indices = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
-        return CaptionTokens(indptr, indices, self.vocab_size)
+        return CaptionTokens(indptr, indices, self.vocab_size, self.typed.subset(rows) if self.typed else None)
 
     @classmethod
-    def from_lists(cls, rows: Sequence[Sequence[int]], vocab_size: int) -> CaptionTokens:
+    def from_lists(cls, rows: Sequence[Sequence[int]], vocab_size: int,
+                   typed: CaptionTokens | None = None) -> CaptionTokens:
         uniq = [np.unique(np.asarray(r, dtype=np.int64)) for r in rows]
         lengths = np.array([len(u) for u in uniq], dtype=np.int64)
         indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         indices = np.concatenate(uniq).astype(np.int64) if uniq else np.zeros(0, np.int64)
-        return cls(indptr, indices, vocab_size)
+        return cls(indptr, indices, vocab_size, typed)
 
 
 def tokenize_captions(
     captions: Sequence[str], tokenizer, max_length: int = 512, batch_size: int = 4096
 ) -> CaptionTokens:
-    """Unique token ids of each caption, special tokens removed."""
+    """Unique token ids of each caption, special tokens removed; ``typed``: those that are
+    whole words (what the text graph boosts)."""
+    from d2s_search.terms import split_word_flags, whole_word_positions
+
     excluded = set(excluded_token_ids(tokenizer))
+    flags = split_word_flags(tokenizer)
     rows: list[list[int]] = []
+    typed: list[list[int]] = []
     for start in range(0, len(captions), batch_size):
         encs = tokenizer.encode_batch(list(captions[start : start + batch_size]))
-        for enc in encs:
-            ids = enc.ids[:max_length]
+        batch = [enc.ids[:max_length] for enc in encs]
+        longest = max((len(ids) for ids in batch), default=0)
+        padded, real = np.zeros((len(batch), longest), np.int64), np.zeros((len(batch), longest), bool)
+        for r, ids in enumerate(batch):
+            padded[r, : len(ids)], real[r, : len(ids)] = ids, True
+        whole = whole_word_positions(padded, real, *flags)
+        for ids, row_whole in zip(batch, whole):
             rows.append([i for i in ids if i not in excluded])
-    return CaptionTokens.from_lists(rows, tokenizer.get_vocab_size())
+            typed.append([i for i, w in zip(ids, row_whole) if w and i not in excluded])
+    size = tokenizer.get_vocab_size()
+    return CaptionTokens.from_lists(rows, size, CaptionTokens.from_lists(typed, size))
 
 
 def document_frequency(tokens: CaptionTokens) -> np.ndarray:

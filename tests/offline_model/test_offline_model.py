@@ -18,6 +18,7 @@ from d2s_search import metrics as M
 from d2s_search.bundle import Bundle, sha256_file
 from d2s_search.encoder import Encoder, tokenize_batch
 from d2s_search.errors import BundleError, ModelError
+from d2s_search.terms import split_word_flags, whole_word_positions
 from onnx_export.offline_mini.model import (
     OfflineImageTower,
     OfflineTextTower,
@@ -69,7 +70,8 @@ def test_onnx_encoders_match_torch_on_real_photos(offline_export, heldout_photos
         t_img = encoder.image_tower(torch.from_numpy(pixels))
         t_txt = encoder.text_tower(torch.from_numpy(ids), torch.from_numpy(mask))
         t_img_sparse = head(t_img, document=True).numpy()
-        t_txt_sparse = head.with_own_words(head(t_txt), torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+        typed = whole_word_positions(ids, mask, *split_word_flags(enc.tokenizer, head.config.vocab_size))  # as the graph
+        t_txt_sparse = head.with_own_words(head(t_txt), torch.from_numpy(ids), torch.from_numpy(typed)).numpy()
         unshifted = head(t_img).numpy()
         unboosted = head(t_txt).numpy()
     o_dense, o_sparse = enc.encode_pixels(pixels)

@@ -81,3 +81,98 @@ def test_cli_evaluate_end_to_end(indexed):
     out = json.loads(res.output)
     assert set(out["runs"]) == {"sparse", "hybrid"} and out["queries"] > 0
     assert out["runs"]["sparse"]["latency_ms_mean"] > 0
+
+
+@pytest.fixture(scope="module")
+def crowded(indexed, image_folder, tmp_path_factory):
+    """The captioned photos of ``indexed`` in an index that also holds 12 other pictures."""
+    from d2s_search.backends import open_backend
+    from d2s_search.ingest import ingest
+
+    root, bundle, encoder = indexed
+    others = sorted(image_folder.rglob("*.png"))[:12]
+    images = sorted(image_folder.rglob("*.jpg"))[:8]
+    store = open_backend("local", index=str(tmp_path_factory.mktemp("crowded") / "index"))
+    store.open(bundle.identity(), create=True)
+    ingest([str(p) for p in images + others], encoder, store, batch_size=4, workers=1)
+    store.close()
+    return store.path
+
+
+def _evaluate(args, capsys):
+    from tests.helpers import run_cli
+
+    return run_cli(["evaluate", *map(str, args)], capsys)
+
+
+def test_evaluate_dataset_says_what_it_ranks_among_and_ranks_within_the_split_on_request(indexed, crowded, capsys):
+    """Against the whole index (20 documents) by default, against the split's 8 photos with
+    --within-split: then the numbers are those of the precomputed-vector path on those photos."""
+    root, bundle, _ = indexed
+    base = ["--dataset", root / "caps.csv", "--index", crowded, "--modes", "sparse,dense", "--val-fraction", "0",
+            "--test-fraction", "1"]
+    code, out, err = _evaluate(base, capsys)
+    assert code == 0, err
+    assert f"16 queries about 8 test images in {crowded}, ranked among all 20 documents of the index" in out
+    assert "20 images ranked (the whole index)" in out
+    code, out, err = _evaluate([*base, "--json"], capsys)
+    whole = json.loads(out)
+    assert (whole["ranking"], whole["ranked_among"], whole["documents"], whole["index_documents"]) == ("index", 20, 8, 20)
+    code, out, err = _evaluate([*base, "--within-split", "--json"], capsys)
+    assert code == 0, err
+    within = json.loads(out)
+    assert (within["ranking"], within["ranked_among"], within["documents"]) == ("split", 8, 8)
+    # the same ranking as an index holding only these 8 photos (the precomputed path agrees with that one)
+    code, out, err = _evaluate(["--dataset", root / "caps.csv", "--index", root / "index", "--modes", "sparse,dense",
+                                "--val-fraction", "0", "--test-fraction", "1", "--json"], capsys)
+    alone = json.loads(out)
+    for run in ("sparse", "dense"):
+        for m in ("R@1", "R@5", "R@10", "MRR@10"):
+            assert within["runs"][run][m] == pytest.approx(alone["runs"][run][m], abs=1e-9), (run, m)
+            assert whole["runs"][run][m] <= within["runs"][run][m] + 1e-9, (run, m)
+    assert any(whole["runs"][r]["MRR@10"] < within["runs"][r]["MRR@10"] for r in ("sparse", "dense"))
+    code, out, err = _evaluate([*base, "--within-split"], capsys)
+    assert "ranked among these 8 images alone (--within-split)" in out and "8 images ranked (this split)" in out
+
+
+def test_evaluate_dataset_splits_a_csv_as_embed_does(indexed, tmp_path, capsys):
+    """--val-fraction, --test-fraction and --seed give the split embed writes (the same seeded
+    draw); only half the photos are in this index, so another split asks other captions."""
+    from d2s_search.backends import open_backend
+    from d2s_search.embed import read_caption_csv
+    from d2s_search.ingest import ingest
+
+    root, bundle, encoder = indexed
+    items = read_caption_csv(root / "caps.csv")
+    half = [it.image_path for it in items[::2]]
+    store = open_backend("local", index=str(tmp_path / "half"))
+    store.open(bundle.identity(), create=True)
+    ingest([str(p) for p in half], encoder, store, batch_size=4, workers=1)
+    store.close()
+
+    def expected(**split) -> int:
+        chosen = read_caption_csv(root / "caps.csv", **split)
+        return sum(len(it.sentences) for it in chosen if it.split == "test" and it.image_path in half)
+
+    options = {"val_fraction": 0.25, "test_fraction": 0.5, "seed": 3}
+    assert expected(**options) != expected()  # the two splits ask different captions here
+    for split, flags in ((options, ["--val-fraction", "0.25", "--test-fraction", "0.5", "--seed", "3"]), ({}, [])):
+        code, out, err = _evaluate(["--dataset", root / "caps.csv", "--index", tmp_path / "half", "--modes", "sparse",
+                                    *flags, "--json"], capsys)
+        assert code == 0, err
+        assert json.loads(out)["queries"] == expected(**split), flags
+
+
+def test_evaluate_dataset_with_no_image_in_the_index_is_one_line(indexed, image_folder, tmp_path, capsys):
+    root, _, _ = indexed
+    others = sorted(image_folder.rglob("*.png"))[:4]
+    (tmp_path / "others.csv").write_text("image,caption\n" + "".join(f"{p},a photo\n" for p in others))
+    code, out, err = _evaluate(["--dataset", tmp_path / "others.csv", "--index", root / "index", "--test-fraction",
+                                "1", "--val-fraction", "0"], capsys)
+    assert (code, out) == (1, "")
+    assert err == ("error: no caption to evaluate: 4 images, 4 of them readable at their paths, none in the index; "
+                   "ingest them with the bundle the index records (or give the --image-root their paths are "
+                   "relative to)\n")
+    code, out, err = _evaluate(["--dataset", root / "caps.csv", "--index", root / "index", "--test-fraction", "0"],
+                               capsys)
+    assert code == 1 and err.startswith("error: ") and "has no 'test' images with this --val-fraction" in err

@@ -28,7 +28,7 @@ const bytes = (n) => (n == null ? "—" : n > 1e9 ? `${(n / 1e9).toFixed(2)} GB`
 
 // --- state ----------------------------------------------------------------------------
 
-const state = { controller: null, last: null, picture: null, queryTerms: [], searches: 0 };
+const state = { controller: null, last: null, picture: null, pictures: [], queryTerms: [], searches: 0 };
 window.d2s = { timings: [] }; // read by the browser tests and the benchmark
 
 function options() {
@@ -117,7 +117,14 @@ function imagesLoaded(root) {
   return Promise.all(pending.map((img) => new Promise((ok) => { img.onload = img.onerror = ok; })));
 }
 
-function searchText(event) {
+// Every search is a step in the browser's history (its query in the address), so Back and
+// Forward step through searches; a step restored from history replaces, never adds.
+function go(url, push, entry = null) {
+  if (push && url !== location.pathname + location.search) history.pushState(entry, "", url);
+  else history.replaceState(entry, "", url);
+}
+
+function searchText(event, push = true) {
   if (event) event.preventDefault();
   const q = $("#q").value.trim();
   if (!q) {
@@ -128,11 +135,11 @@ function searchText(event) {
   }
   const params = options();
   params.set("q", q);
-  history.replaceState(null, "", `/?${params}`);
+  go(`/?${params}`, push);
   run("text", `/api/search?${params}`, {}, `“${q}”`);
 }
 
-function searchPicture(file) {
+function searchPicture(file, push = true) {
   if (!file) return;
   if (file.type && !file.type.startsWith("image/")) {
     showMessage(`${file.name} is not a picture: drop a JPEG, PNG, WebP or GIF file.`, "error");
@@ -142,14 +149,18 @@ function searchPicture(file) {
   body.append("image", file, file.name || "picture");
   state.picture = file; // kept so a mode switch can search by it again
   $("#q").value = "";
-  history.replaceState(null, "", `/?${options()}`);
+  // Its history entry names the picture, kept here: Back or Forward to it searches by it again.
+  let n = state.pictures.indexOf(file);
+  if (n < 0) n = state.pictures.push(file) - 1;
+  go(`/?${options()}`, push, { picture: n });
+
   run("image", `/api/search/image?${options()}`, { method: "POST", body }, `the picture ${file.name || ""}`);
 }
 
-function searchSimilar(id, name) {
+function searchSimilar(id, name, push = true) {
   const params = options();
   $("#q").value = "";
-  history.replaceState(null, "", `/?like=${encodeURIComponent(id)}&${params}`);
+  go(`/?like=${encodeURIComponent(id)}&${params}`, push);
   run("similar", `/api/documents/${encodeURIComponent(id)}/similar?${params}`, {}, `more like ${name}`);
 }
 
@@ -209,7 +220,11 @@ function renderNotice(text) {
 function renderQueryTerms(terms, kind) {
   const shown = terms.slice(0, QUERY_TERMS_SHOWN);
   const box = $("#query-terms");
-  if (!shown.length) return box.replaceChildren();
+  box.classList.add("collapsed");
+  if (!shown.length) {
+    box.replaceChildren();
+    return fitQueryTerms();
+  }
   const top = Math.max(1e-9, ...shown.map((t) => t.weight));
   box.replaceChildren(
     el("span", { class: "label" }, kind === "text" ? "query words" : "its words"),
@@ -218,6 +233,29 @@ function renderQueryTerms(terms, kind) {
       style: { "--w": (t.weight / top).toFixed(3) },
     }, t.term)),
   );
+  fitQueryTerms();
+}
+
+// On a narrow screen the query's words keep to one row (the first pictures stay in view);
+// "more words" shows the rest.
+function fitQueryTerms() {
+  const box = $("#query-terms");
+  const more = $("#query-terms-more");
+  const collapsed = box.classList.contains("collapsed");
+  more.hidden = collapsed ? box.scrollHeight <= box.clientHeight + 1 : false;
+  more.textContent = collapsed ? "more words" : "fewer words";
+  more.setAttribute("aria-expanded", String(!collapsed));
+}
+
+function toggleQueryTerms() {
+  $("#query-terms").classList.toggle("collapsed");
+  fitQueryTerms();
+}
+
+// Long file names wrap after a separator (/ _ - . space), not inside a word; a piece longer
+// than the line still wraps (overflow-wrap in the style sheet).
+function breakable(text) {
+  return String(text).split(/(?<=[/\\_\-. ])/).flatMap((part, i) => (i ? [el("wbr"), part] : [part]));
 }
 
 function card(r, top) {
@@ -259,8 +297,14 @@ async function openDetail(id) {
   }
   $("#d-img").src = doc.preview;
   $("#d-img").alt = doc.name;
-  $("#d-name").textContent = doc.name;
-  $("#d-path").textContent = doc.path;
+  $("#d-name").replaceChildren(...breakable(doc.name));
+  $("#d-path").replaceChildren(...breakable(doc.path));
+  $("#d-original").href = /^https?:\/\//i.test(doc.url || "") ? doc.url : `/api/documents/${encodeURIComponent(doc.id)}/original`;
+  const results = state.last ? state.last.results : [];
+  const at = results.findIndex((r) => r.id === doc.id);
+  $("#d-prev").disabled = at <= 0;
+  $("#d-next").disabled = at < 0 || at >= results.length - 1;
+  $("#d-position").textContent = at < 0 ? "" : `${at + 1} of ${results.length}`;
   $("#d-caption").textContent = `${doc.width} × ${doc.height} px · ${bytes(doc.size_bytes)}` +
     (doc.ingested_at ? ` · indexed ${doc.ingested_at.replace("T", " ").replace("Z", " UTC")}` : "");
   $("#d-more").onclick = () => { dialog.close(); searchSimilar(doc.id, doc.name); };
@@ -291,6 +335,14 @@ async function openDetail(id) {
   if (!dialog.open) dialog.showModal();
 }
 
+// ← and → (or the buttons) step through the results without closing the picture.
+function stepDetail(by) {
+  const results = state.last ? state.last.results : [];
+  const at = results.findIndex((r) => r.id === $("#detail").dataset.id);
+  const next = at < 0 ? null : results[at + by];
+  if (next) openDetail(next.id);
+}
+
 // --- status -----------------------------------------------------------------------------
 
 async function loadStatus() {
@@ -318,7 +370,7 @@ async function openStatus() {
     ["Dense dims / vocabulary", `${s.bundle.dense_dim} / ${s.bundle.vocab_size}`],
     ["Created", s.created_at], ["Last ingest", s.last_ingest_at], ["Size on disk", bytes(s.disk_bytes)],
   ];
-  $("#s-list").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v ?? "—")]));
+  $("#s-list").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, ...breakable(v ?? "—"))]));
   if (!dialog.open) dialog.showModal();
 }
 
@@ -358,21 +410,68 @@ function start() {
   $("#alpha").addEventListener("input", syncHybrid);
   $("#file").addEventListener("change", (e) => { searchPicture(e.target.files[0]); e.target.value = ""; });
   $("#status-button").addEventListener("click", openStatus);
+  $("#query-terms-more").addEventListener("click", toggleQueryTerms);
+  $("#d-prev").addEventListener("click", () => stepDetail(-1));
+  $("#d-next").addEventListener("click", () => stepDetail(1));
+  window.addEventListener("resize", fitQueryTerms);
+  window.addEventListener("popstate", (e) => restore(new URLSearchParams(location.search), e.state));
+  document.addEventListener("keydown", onKey);
   for (const dialog of document.querySelectorAll("dialog")) {
     dialog.addEventListener("click", (e) => { if (e.target === dialog) dialog.close(); }); // click outside closes
   }
   setUpDrop();
   loadStatus().catch((err) => showMessage(`The index cannot be read: ${err.message}`, "error"));
 
-  const params = new URLSearchParams(location.search);
+  restore(new URLSearchParams(location.search), history.state);
+  document.body.dataset.ready = "true";
+}
+
+// The search an address (and its history entry) stands for, run again without a new entry.
+function restore(params, entry) {
   setOptions(params);
+  for (const dialog of document.querySelectorAll("dialog[open]")) dialog.close();
   if (params.get("q") !== null) {
     $("#q").value = params.get("q");
-    searchText();
+    searchText(null, false);
   } else if (params.get("like")) {
-    searchSimilar(params.get("like"), "this picture");
+    searchSimilar(params.get("like"), "this picture", false);
+  } else if (entry && state.pictures[entry.picture]) {
+    searchPicture(state.pictures[entry.picture], false);
+  } else if (state.last || state.searches) {
+    // Back to the start page
+    if (state.controller) state.controller.abort();
+    state.last = null;
+    $("#q").value = "";
+    showMessage("");
+    $("#grid").replaceChildren();
+    $("#grid").dataset.state = "idle";
+    $("#query-terms").replaceChildren();
+    fitQueryTerms();
+    renderNotice(null);
+    $("#hello").hidden = false;
   }
-  document.body.dataset.ready = "true";
+}
+
+// "/" puts the cursor in the search box (unless one is typing somewhere already); ← and →
+// step through the results in the picture view.
+function onKey(e) {
+  if (e.ctrlKey || e.metaKey || e.altKey) return;
+  const target = e.target;
+  const typing = target instanceof HTMLElement && (target.isContentEditable || target.tagName === "TEXTAREA" ||
+    target.tagName === "SELECT" || (target.tagName === "INPUT" && !["radio", "checkbox", "range", "button", "submit",
+      "file"].includes(target.type)));
+  if ($("#detail").open) {
+    if (e.key === "ArrowLeft" || e.key === "ArrowRight") {
+      e.preventDefault();
+      stepDetail(e.key === "ArrowLeft" ? -1 : 1);
+    }
+    return;
+  }
+  if (e.key === "/" && !typing && !document.querySelector("dialog[open]")) {
+    e.preventDefault();
+    $("#q").focus();
+    $("#q").select();
+  }
 }
 
 function rerun() {
