@@ -389,12 +389,18 @@ def to_result(answer: dict):
         ]
         terms = [(str(t["term"]), float(t["weight"])) for t in answer["query_terms"]]
         fusion = answer.get("fusion")
+        weak = answer.get("weak_query", False)
+        unknown = answer.get("unrecognised_words") or []
+        if not isinstance(weak, bool) or not isinstance(unknown, list):
+            return None
         return SearchResult(
             mode=str(answer["mode"]),
             hits=hits,
             took_ms=float(answer["search_ms"]),
             query_terms=terms,
             fusion=None if fusion is None else str(fusion),
+            weak_query=weak,  # the note a query prints is the same whoever searched
+            unrecognised_words=[str(w) for w in unknown],
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None

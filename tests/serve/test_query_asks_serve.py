@@ -140,3 +140,16 @@ def test_two_phase_on_the_local_index_says_it_misses(running_serve, serve_index,
     lines = out.splitlines()
     assert code == 0 and lines and all(os.path.isabs(line) for line in lines)  # stdout: only paths
     assert err.startswith("note: on the local index two-phase misses") and len(err.splitlines()) == 1
+
+
+def test_a_query_answered_by_the_serve_says_which_words_the_model_does_not_know(running_serve, serve_index, capsys):
+    """The note about unknown words is the same whoever searched: the serve's answer carries it."""
+    _, url = running_serve
+    words = "qwertyuiop zxcvbnmasdf"
+    code, asked = run_cli_json(["query", words, "--index", serve_index, "-k", "3"], capsys)
+    assert code == 0 and asked["answered_by"] == url
+    code, local = run_cli_json(["query", words, "--index", serve_index, "-k", "3", "--no-serve"], capsys)
+    assert code == 0 and "answered_by" not in local
+    assert local["notice"] and local["unrecognised_words"]
+    assert (asked["weak_query"], asked["unrecognised_words"], asked["notice"]) == (
+        local["weak_query"], local["unrecognised_words"], local["notice"])
