@@ -77,6 +77,14 @@ def available() -> bool:
     )
 
 
+def unavailable_note(documents: int) -> str:
+    """What a large index without graphs says, once: searches stay exact, only slower."""
+    from d2s_search.extras import install_command
+
+    return (f"dense search scans all {documents:,} vectors (exact, slower): from 100,000 pictures on, faiss 1.11 "
+            f"or later builds HNSW graphs for it: {install_command('faiss')}")
+
+
 def build(vectors: np.ndarray) -> np.ndarray | None:
     """The serialised graph over these vectors (inner product, rows = labels, 8-bit copies of
     the vectors), or None when this faiss cannot be read back zero-copy (the dense side then
