@@ -695,7 +695,7 @@ class LocalBackend:
         build stays exact); below it, graphs are dropped."""
         approximate = built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and graph.available()
         if built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and not approximate:
-            self._warn(graph.unavailable_note(built.size), kind="note")  # faiss is the `faiss` extra
+            self._warn(graph.unavailable_note(APPROXIMATE_DENSE_FROM), kind="note")  # the `faiss` extra
         for shard in built.shards:
             if approximate and "hnsw" not in shard.arrays and shard.rows:
                 blob = graph.build(shard.dense_rows())

@@ -77,12 +77,13 @@ def available() -> bool:
     )
 
 
-def unavailable_note(documents: int) -> str:
-    """What a large index without graphs says, once: searches stay exact, only slower."""
+def unavailable_note(graphs_from: int) -> str:
+    """What an index of at least ``graphs_from`` documents says, once, when this install cannot
+    build graphs: searches stay exact, only slower."""
     from d2s_search.extras import install_command
 
-    return (f"dense search scans all {documents:,} vectors (exact, slower): from 100,000 pictures on, faiss 1.11 "
-            f"or later builds HNSW graphs for it: {install_command('faiss')}")
+    return (f"dense search scans every vector (exact, but slower than the HNSW graphs faiss 1.11 or later builds "
+            f"from {graphs_from:,} pictures on): {install_command('faiss')}")
 
 
 def build(vectors: np.ndarray) -> np.ndarray | None:
