@@ -2,17 +2,43 @@
 
 The scoring kernel (loaded with ctypes) and the hit builder (a CPython extension) are
 optional: without a C compiler the install still succeeds and the local index scores with
-numpy/scipy and builds hits in Python (same results, slower).
+numpy/scipy and builds hits in Python (same results, slower). The build log says so in one line
+(pip shows it with `pip install -v`; `index stats` and `serve` say it at their first start).
 """
 
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 # -ffp-contract=off: a fused multiply-add would round once where the numpy path rounds twice.
 FLAGS = ["/O2", "/fp:precise"] if sys.platform == "win32" else ["-O3", "-ffp-contract=off", "-fvisibility=hidden"]
 
+
+class OptionalBuildExt(build_ext):
+    """build_ext that ends with one clear line when optional extensions could not be built
+    (setuptools only warns per extension, between compiler output)."""
+
+    def run(self):
+        self.not_built = []
+        super().run()
+        if self.not_built:
+            names = ", ".join(name.rpartition(".")[2] + ".c" for name in self.not_built)
+            print(f"d2s-search: built WITHOUT the local index's compiled parts ({names}: no working C compiler or "
+                  "Python headers; the warnings above say why). Everything works, searches are slower (numpy). "
+                  "Install a C compiler and Python's headers, then reinstall to build them.", file=sys.stderr, flush=True)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception:  # setuptools turns it into a warning for an optional extension
+            if getattr(ext, "optional", False):
+                self.not_built.append(ext.name)
+            raise
+
+
 setup(
+    cmdclass={"build_ext": OptionalBuildExt},
     ext_modules=[
         Extension(
             "d2s_search.backends.local._score",
@@ -35,5 +61,5 @@ setup(
             extra_compile_args=FLAGS,
             optional=True,
         ),
-    ]
+    ],
 )

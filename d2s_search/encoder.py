@@ -116,9 +116,21 @@ def make_session(path: str, device: str = "auto", threads: int | None = None, wa
         raise BundleError(f"cannot load {path}: {str(exc).splitlines()[0][:200]}") from None
     if "CUDAExecutionProvider" in providers and "CUDAExecutionProvider" not in session.get_providers():
         warn("the CUDA provider did not load (check the CUDA/cuDNN libraries); running on CPU")
+    elif want_cuda and "CUDAExecutionProvider" not in available and cpu_build_over_gpu_build(Path(ort.__file__).parent):
+        warn("onnxruntime-gpu is installed, but onnxruntime's files replaced it (both unpack into one folder): "
+             "pip install --force-reinstall --no-deps onnxruntime-gpu; running on CPU")
     elif device == "cuda" and "CUDAExecutionProvider" not in available:
         warn("onnxruntime has no CUDA provider here (install the `gpu` extra); running on CPU")
     return session
+
+
+def cpu_build_over_gpu_build(package_dir: Path) -> bool:
+    """Whether ONNX Runtime's folder holds a CUDA provider library that its build does not
+    offer: what installing onnxruntime after (or over) onnxruntime-gpu leaves (pip unpacks both
+    into ``onnxruntime/``, and installs the GPU one first when both are asked for)."""
+    capi = package_dir / "capi"
+    return any((capi / name).is_file() for name in ("libonnxruntime_providers_cuda.so",
+                                                     "onnxruntime_providers_cuda.dll"))
 
 
 def _session_options(ort, threads: int | None):

@@ -50,6 +50,15 @@ class NoInputError(D2SError):
     """Nothing to do: no images under the given paths."""
 
 
+class MissingDependencyError(D2SError):
+    """A command needs an optional package that is not installed; the message names the extra
+    that installs it (``d2s_search.extras``)."""
+
+    def __init__(self, message: str, extras: tuple[str, ...] = (), modules: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.extras, self.modules = extras, modules
+
+
 class CommandLoadError(D2SError):
     """A command's module cannot be imported (a broken or partial installation)."""
 

@@ -153,14 +153,12 @@ def sparse_from_head(
         boost, allowed = head.query_word_boost, head.allowed
         info = {"head": str(p)}
     else:
-        try:
-            from d2s_search.train.modeling import encode_sparse
-            from onnx_export.head import load_head
-        except ImportError as exc:
-            raise ModelError(
-                "evaluating a .pt head needs torch (pip install 'd2s-search[train]'), "
-                "or pass an ONNX head graph"
-            ) from exc
+        from d2s_search import extras
+
+        extras.require("train", ("torch", "safetensors"), who="evaluating a .pt head", instead="an ONNX head graph")
+        from d2s_search.train.modeling import encode_sparse
+        from onnx_export.head import load_head
+
         head = load_head(p)
         q, d = encode_sparse(head, data.query_emb), encode_sparse(head, data.doc_emb, document=True)
         recorded = head.config.notes.get("query_mask", "none")

@@ -6,11 +6,14 @@ reason, so the caller can report it and go on with the others.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
@@ -53,14 +56,84 @@ class LoadedImage:
     height: int
 
 
-def discover(paths: Iterable[str | Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
+# Folders no one means to search: system, sync and package folders that are not hidden by name.
+# Synology keeps thumbnails in @eaDir and deleted files in #recycle; macOS zips hold __MACOSX.
+SYSTEM_FOLDERS = frozenset({"@eaDir", "#recycle", "#snapshot", "node_modules", "__MACOSX", "$RECYCLE.BIN",
+                            "System Volume Information"})
+_WINDOWS_HIDDEN = getattr(stat, "FILE_ATTRIBUTE_HIDDEN", 0) | getattr(stat, "FILE_ATTRIBUTE_SYSTEM", 0)
+
+
+@dataclass(frozen=True)
+class Skip:
+    """What a walk leaves out below the folders it is given (a path given is never skipped).
+
+    ``hidden``: names starting with a dot (``.git``, ``.thumbnails``, macOS ``._IMG_1.jpg``), the
+    :data:`SYSTEM_FOLDERS`, and on Windows what the file system marks hidden or system.
+    ``exclude``: globs (``fnmatch``: ``*`` also crosses ``/``) matched against the path relative
+    to the folder given, with ``/`` between names, and against the name alone; a glob ending
+    in ``/`` matches folders only.
+    """
+
+    hidden: bool = True
+    exclude: tuple[str, ...] = ()
+
+    def reason(self, entry: os.DirEntry, relative: str, is_dir: bool) -> str | None:
+        """``"hidden"``, ``"excluded"`` or None (kept)."""
+        if self.hidden and (entry.name.startswith(".") or (is_dir and entry.name in SYSTEM_FOLDERS)
+                            or _hidden_attribute(entry)):
+            return "hidden"
+        for pattern in self.exclude:
+            folder_only = pattern.endswith("/")
+            pattern = pattern.rstrip("/")
+            if (is_dir or not folder_only) and (fnmatch.fnmatch(relative, pattern)
+                                                 or fnmatch.fnmatch(entry.name, pattern)):
+                return "excluded"
+        return None
+
+
+def _hidden_attribute(entry: os.DirEntry) -> bool:
+    if not _WINDOWS_HIDDEN:
+        return False  # not Windows: hidden means a leading dot
+    try:
+        return bool(getattr(entry.stat(follow_symlinks=False), "st_file_attributes", 0) & _WINDOWS_HIDDEN)
+    except OSError:
+        return False
+
+
+@dataclass
+class Skipped:
+    """How many folders (not entered) and picture files a walk left out, by reason."""
+
+    hidden: int = 0
+    excluded: int = 0
+
+    def add(self, reason: str) -> None:
+        setattr(self, reason, getattr(self, reason) + 1)
+
+    @property
+    def total(self) -> int:
+        return self.hidden + self.excluded
+
+
+DEFAULT_SKIP = Skip()  # hidden and system folders and files
+
+
+class Discovery(NamedTuple):
+    files: list[Path]  # in a stable order
+    problems: list[tuple[Path, str]]
+    skipped: Skipped
+
+
+def discover(paths: Iterable[str | Path], skip: Skip = DEFAULT_SKIP) -> Discovery:
     """Image files under ``paths`` (files given directly are taken whatever their suffix).
 
     Folders are walked recursively, following symlinks but never entering the same
-    directory twice (symlink loops end). Returns (files in a stable order, problems).
+    directory twice (symlink loops end); below them, what ``skip`` names is left out (and
+    counted). Returns (files in a stable order, problems, what was skipped).
     """
     found: list[Path] = []
     problems: list[tuple[Path, str]] = []
+    skipped = Skipped()
     seen_dirs: set[tuple[int, int]] = set()
     seen_files: set[Path] = set()
 
@@ -73,7 +146,7 @@ def discover(paths: Iterable[str | Path]) -> tuple[list[Path], list[tuple[Path, 
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            for file in _walk(path, seen_dirs, problems):
+            for file in _walk(path, "", seen_dirs, problems, skip, skipped):
                 add(file)
         elif path.suffix.lower() in UNSUPPORTED_IMAGE_SUFFIXES and path.is_file():
             problems.append((path, f"{FORMAT_NOT_SUPPORTED} ({path.suffix.lower()[1:]})"))
@@ -83,10 +156,12 @@ def discover(paths: Iterable[str | Path]) -> tuple[list[Path], list[tuple[Path, 
             problems.append((path, _not_regular_reason(path)))
         else:
             problems.append((path, "no such file or folder"))
-    return found, problems
+    return Discovery(found, problems, skipped)
 
 
-def _walk(root: Path, seen_dirs: set[tuple[int, int]], problems: list[tuple[Path, str]]) -> Iterator[Path]:
+def _walk(root: Path, relative: str, seen_dirs: set[tuple[int, int]], problems: list[tuple[Path, str]],
+          skip: Skip, skipped: Skipped) -> Iterator[Path]:
+    """Image files under ``root`` (``relative``: its path below the folder given, "" for that one)."""
     try:
         st = root.stat()
     except OSError as exc:
@@ -108,8 +183,14 @@ def _walk(root: Path, seen_dirs: set[tuple[int, int]], problems: list[tuple[Path
         except OSError:
             is_dir = False
         suffix = path.suffix.lower()
+        below = f"{relative}/{entry.name}" if relative else entry.name
+        if is_dir or suffix in IMAGE_SUFFIXES or suffix in UNSUPPORTED_IMAGE_SUFFIXES:
+            reason = skip.reason(entry, below, is_dir)
+            if reason is not None:
+                skipped.add(reason)  # a folder is not entered: its files are not counted
+                continue
         if is_dir:
-            yield from _walk(path, seen_dirs, problems)
+            yield from _walk(path, below, seen_dirs, problems, skip, skipped)
         elif suffix in IMAGE_SUFFIXES:
             try:
                 check_regular(entry.stat(follow_symlinks=True))

@@ -19,7 +19,7 @@ import numpy as np
 from .backends.base import Backend, Document, PathListing
 from .encoder import Encoder
 from .errors import DocumentsRejectedError, ImageRejected, NoInputError
-from .images import DEFAULT_MAX_PIXELS, content_id, decode, discover, read_bytes
+from .images import DEFAULT_MAX_PIXELS, DEFAULT_SKIP, Skip, content_id, decode, discover, read_bytes
 from .pathtext import path_to_text, stored_path
 
 
@@ -31,6 +31,9 @@ class IngestReport:
     duplicates: int = 0  # same bytes as another file in this run
     moved: int = 0  # already stored, but the stored file was gone: its path now points here
     rejected: list[tuple[str, str]] = field(default_factory=list)
+    # Folders and pictures discovery left out (images.Skip): hidden or system ones, --exclude.
+    skipped_hidden: int = 0
+    skipped_excluded: int = 0
     seconds: float = 0.0
     # Local index: building its search structures after storing (None: not built by this run).
     search_seconds: float | None = None
@@ -47,6 +50,7 @@ class IngestReport:
             "duplicates": self.duplicates,
             "moved": self.moved,
             "rejected": [{"path": p, "reason": r} for p, r in self.rejected],
+            "skipped": {"hidden": self.skipped_hidden, "excluded": self.skipped_excluded},
             "seconds": round(self.seconds, 3),
             "images_per_second": round(self.images_per_second, 2),
             **({"search_structures_seconds": round(self.search_seconds, 3)} if self.search_seconds is not None else {}),
@@ -82,12 +86,14 @@ def ingest(
     on_start: Callable[[int], None] | None = None,
     on_progress: ProgressCallback | None = None,
     url_for: Callable[[Path], str | None] | None = None,
+    skip: Skip = DEFAULT_SKIP,
 ) -> IngestReport:
     """Ingest the images under ``paths``; ``url_for`` gives each stored image its URL
-    (e.g. for thumbnails in OpenSearch Dashboards)."""
+    (e.g. for thumbnails in OpenSearch Dashboards); ``skip``: what folder walks leave out."""
     start = time.perf_counter()
     report = IngestReport()
-    files, problems = discover(paths)
+    files, problems, skipped = discover(paths, skip)
+    report.skipped_hidden, report.skipped_excluded = skipped.hidden, skipped.excluded
     # Paths are kept as lossless text: names that are not UTF-8 show as \xNN escapes.
     report.rejected.extend((path_to_text(p), reason) for p, reason in problems)
     report.found = len(files)
@@ -95,7 +101,9 @@ def ingest(
         where = ", ".join(path_to_text(p) for p in paths)
         if problems:
             return report
-        raise NoInputError(f"no images found under {where} (looked for .jpg .png .webp .gif .bmp .tif)")
+        left_out = (f"; {skipped.total} hidden or excluded folder(s) and file(s) skipped (--include-hidden, --exclude)"
+                    if skipped.total else "")
+        raise NoInputError(f"no images found under {where} (looked for .jpg .png .webp .gif .bmp .tif){left_out}")
     if on_start:
         on_start(len(files))
     settings = encoder.bundle.image_settings

@@ -24,7 +24,13 @@ else:  # Python 3.10: the same parser, from PyPI (a dependency there only)
     import tomli as tomllib
 
 # Keys a config file may set, and the option names they feed (same name, '-' -> '_').
-CONFIG_KEYS = ("bundle", "index", "backend", "url", "index_name", "device", "batch_size", "mode", "k", "search_threads")
+CONFIG_KEYS = ("bundle", "index", "backend", "url", "index_name", "device", "batch_size", "mode", "k", "search_threads",
+               "exclude")
+
+
+def backend_kind(backend: str | None, url: str | None) -> str:
+    """Which backend the flags and environment name: local, opensearch or elasticsearch."""
+    return backend or ("opensearch" if url else "elasticsearch" if os.environ.get("D2S_ELASTICSEARCH_URL") else "local")
 
 
 def config_dir() -> Path:
@@ -63,6 +69,9 @@ def load_config() -> dict:
     unknown = sorted(set(data) - set(CONFIG_KEYS) - {"opensearch"})
     if unknown:
         raise D2SError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(CONFIG_KEYS)}")
+    exclude = flat.get("exclude", [])
+    if not isinstance(exclude, list) or not all(isinstance(glob, str) and glob for glob in exclude):
+        raise D2SError(f'{path}: exclude must be a list of globs, e.g. exclude = ["*/thumbs/", "*.png"]')
     return flat
 
 
@@ -144,6 +153,15 @@ def remember_index(path: Path) -> None:
 
 def last_index() -> Path | None:
     return _remembered("last_index")
+
+
+def first_time_here(key: str, where: Path) -> bool:
+    """True the first time ``key`` is asked for the install at ``where`` (a package folder),
+    then False (remembered in the state file): a note said once, not at every start."""
+    if _remembered(key) == Path(where).resolve():
+        return False
+    _remember(key, where)
+    return True
 
 
 def resolve_bundle_path(given: str | None) -> Path:

@@ -1,5 +1,5 @@
-"""The command line starts on every supported Python with the runtime alone (no torch, no
-extras beyond an ONNX Runtime): the group and every (sub)command show their help, ``--version``
+"""The command line starts on every supported Python with the plain install alone (no torch,
+no extras): the group and every (sub)command show their help, ``--version``
 answers, and settings come from a config file. CI also runs this file on the lowest supported
 Python (``.ci/run``), where the config file's parser is the ``tomli`` package."""
 

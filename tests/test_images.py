@@ -126,7 +126,7 @@ def test_discover_walks_recursively_and_survives_symlink_loops(tmp_path):
     (tmp_path / "a" / "notes.txt").write_text("not an image")
     (tmp_path / "a" / "b" / "loop").symlink_to(tmp_path / "a")  # a -> b -> loop -> a ...
     (tmp_path / "a" / "self").symlink_to(tmp_path / "a")
-    files, problems = discover([tmp_path, tmp_path / "a" / "x.JPG", tmp_path / "missing"])
+    files, problems, _ = discover([tmp_path, tmp_path / "a" / "x.JPG", tmp_path / "missing"])
     names = sorted(p.name for p in files)
     assert names == ["x.JPG", "y.webp"]
     assert problems == [(tmp_path / "missing", "no such file or folder")]

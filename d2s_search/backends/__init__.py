@@ -23,6 +23,10 @@ def open_backend(kind: str = "local", **options) -> Backend:
         from .local import LocalBackend
 
         return LocalBackend(options["index"], threads=options.get("threads", 1))
+    if kind in ("opensearch", "elasticsearch"):
+        from d2s_search.extras import require
+
+        require(kind, who=f"the {kind} backend")  # the client is an extra of the same name
     if kind == "opensearch":
         from d2s_search.backends.opensearch.backend import OpenSearchBackend
 

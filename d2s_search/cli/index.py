@@ -16,6 +16,7 @@ from d2s_search.cli.options import (
     json_option,
     load_bundle,
     make_backend,
+    note_missing_compiled_parts,
     opensearch_backend,
     prepare_search,
     remember_index,
@@ -49,6 +50,7 @@ def index_stats(backend, index, url, index_name, as_json) -> int:
     finally:
         store.close()
     remember_index(store)
+    note_missing_compiled_parts(store)
     if as_json:
         _emit_json(stats)
     else:

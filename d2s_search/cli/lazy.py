@@ -7,6 +7,7 @@ command with its short help (that imports them all, which help can afford).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Iterator, Mapping, MutableMapping
 
@@ -46,7 +47,7 @@ class LazyCommands(MutableMapping):
         if not isinstance(command, click.Command):
             raise CommandLoadError(f"the `{name}` command cannot load: {self._package}.{module_name} has no "
                                    f"command {attribute!r}; reinstall d2s-search")
-        return command
+        return check_needs_first(command, name)
 
     def __setitem__(self, name: str, command: click.Command) -> None:
         self._loaded[name] = command  # replaces a lazy entry in place (same position)
@@ -70,6 +71,29 @@ class LazyCommands(MutableMapping):
     def loaded(self) -> set[str]:
         """The names whose command has been imported so far."""
         return set(self._loaded)
+
+
+def check_needs_first(command: click.Command, path: str) -> click.Command:
+    """``command`` (and its subcommands) checking its optional dependencies
+    (``d2s_search.extras.COMMAND_NEEDS[path]``) with the parsed options, before its own code
+    runs: after click's usage errors, before any work."""
+    callback = command.callback
+    if callback is not None and not getattr(callback, "checks_needs", False):
+
+        @functools.wraps(callback)
+        def checked(*args, **params):
+            from d2s_search import extras
+
+            if click.get_current_context().invoked_subcommand is None:  # a group: its subcommand's rows apply
+                extras.check_command(path, params)
+            return callback(*args, **params)
+
+        checked.checks_needs = True
+        command.callback = checked
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            check_needs_first(sub, f"{path} {name}")
+    return command
 
 
 class LazyGroup(click.Group):

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import click
 
-from d2s_search import settings
+from d2s_search import extras, settings
 from d2s_search.errors import BundleError, BundleMismatchError, IndexStoreError
 
 
@@ -40,6 +40,20 @@ def prepare_search(store) -> float | None:
                    err=True)
         return None
     return time.perf_counter() - t0
+
+
+def note_missing_compiled_parts(store) -> None:
+    """A local index without its compiled parts (no C compiler at install time) works, only
+    slower: said in one note line on stderr, at the first `index stats` or `serve` of an install."""
+    if store.name != "local":
+        return
+    from d2s_search.backends.local import kernels
+
+    missing = kernels.missing_compiled_parts()
+    if missing and settings.first_time_here("noted_missing_compiled_parts", Path(kernels.__file__).parent):
+        click.echo(f"note: this install has no compiled scoring code ({', '.join(missing)} not built: no C compiler "
+                   "when it was installed); searches give the same results, slower. With a C compiler and Python's "
+                   "headers, reinstall d2s-search to build it", err=True)
 
 
 def bundle_option(f):
@@ -90,9 +104,7 @@ def device_option(f):
                         show_default=True, help="ONNX Runtime device (CUDA when it really loads).")(f)
 
 
-def backend_kind(backend: str | None, url: str | None) -> str:
-    """Which backend the flags and environment name: local, opensearch or elasticsearch."""
-    return backend or ("opensearch" if url else "elasticsearch" if os.environ.get("D2S_ELASTICSEARCH_URL") else "local")
+backend_kind = settings.backend_kind  # which backend the flags and environment name
 
 
 def make_backend(backend: str | None, index: str, url: str | None, index_name: str, threads: int = 1):
@@ -104,6 +116,7 @@ def make_backend(backend: str | None, index: str, url: str | None, index_name: s
     if kind == "opensearch":
         if not url:
             raise click.UsageError("--backend opensearch needs --url or D2S_OPENSEARCH_URL")
+        extras.require("opensearch", who="--backend opensearch")
         from d2s_search.backends.opensearch.backend import OpenSearchBackend
 
         # Credentials, CA file and D2S_OPENSEARCH_INSECURE come from the environment only.
@@ -262,10 +275,11 @@ def connection_options(f):
 
 def opensearch_backend(url: str | None, index_name: str, insecure: bool = False):
     """The backend from flags and D2S_OPENSEARCH_* variables (secrets only from the environment)."""
-    from d2s_search.backends.opensearch.backend import OpenSearchBackend
-
     if not url:
         raise click.UsageError("needs --url or D2S_OPENSEARCH_URL")
+    extras.require("opensearch", who="OpenSearch")
+    from d2s_search.backends.opensearch.backend import OpenSearchBackend
+
     # credentials, CA file, AWS SigV4 region/service and sniffing from D2S_OPENSEARCH_* variables
     return OpenSearchBackend.from_env(url=url, index_name=index_name, verify=False if insecure else None)
 
@@ -276,12 +290,9 @@ def opensearch_backend(url: str | None, index_name: str, insecure: bool = False)
 def elasticsearch_backend(url: str | None, index_name: str, insecure: bool = False, **options):
     """The backend from flags and D2S_ELASTICSEARCH_* variables (URL or cloud id; API key, user and
     password, CA file only from the environment)."""
+    extras.require("elasticsearch", who="--backend elasticsearch")
     from d2s_search.backends.elasticsearch.backend import ElasticsearchBackend
 
-    try:
-        import elasticsearch  # noqa: F401
-    except ImportError:
-        raise click.UsageError("--backend elasticsearch needs the client: pip install 'd2s-search[elasticsearch]'") from None
     url = url or os.environ.get("D2S_ELASTICSEARCH_URL")
     if not url and not os.environ.get("D2S_ELASTICSEARCH_CLOUD_ID"):
         raise click.UsageError("--backend elasticsearch needs --url, D2S_ELASTICSEARCH_URL or D2S_ELASTICSEARCH_CLOUD_ID")

@@ -36,14 +36,22 @@ from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, D2SError, Disk
 @click.option("--max-pixels", type=click.IntRange(1), default=None, help="Refuse images larger than this (default 120 MP).")
 @click.option("--url-base", envvar="D2S_URL_BASE", default=None,
               help="Store each image's URL as URL_BASE + its path under the ingested folder (see serve-images).")
+@click.option("--include-hidden", is_flag=True,
+              help="Also walk hidden folders and files (.git, .thumbnails, ._IMG.jpg) and system folders "
+                   "(@eaDir, #recycle, node_modules, __MACOSX); skipped by default.")
+@click.option("--exclude", "exclude", multiple=True, metavar="GLOB",
+              help="Skip what matches GLOB, its path below the folder given (raw/*, */thumbs) or its name "
+                   "(*.png); GLOB/ matches folders only. Repeatable; a config file's `exclude = [...]` is used "
+                   "when none is given.")
 @json_option
 def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, workers, top_k, max_pixels, url_base,
-           as_json) -> int:
+           include_hidden, exclude, as_json) -> int:
     """Encode the images under PATHS and store them in the index.
 
     Exit code 0: everything found is stored; 3: some files were rejected (listed), the rest
     stored; 1: nothing could be stored. A known picture found at a new place (its old file
-    gone) keeps its document and gets the new path.
+    gone) keeps its document and gets the new path. Inside the folders given, hidden and
+    system folders and files are skipped (and counted); a path given is always taken.
     """
     from rich.progress import (
         BarColumn,
@@ -54,7 +62,7 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
     )
 
     from d2s_search.encoder import Encoder
-    from d2s_search.images import DEFAULT_MAX_PIXELS
+    from d2s_search.images import DEFAULT_MAX_PIXELS, Skip
     from d2s_search.ingest import ingest as run_ingest
     from d2s_search.serve.image_urls import url_builder
 
@@ -89,7 +97,7 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
             report = run_ingest(
                 paths, encoder, store, batch_size=batch_size, workers=workers, top_k=top_k,
                 max_pixels=max_pixels or DEFAULT_MAX_PIXELS, on_start=on_start, on_progress=on_progress,
-                url_for=url_for,
+                url_for=url_for, skip=Skip(hidden=not include_hidden, exclude=tuple(exclude)),
             )
         if report.stored or report.moved:
             report.search_seconds = prepare_search(store)
@@ -136,6 +144,11 @@ def _report_ingest(report, as_json: bool) -> int:
         f"({report.seconds:.1f}s, {report.images_per_second:.1f} images/s"
         + (f"; search structures {report.search_seconds:.1f}s" if report.search_seconds is not None else "") + ")"
     )
+    skipped = [f"{n} {what}" for n, what in (
+        (report.skipped_hidden, "hidden or system folder(s) and file(s) (--include-hidden takes them)"),
+        (report.skipped_excluded, "matching --exclude")) if n]
+    if skipped:
+        click.echo(f"skipped {'; '.join(skipped)}")
     if error:
         click.echo(f"error: {error['message']}", err=True)
     return code

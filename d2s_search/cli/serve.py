@@ -17,6 +17,7 @@ import threading
 
 import click
 
+from d2s_search import extras
 from d2s_search.cli.options import (
     backend_options,
     bundle_for_index,
@@ -25,6 +26,7 @@ from d2s_search.cli.options import (
     index_location,
     json_option,
     make_backend,
+    note_missing_compiled_parts,
     recorded_identity,
     remember_index,
     require_index,
@@ -64,14 +66,14 @@ def page_address(host: str, port: int) -> str:
 def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url, index_name, device,
               as_json=False, search_threads=1) -> int:
     """Serve the search page and the JSON API (docs at /docs)."""
-    try:
-        import uvicorn
+    extras.require("serve", who="`d2s-search serve`")
+    import uvicorn
 
-        from d2s_search.serve import create_app
-    except ImportError as exc:
-        raise D2SError(f"serve needs the `serve` extra ({exc.name} is missing): pip install 'd2s-search[serve]'") from None
+    from d2s_search.serve import create_app
+
     store = make_backend(backend, index, url, index_name, search_threads)
     require_index(store)
+    note_missing_compiled_parts(store)
     where = index_location(store)
     bundle_obj = bundle_for_index(bundle, recorded_identity(backend, index, url, index_name), where)
     allowed = ["127.0.0.1", "localhost", "[::1]"] if host in LOOPBACK else None

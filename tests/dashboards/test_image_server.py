@@ -133,7 +133,7 @@ def test_urls_of_ingested_files_resolve_to_their_bytes(served):
 
     server, root = served
     url_for = url_builder(server.url, [root])
-    files, _ = discover([root])
+    files, _, _ = discover([root])
     checked = 0
     for file in files:
         url = url_for(file)

@@ -178,6 +178,7 @@ def test_ci_checks_the_lowest_allowed_release():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     lowest = _lowest_allowed()
     assert f"opensearch-py=={lowest}" in ci
+    assert '-e ".[opensearch]"' in ci  # the client is the `opensearch` extra, not in the plain install
     assert "tests/opensearch_client" in ci
     lines = [line for line in ci.splitlines() if line.strip()]
     readme = (ROOT / "README.md").read_text(encoding="utf-8")

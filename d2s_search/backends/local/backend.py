@@ -526,10 +526,10 @@ class LocalBackend:
 
     # -- search structures ----------------------------------------------------------------
 
-    def _warn(self, message: str) -> None:
+    def _warn(self, message: str, kind: str = "warning") -> None:
         if message not in self._warned:
             self._warned.add(message)
-            print(f"warning: {message}", file=sys.stderr)
+            print(f"{kind}: {message}", file=sys.stderr)
 
     def _search_state(self) -> Structures:
         """The search structures of the current generation (loaded, extended or rebuilt)."""
@@ -694,6 +694,8 @@ class LocalBackend:
         vectors (full shards keep theirs across appends; a shard whose graph faiss cannot
         build stays exact); below it, graphs are dropped."""
         approximate = built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and graph.available()
+        if built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and not approximate:
+            self._warn(graph.unavailable_note(APPROXIMATE_DENSE_FROM), kind="note")  # the `faiss` extra
         for shard in built.shards:
             if approximate and "hnsw" not in shard.arrays and shard.rows:
                 blob = graph.build(shard.dense_rows())

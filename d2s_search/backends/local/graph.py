@@ -77,6 +77,15 @@ def available() -> bool:
     )
 
 
+def unavailable_note(graphs_from: int) -> str:
+    """What an index of at least ``graphs_from`` documents says, once, when this install cannot
+    build graphs: searches stay exact, only slower."""
+    from d2s_search.extras import install_command
+
+    return (f"dense search scans every vector (exact, but slower than the HNSW graphs faiss 1.11 or later builds "
+            f"from {graphs_from:,} pictures on): {install_command('faiss')}")
+
+
 def build(vectors: np.ndarray) -> np.ndarray | None:
     """The serialised graph over these vectors (inner product, rows = labels, 8-bit copies of
     the vectors), or None when this faiss cannot be read back zero-copy (the dense side then

@@ -128,6 +128,17 @@ def c_kernel_loaded() -> bool:
     return _c_kernel is not None
 
 
+def missing_compiled_parts() -> list[str]:
+    """The compiled parts (``_score.c``, ``_query.c``, ``_hits.c``) this install runs without
+    (not built: no C compiler at install time), not counting those turned off with ``D2S_C_KERNEL=0``."""
+    import os
+
+    if os.environ.get("D2S_C_KERNEL", "1") == "0":
+        return []
+    loaded = {"_score.c": _c_kernel, "_query.c": _c_query, "_hits.c": _c_hits}
+    return [name for name, part in loaded.items() if part is None]
+
+
 def encode_weights(weights: np.ndarray) -> np.ndarray:
     """float32 weights -> uint16, as Lucene's ``FeatureField`` stores a ``rank_features`` value
     (``Float.floatToIntBits(v) >>> 15``: 9 significant bits, truncated; opensearch-project
