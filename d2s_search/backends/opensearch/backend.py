@@ -230,6 +230,9 @@ class OpenSearchBackend(EngineIndex):
     def _bulk_delete_items(self, ids: list[str]) -> list[dict[str, Any]]:
         return q.bulk_delete_actions(self.index_name, ids)
 
+    def _bulk_update_items(self, updates: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        return q.bulk_update_actions(self.index_name, updates)
+
     def _writing(self) -> None:
         self._dirty = True
 
@@ -263,6 +266,7 @@ class OpenSearchBackend(EngineIndex):
         """
         if self._dirty and self.refresh:
             self._refresh()
+            self._unsearchable_paths.clear()
         self._dirty = False
 
     def _refresh(self, index: str | None = None) -> None:

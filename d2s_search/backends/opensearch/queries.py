@@ -129,6 +129,11 @@ def bulk_delete_actions(index: str, ids: Iterable[str]) -> list[dict[str, Any]]:
     return [{"_op_type": "delete", "_index": index, "_id": i} for i in ids]
 
 
+def bulk_update_actions(index: str, updates: Iterable[tuple[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Partial updates (``doc``: the fields that change), e.g. a document's paths."""
+    return [{"_op_type": "update", "_index": index, "_id": doc_id, "doc": dict(fields)} for doc_id, fields in updates]
+
+
 def scan_body(page: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
     """First page of a scroll over every document (``_doc`` order); ``fields``: only these of ``_source``."""
     body: dict[str, Any] = {"size": int(page), "sort": ["_doc"], "query": {"match_all": {}}}
