@@ -4,6 +4,11 @@ Decoding of batch i overlaps with encoding of batch i-1 (PIL and ONNX Runtime bo
 the GIL). Each batch is written in one transaction, so an interrupted run keeps every batch
 it finished and a re-run does only the rest. Files that cannot be used are collected with
 their reason; the others go on.
+
+One path is one document (``backends.base``): new bytes at a path replace the document that
+path showed (a file overwritten in place); bytes already stored found at a further path add
+that path to their document (a copy), or replace the paths whose files are gone (a move).
+A file stored and unchanged costs one lookup of its id's paths, as before.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ class IngestReport:
     found: int = 0
     stored: int = 0
     already_stored: int = 0
-    duplicates: int = 0  # same bytes as another file in this run
+    duplicates: int = 0  # same bytes as another file in this run (its path joins that document)
     moved: int = 0  # already stored, but the stored file was gone: its path now points here
+    copies: int = 0  # already stored, and its stored file is still there: this path added to it
     rejected: list[tuple[str, str]] = field(default_factory=list)
     # Folders and pictures discovery left out (images.Skip): hidden or system ones, --exclude.
     skipped_hidden: int = 0
@@ -49,6 +55,7 @@ class IngestReport:
             "already_stored": self.already_stored,
             "duplicates": self.duplicates,
             "moved": self.moved,
+            "copies": self.copies,
             "rejected": [{"path": p, "reason": r} for p, r in self.rejected],
             "skipped": {"hidden": self.skipped_hidden, "excluded": self.skipped_excluded},
             "seconds": round(self.seconds, 3),
@@ -110,6 +117,10 @@ def ingest(
     # Decode JPEGs at a reduced scale when the model's input is much smaller (2x margin).
     draft = int(settings["size"]) * 2
     seen: set[str] = set()
+    # Paths whose bytes this run read but did not store as a document of their own: files with
+    # the same bytes as another of this run, and files refused after hashing. Their paths are
+    # given to the document of those bytes (when stored) and taken from any other.
+    elsewhere: dict[str, str] = {}
     done = 0
 
     def reject(path: Path, reason: str) -> None:
@@ -129,6 +140,7 @@ def ingest(
                     ready.append(future.result())
                 except ImageRejected as exc:
                     reject(item.path, str(exc))
+                    elsewhere[index_path(item.path)] = item.id
                 except MemoryError:
                     reject(item.path, "out of memory while decoding")
             if ready:
@@ -156,6 +168,8 @@ def ingest(
                     for doc_id, reason in exc.failures.items():
                         shown = by_id[doc_id].path if doc_id in by_id else doc_id  # already text
                         report.rejected.append((shown, f"refused by the index: {reason}"))
+                        if doc_id in by_id:
+                            elsewhere[by_id[doc_id].path] = doc_id
                     report.stored += len(docs) - len(exc.failures)
             done += len(batch)
             if on_progress:
@@ -163,8 +177,8 @@ def ingest(
 
         previous: list[tuple[_Hashed, Future]] | None = None
         for n_files, hashed in _hashed_batches(files, batch_size, pool, reject):
-            new_items, known = _select_new(hashed, backend, seen, report)
-            _update_moved(known, backend, url_for, report)
+            new_items, known = _select_new(hashed, backend, seen, report, elsewhere)
+            _link_known(known, backend, url_for, report)
             done += n_files - len(new_items)  # skipped and rejected files count as done
             current = [(item, pool.submit(decode_one, item)) for item in new_items]
             if previous:
@@ -174,6 +188,8 @@ def ingest(
             previous = current
         if previous:
             store(previous)
+    if elsewhere and isinstance(backend, PathListing):
+        backend.relink(elsewhere)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -209,39 +225,47 @@ def index_path(path: Path) -> str:
     return path_to_text(path.parent.resolve() / path.name)
 
 
-def _update_moved(known: list[_Hashed], backend: Backend, url_for, report: IngestReport) -> None:
-    """Point stored documents whose file is gone at the place the same bytes are now."""
-    if not known:
+def _link_known(known: list[_Hashed], backend: Backend, url_for, report: IngestReport) -> None:
+    """Give stored documents the paths their bytes were found at: a copy adds its path, a move
+    (the document's stored file gone) replaces the gone path, and a path another document
+    held (overwritten with bytes stored elsewhere) leaves that document."""
+    if not known or not isinstance(backend, PathListing):
         return
-    ids = [item.id for item in known]
-    if isinstance(backend, PathListing):
-        paths = backend.paths_of(ids)  # no vectors decoded: most known files did not move
-    else:
-        paths = {doc.id: doc.path for doc in backend.get(ids)}
-    gone = {item.id: item for item in known
-            if item.id in paths and paths[item.id] != index_path(item.path) and not stored_path(paths[item.id]).is_file()}
-    if not gone:
-        return  # still where they were (a file elsewhere with the same bytes is a copy, not a move)
-    moved = backend.get(list(gone))
-    for doc in moved:
-        doc.path = index_path(gone[doc.id].path)
-        if url_for:
-            doc.url = url_for(gone[doc.id].path)
-    if moved:
+    held = backend.paths_of([item.id for item in known])  # no vectors decoded
+    found: dict[str, str] = {}
+    gone: set[str] = set()
+    moved: dict[str, Path] = {}
+    for item in known:
+        here, paths = index_path(item.path), held.get(item.id)
+        if paths is None or here in paths or here in found:
+            continue  # unchanged (most files), removed meanwhile, or listed twice
+        found[here] = item.id
+        lost = [p for p in paths if not stored_path(p).is_file()]
+        if lost:
+            gone.update(lost)
+            moved.setdefault(item.id, item.path)
+        else:
+            report.copies += 1
+    if not found:
+        return
+    backend.relink(found, gone)
+    report.moved += len(moved)
+    if url_for and moved:  # the URL follows the shown path, which is now the new place
+        docs = backend.get(list(moved))
+        for doc in docs:
+            doc.url = url_for(moved[doc.id])
         try:
-            backend.upsert(moved)
-            report.moved += len(moved)
+            backend.upsert(docs)
         except DocumentsRejectedError as exc:
-            report.moved += len(moved) - len(exc.failures)
             report.rejected.extend((d.path, f"refused by the index: {exc.failures[d.id]}")
-                                   for d in moved if d.id in exc.failures)
+                                   for d in docs if d.id in exc.failures)
 
 
 def _select_new(
-    items: list[_Hashed], backend: Backend, seen: set[str], report: IngestReport
+    items: list[_Hashed], backend: Backend, seen: set[str], report: IngestReport, elsewhere: dict[str, str]
 ) -> tuple[list[_Hashed], list[_Hashed]]:
-    """(new files, files already stored); files repeated in this run are dropped (same bytes =
-    same document)."""
+    """(new files, files already stored); a file repeating bytes read earlier in this run is not
+    encoded again: its path goes to ``elsewhere``, for the document of those bytes."""
     present = backend.ids_present([i.id for i in items]) if items else set()
     new, known = [], []
     for item in items:
@@ -250,6 +274,7 @@ def _select_new(
             known.append(item)
         elif item.id in seen:
             report.duplicates += 1
+            elsewhere[index_path(item.path)] = item.id
         else:
             seen.add(item.id)
             new.append(item)

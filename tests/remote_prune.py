@@ -32,7 +32,7 @@ def check_prune(store, docs: list[Document], gone: set[int], cli_args: list[str]
     listed = list(store.document_paths(page=2))
     assert len(listed) == len(docs) and dict(listed) == every
     asked = [docs[0].id, docs[-1].id, "0" * 64]
-    assert store.paths_of(asked) == {docs[0].id: docs[0].path, docs[-1].id: docs[-1].path}
+    assert store.paths_of(asked) == {docs[0].id: [docs[0].path], docs[-1].id: [docs[-1].path]}
     assert store.paths_of([]) == {}
 
     missing = sorted(docs[i].path for i in gone)

@@ -31,11 +31,14 @@ def make_photos(folder: Path, seeds, prefix: str = "photo") -> list[Path]:
 
 
 def stored(index: Path) -> dict[str, str]:
-    """id -> stored path, read straight from the index."""
+    """id -> the path a hit shows (copies aside), read straight from the index."""
     backend = LocalBackend(index)
     backend.open(None, create=False)
     try:
-        return dict(backend.document_paths())
+        shown: dict[str, str] = {}
+        for doc_id, path in backend.document_paths():
+            shown.setdefault(doc_id, path)
+        return shown
     finally:
         backend.close()
 

@@ -4,11 +4,17 @@ A backend stores :class:`Document` records keyed by content hash and answers spa
 (dot product over ``{term: weight}``), two-phase and dense (inner product) searches.
 Fusion of sparse and dense runs lives in :mod:`d2s_search.search`, so a backend only needs
 to support it natively if it can do better (OpenSearch's hybrid query).
+
+One path is one document: the same bytes at several paths are one document that carries
+every path (the shown one first, then its copies); a path holds the content of exactly one
+document, so storing a document at a path takes that path from whatever document held it
+before (a file overwritten in place), and a document left without a path is removed.
+:func:`relinked` is that rule, shared by every backend.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -35,7 +41,7 @@ class IndexIdentity:
 @dataclass
 class Document:
     id: str  # SHA-256 of the image file bytes
-    path: str
+    path: str  # where it is shown from
     size_bytes: int
     width: int
     height: int
@@ -43,6 +49,11 @@ class Document:
     dense: np.ndarray  # float32, shape (dense_dim,)
     url: str | None = None
     ingested_at: float = 0.0
+    copies: tuple[str, ...] = ()  # the other paths that hold the same bytes
+
+    @property
+    def paths(self) -> list[str]:
+        return [self.path, *self.copies]
 
     def top_terms(self, n: int = 20) -> list[str]:
         return [t for t, _ in sorted(self.sparse.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
@@ -132,7 +143,10 @@ class Backend(Protocol):
     def exists(self) -> bool: ...
 
     def upsert(self, docs: Sequence[Document]) -> None:
-        """Store documents durably (an interrupted call stores all of a batch or none of it)."""
+        """Store documents durably (an interrupted call stores all of a batch or none of it).
+
+        Each document's paths become exactly ``doc.paths``; any other document that held one
+        of them loses it (and is removed when none is left): see the module docstring."""
 
     def delete(self, ids: Iterable[str]) -> int:
         """Remove documents; returns how many existed."""
@@ -166,11 +180,44 @@ class Backend(Protocol):
 @runtime_checkable
 class PathListing(Protocol):
     """Optional: stored paths without the vectors, for ``index prune``, the missing-file count
-    of ``index stats`` and moved files in ``ingest`` (``local``, ``opensearch`` and
-    ``elasticsearch`` have it; a backend without it falls back to ``get`` in ``ingest``)."""
+    of ``index stats``, and copies, moved and overwritten files in ``ingest`` (``local``,
+    ``opensearch`` and ``elasticsearch`` have it; without it ``ingest`` only adds documents)."""
 
     def document_paths(self) -> Iterable[tuple[str, str]]:
-        """(id, path) of every document."""
+        """(id, path) of every stored path: a document with copies comes once per path."""
 
-    def paths_of(self, ids: Iterable[str]) -> dict[str, str]:
-        """id -> stored path of the given ids that are stored (cheaper than ``get``)."""
+    def paths_of(self, ids: Iterable[str]) -> dict[str, list[str]]:
+        """id -> every stored path (the shown one first) of the given ids that are stored
+        (cheaper than ``get``)."""
+
+    def relink(self, found: Mapping[str, str] | None = None, gone: Iterable[str] = ()) -> int:
+        """Move paths between stored documents without touching their vectors (see
+        :func:`relinked`): ``found`` path -> id of the stored document whose bytes are now at
+        that path, ``gone`` paths whose file is gone. Returns how many documents were removed
+        (left without a path)."""
+
+
+def relinked(current: Mapping[str, Sequence[str]], found: Mapping[str, str],
+             gone: Iterable[str] = ()) -> dict[str, list[str]]:
+    """The new paths (shown one first) of every document in ``current`` (id -> its paths)
+    that changes; ``[]``: the document is to be removed.
+
+    A path in ``found`` belongs to its document from now on and to no other; a path in
+    ``gone`` to none. A document whose shown path is taken away and that gains a path in the
+    same step has moved: the new path is shown. ``current`` must hold every document that
+    holds or gains one of these paths (ids in ``found`` that are not in it are not stored:
+    their paths are only taken from the others).
+    """
+    gone = set(gone)
+    gained: dict[str, list[str]] = {}
+    for path, doc_id in found.items():
+        gained.setdefault(doc_id, []).append(path)
+    changed: dict[str, list[str]] = {}
+    for doc_id, paths in current.items():
+        kept = [p for p in paths if p not in gone and found.get(p, doc_id) == doc_id]
+        added = [p for p in gained.get(doc_id, ()) if p not in paths]
+        new = added + kept if paths and paths[0] not in kept and added else kept + added
+        new = list(dict.fromkeys(new))
+        if new != list(paths):
+            changed[doc_id] = new
+    return changed

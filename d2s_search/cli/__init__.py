@@ -7,7 +7,6 @@ process does not pay for the others.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import traceback
@@ -69,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     with the same exit code.
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    _DEBUG["on"] = os.environ.get("D2S_DEBUG") == "1"  # --debug of an earlier call in this process ends with it
     as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
     try:
         flat = settings.load_config()
@@ -90,8 +90,14 @@ def main(argv: list[str] | None = None) -> None:
         _fail(type(exc).__name__, _usage_line(exc, args, as_json), code, as_json)
     except D2SError as exc:
         if _DEBUG["on"]:
-            traceback.print_exc()
+            _print_traceback()
         _fail(type(exc).__name__, redact.scrub(str(exc)), exc.exit_code, as_json)  # server text may carry secrets
+    except Exception as exc:  # nobody foresaw it: still one line (and no secret), the traceback with --debug
+        if _DEBUG["on"]:
+            _print_traceback()
+        hint = "" if _DEBUG["on"] else " (run with --debug for the traceback)"
+        _fail(type(exc).__name__, f"unexpected {type(exc).__name__}: {redact.scrub(str(exc))}{hint}", EXIT_FAILED,
+              as_json)
     sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 
@@ -118,14 +124,25 @@ def _command_path(args: list[str]) -> str:
     return " ".join(path)
 
 
+def _print_traceback() -> None:
+    """The current exception's traceback through the same nets as messages: credentials (a
+    server's error text, an echoed Authorization header) masked, control characters escaped."""
+    from d2s_search.pathtext import shown
+
+    for line in traceback.format_exc().splitlines():
+        click.echo(shown(redact.scrub(line)), err=True)
+
+
 def _interrupted() -> None:
     click.echo("interrupted: everything stored so far is kept; run the same command again to continue", err=True)
     sys.exit(130)
 
 
 def _fail(kind: str, message: str, code: int, as_json: bool) -> None:
+    from d2s_search.cli.output import echo_line, json_text
+
     if as_json:
-        click.echo(json.dumps({"error": {"type": kind, "message": message}}, ensure_ascii=False))
+        click.echo(json_text({"error": {"type": kind, "message": message}}, indent=None))
     else:
-        click.echo(f"error: {message}", err=True)
+        echo_line(f"error: {message}", err=True)  # a file name in it cannot drive the terminal
     sys.exit(code)

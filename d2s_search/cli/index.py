@@ -22,6 +22,7 @@ from d2s_search.cli.options import (
     remember_index,
     require_index,
 )
+from d2s_search.cli.output import echo_line
 from d2s_search.cli.output import emit as _emit
 from d2s_search.cli.output import emit_json as _emit_json
 from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, D2SError, ImageRejected
@@ -55,7 +56,7 @@ def index_stats(backend, index, url, index_name, as_json) -> int:
         _emit_json(stats)
     else:
         for key, value in stats.items():
-            click.echo(f"{key:26s} {value}")
+            echo_line(f"{key:26s} {value}")  # the location and bundle path may hold any character
         if stats.get("missing_files"):
             click.echo(f"{stats['missing_files']} stored file(s) are gone: `d2s-search index prune` removes them "
                        "(re-ingest moved folders first: moved pictures keep their documents)", err=True)
@@ -63,17 +64,30 @@ def index_stats(backend, index, url, index_name, as_json) -> int:
 
 
 def _missing(store) -> list[tuple[str, str]]:
-    """(id, path) of the documents whose file is no longer a regular file at its stored path."""
+    """(id, path) of every stored path that is no longer a regular file (a document with
+    copies has one pair per path)."""
     return [(doc_id, path) for doc_id, path in store.document_paths() if not stored_path(path).is_file()]
+
+
+def _paths_per_document(store) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """(id -> how many paths the document has, the (id, path) pairs whose file is gone)."""
+    counts: dict[str, int] = {}
+    missing = []
+    for doc_id, path in store.document_paths():
+        counts[doc_id] = counts.get(doc_id, 0) + 1
+        if not stored_path(path).is_file():
+            missing.append((doc_id, path))
+    return counts, missing
 
 
 @index.command("prune")
 @backend_options
-@click.option("--dry-run", is_flag=True, help="Only list the documents whose file is gone; remove nothing.")
+@click.option("--dry-run", is_flag=True, help="Only list the stored files that are gone; remove nothing.")
 @click.option("--yes", is_flag=True, help="Also prune when every stored file is gone (e.g. an unmounted drive).")
 @json_option
 def index_prune(backend, index, url, index_name, dry_run, yes, as_json) -> int:
-    """Remove the documents whose image file is gone (re-ingest moved folders first)."""
+    """Remove the stored paths whose image file is gone, and the documents left without one
+    (a picture with a copy elsewhere keeps its document; re-ingest moved folders first)."""
     store = make_backend(backend, index, url, index_name)
     require_index(store)
     if not isinstance(store, PathListing):
@@ -81,20 +95,26 @@ def index_prune(backend, index, url, index_name, dry_run, yes, as_json) -> int:
     try:
         store.open(None, create=False)
         total = store.stats()["documents"]
-        missing = _missing(store)
-        if missing and len(missing) == total and not dry_run and not yes:
+        counts, missing = _paths_per_document(store)
+        if missing and len(missing) == sum(counts.values()) and not dry_run and not yes:
             raise D2SError(f"every one of the {total} stored files is gone (an unmounted drive or a moved folder?): "
                            "nothing removed; re-ingest the folder at its new place, or pass --yes to prune them all")
-        removed = 0 if dry_run else store.delete([doc_id for doc_id, _ in missing])
-        seconds = prepare_search(store) if removed else None
+        gone_per_document: dict[str, int] = {}
+        for doc_id, _ in missing:
+            gone_per_document[doc_id] = gone_per_document.get(doc_id, 0) + 1
+        doomed = sum(1 for doc_id, n in gone_per_document.items() if n >= counts[doc_id])
+        removed = 0 if dry_run else store.relink(gone=[p for _, p in missing])
+        seconds = prepare_search(store) if missing and not dry_run else None
     finally:
         store.close()
+    kept = len(gone_per_document) - doomed  # documents that lose a path and keep a copy
     payload = {"location": index_location(store), "documents": total, "missing": [p for _, p in missing],
-               "removed": removed, "dry_run": dry_run,
+               "removed": removed, "without_any_file": doomed, "kept_by_a_copy": kept, "dry_run": dry_run,
                **({"search_structures_seconds": round(seconds, 3)} if seconds is not None else {})}
     verb = "would remove" if dry_run else "removed"
+    copies = f"; {kept} more keep a copy elsewhere (only the gone path dropped)" if kept else ""
     _emit(payload, as_json, [f"gone: {p}" for _, p in missing]
-          + [f"{verb} {len(missing) if dry_run else removed} of {total} document(s) whose file is gone"])
+          + [f"{verb} {doomed if dry_run else removed} of {total} document(s) whose files are all gone{copies}"])
     return EXIT_OK
 
 
@@ -241,18 +261,29 @@ def make_reencoder(bundle, device: str = "auto") -> Callable[[Document], Documen
     encoder = Encoder(bundle, device=device)
     draft = int(bundle.image_settings["size"]) * 2
 
+    def readable(doc: Document) -> bytes | None:
+        """The document's bytes from the first of its paths that still holds them."""
+        for path in doc.paths:
+            try:
+                data = read_bytes(stored_path(path))
+            except (OSError, ImageRejected):
+                continue
+            if content_id(data) == doc.id:  # else changed since ingest: `ingest` stores it anew
+                return data
+        return None
+
     def reencode(doc: Document) -> Document | None:
+        data = readable(doc)
+        if data is None:
+            return None
         try:
-            data = read_bytes(stored_path(doc.path))
-            if content_id(data) != doc.id:
-                return None  # the file changed since ingest: `ingest` stores it under its new id
             image, width, height = decode(data, draft_size=draft)
         except (OSError, ImageRejected):
             return None
         dense, sparse = encoder.encode_pixels(encoder.preprocess(image)[None])
         return Document(id=doc.id, path=doc.path, size_bytes=len(data), width=width, height=height,
                         sparse=encoder.to_terms(sparse[0]), dense=dense[0], url=doc.url,
-                        ingested_at=doc.ingested_at)
+                        ingested_at=doc.ingested_at, copies=doc.copies)
 
     return reencode
 

@@ -188,15 +188,25 @@ def bundle_for_index(given: str | None, recorded, where: str, verify: bool = Fal
                 "the recorded one, or re-ingest the images with this bundle into another --index"
             )
         return bundle
+    damaged = None  # the recorded bundle is there but refused (a file changed): said as --bundle says it
     if recorded is not None and recorded.bundle_path:
         try:
             bundle = Bundle.load(recorded.bundle_path, verify_hashes=verify)
-        except BundleError:
+        except BundleError as exc:
             bundle = None
+            if (Path(recorded.bundle_path) / "manifest.json").is_file():
+                damaged = exc
         if bundle is not None and bundle.fingerprint == recorded.fingerprint:
             return bundle
-    bundle = load_bundle(None, verify)
+    try:
+        bundle = load_bundle(None, verify)
+    except BundleError:
+        if damaged is not None:
+            raise damaged from None
+        raise
     if recorded is not None and recorded.fingerprint and recorded.fingerprint != bundle.fingerprint:
+        if damaged is not None:
+            raise damaged from None
         gone = ", which is gone or now holds another bundle" if recorded.bundle_path else ""
         raise BundleMismatchError(
             f"index {where} was filled with bundle {_describe(recorded)}{gone}; the bundle exported last "

@@ -1,15 +1,37 @@
-"""How every command prints: JSON with ``--json``, plain lines otherwise."""
+"""How every command prints: JSON with ``--json``, plain lines otherwise.
+
+Either way nothing a terminal would act on reaches it from a file name or a server's text:
+lines pass through :func:`~d2s_search.pathtext.shown` (control characters as ``\\xNN``, which
+map back to the exact name), JSON escapes them as ``\\uNNNN``.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection, Iterable, Sequence
 
 import click
 
+from d2s_search.pathtext import shown
+
+# JSON itself escapes U+0000-U+001F only; the rest of what a terminal acts on, escaped alike
+# (outside strings JSON holds none of these, so the text stays the same JSON value).
+_JSON_UNSHOWABLE = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def json_text(payload: dict, indent: int | None = 2) -> str:
+    text = json.dumps(payload, indent=indent, ensure_ascii=False, default=str)
+    return _JSON_UNSHOWABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
 
 def emit_json(payload: dict) -> None:
-    click.echo(json.dumps(payload, indent=2, ensure_ascii=False, default=str))
+    click.echo(json_text(payload))
+
+
+def echo_line(line: str, err: bool = False) -> None:
+    """One human-readable line, with what a terminal would act on escaped (:func:`shown`)."""
+    click.echo(shown(line), err=err)
 
 
 def emit(payload: dict, as_json: bool, lines: Iterable[str]) -> None:
@@ -18,7 +40,7 @@ def emit(payload: dict, as_json: bool, lines: Iterable[str]) -> None:
         emit_json(payload)
     else:
         for line in lines:
-            click.echo(line)
+            echo_line(line)
 
 
 def fit_path(path: str, width: int, sep: str = "/") -> str:

@@ -135,8 +135,10 @@ def _report_ingest(report, as_json: bool) -> int:
     if as_json:
         _emit_json(report.to_json() | {"exit_code": code} | ({"error": error} if error else {}))
         return code
+    from d2s_search.cli.output import echo_line  # file names and reasons: escaped
+
     for path, reason in report.rejected:
-        click.echo(f"rejected {path}: {reason}", err=True)
+        echo_line(f"rejected {path}: {reason}", err=True)
     moved = f" ({report.moved} moved: path updated)" if report.moved else ""
     click.echo(
         f"stored {report.stored} new image(s) of {report.found} found; {report.already_stored} already stored"
@@ -179,15 +181,18 @@ LOCAL_TWO_PHASE_NOTE = ("on the local index two-phase misses most of the exact t
               "from register-model; falls back to the search template d2s-sparse).")
 @click.option("--model-id", envvar="D2S_OPENSEARCH_MODEL_ID", help="ml-commons model for --server-side "
               "(default: the one registered for the bundle).")
-@click.option("--paths", "paths_only", is_flag=True, help="Print only the hits' paths, one per line (for piping).")
+@click.option("--paths", "paths_only", is_flag=True, help="Print only the hits' paths, one per line (for piping; "
+              "control characters in a name escaped as \\xNN).")
+@click.option("-0", "--print0", is_flag=True, help="Print only the hits' paths as their exact bytes, each ended by a "
+              "NUL (for xargs -0; names with newlines stay whole).")
 @click.option("--no-serve", is_flag=True, help="Search in this process even when `d2s-search serve` runs on this index.")
 @bundle_option
 @backend_options
 @search_threads_option
 @device_option
 @json_option
-def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side, model_id, paths_only, no_serve, bundle,
-          backend, index, url, index_name, search_threads, device, as_json) -> int:
+def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side, model_id, paths_only, print0, no_serve,
+          bundle, backend, index, url, index_name, search_threads, device, as_json) -> int:
     """Search the index by TEXT (or --image PATH).
 
     A text query on a local index that `d2s-search serve` is serving (on loopback, same
@@ -200,8 +205,9 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
         raise click.UsageError("give either TEXT or --image PATH")
     if server_side and (image_path or mode != "sparse"):
         raise click.UsageError("--server-side searches by TEXT with the sparse plan")
-    if paths_only and as_json:
-        raise click.UsageError("--paths and --json are two different outputs: give one")
+    if (paths_only or print0) and as_json:
+        raise click.UsageError("--paths/--print0 and --json are different outputs: give one")
+    paths_only = "nul" if print0 else paths_only
     if server_side and (backend or ("opensearch" if url else "local")) != "opensearch":
         raise click.UsageError("--server-side needs --url or D2S_OPENSEARCH_URL")
     options = SearchOptions(mode=mode, k=k, window=window, fusion=fusion, alpha=alpha, explain=explain)
@@ -293,42 +299,68 @@ def _recorded_identity_and_id(index: str):
         peek.close()
 
 
-def _show_result(result, as_json: bool, paths_only: bool = False, answered_by: str | None = None,
+def _show_result(result, as_json: bool, paths_only: bool | str = False, answered_by: str | None = None,
                  note: str | None = None) -> int:
+    """Hits as JSON, a table, or only their paths (``paths_only``: True one escaped path a line,
+    ``"nul"`` the exact bytes of each name ended by a NUL)."""
+    from d2s_search.cli.output import echo_line
+    from d2s_search.pathtext import shown
     if as_json:
         _emit_json(result.to_json() | ({"answered_by": answered_by} if answered_by else {})
                    | ({"note": note} if note else {}))
         return EXIT_OK
-    if paths_only:
+    if paths_only == "nul":
+        _print_paths_nul(result.hits)
+    elif paths_only:
         for hit in result.hits:
-            click.echo(hit.path)
-        if answered_by:
-            click.echo(f"answered by the running serve at {answered_by}", err=True)
+            echo_line(hit.path)  # one line each: a newline in a name shows as \x0a
     else:
         _print_hits(result)
-        if answered_by:
-            click.secho(f"answered by the running serve at {answered_by}", dim=True)
+    if answered_by:
+        line = shown(f"answered by the running serve at {answered_by}")
+        if paths_only:
+            click.echo(line, err=True)
+        else:
+            click.secho(line, dim=True)
     if note:
         click.echo(f"note: {note}", err=True)  # stderr: --paths output stays pipeable
     return EXIT_OK
 
 
+def _print_paths_nul(hits) -> None:
+    """Each hit's file name as its exact bytes (undecodable ones too), ended by a NUL."""
+    import os
+    import sys
+
+    from d2s_search.pathtext import text_to_path
+
+    sys.stdout.flush()
+    out = sys.stdout.buffer
+    for hit in hits:
+        out.write(os.fsencode(text_to_path(hit.path)) + b"\0")
+    out.flush()
+
+
 def _print_hits(result) -> None:
+    from d2s_search.cli.output import echo_line
+    from d2s_search.pathtext import shown  # a name, a server's terms: nothing a terminal acts on
+
     if result.notice:  # before the hits: they are guesses
-        click.echo(f"note: {result.notice}", err=True)
+        echo_line(f"note: {result.notice}", err=True)
     if not result.hits:
-        click.echo(f"no results ({result.mode}, {result.took_ms:.1f} ms)")
+        echo_line(f"no results ({result.mode}, {result.took_ms:.1f} ms)")
         return
     # The path gets what the rank, score and at least 24 columns of matched terms leave;
     # folders are shortened from the left, the file name never. Laid out without rich's Table
     # (its import and layout were ~10% of a one-query process, docs/benchmarks.md).
     width = terminal_width()
     budget = max(20, width - 5 - 9 - 24 - 6)
-    rows = [(str(rank), f"{hit.score:.4f}", fit_path(hit.path, budget)) for rank, hit in enumerate(result.hits, 1)]
-    matched = [[f"{t} {c:.2f}" for t, c in hit.matched] for hit in result.hits]
+    rows = [(str(rank), f"{hit.score:.4f}", fit_path(shown(hit.path), budget))
+            for rank, hit in enumerate(result.hits, 1)]
+    matched = [[shown(f"{t} {c:.2f}") for t, c in hit.matched] for hit in result.hits]
     header, *lines = table_lines(("#", "score", "path", "matched terms"), rows, matched, right={0, 1}, width=width)
     click.secho(header, bold=True)
     for line in lines:
         click.echo(line)
     fused = f" ({result.fusion})" if getattr(result, "fusion", None) else ""
-    click.secho(f"{len(result.hits)} result(s), {result.mode}{fused}, {result.took_ms:.1f} ms", dim=True)
+    click.secho(shown(f"{len(result.hits)} result(s), {result.mode}{fused}, {result.took_ms:.1f} ms"), dim=True)

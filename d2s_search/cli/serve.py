@@ -32,7 +32,9 @@ from d2s_search.cli.options import (
     require_index,
     search_threads_option,
 )
+from d2s_search.cli.output import echo_line
 from d2s_search.errors import EXIT_OK, D2SError
+from d2s_search.pathtext import path_to_text
 from d2s_search.serve import discovery
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -162,7 +164,7 @@ def _announce_when_ready(server, ready: dict, as_json: bool, discoverable: tuple
         if as_json:
             click.echo(json.dumps({"ready": True, **ready}))  # one line: read it, then connect
         else:
-            click.echo(f"d2s-search: search page at {ready['address']}  (API docs at /docs; Ctrl+C stops)", err=True)
+            echo_line(f"d2s-search: search page at {ready['address']}  (API docs at /docs; Ctrl+C stops)", err=True)
 
     threading.Thread(target=wait, daemon=True, name="d2s-announce").start()
 
@@ -207,16 +209,16 @@ def serve_images(folder, host, port, quiet, as_json) -> int:
     """
     from d2s_search.serve.image_server import LOOPBACK_HOSTS, ImageServer
 
-    log = None if quiet else (lambda line: click.echo(line, err=True))
+    log = None if quiet else (lambda line: echo_line(line, err=True))  # a request line may hold anything
     server = ImageServer(folder, host=host, port=port, log=log)
     if host not in LOOPBACK_HOSTS:
         click.echo(f"warning: listening on {host}: anyone who can reach it can see these pictures", err=True)
-    ingest_with = f"d2s-search ingest {folder} --url-base {server.url}"
+    ingest_with = f"d2s-search ingest {path_to_text(folder)} --url-base {server.url}"
     if as_json:
         click.echo(json.dumps({"ready": True, "url": server.url, "root": str(server.root), "ingest_with": ingest_with}))
     else:
-        click.echo(f"serving the pictures under {server.root} at {server.url} (read-only; Ctrl-C stops)")
-        click.echo(f"ingest with: {ingest_with}")
+        echo_line(f"serving the pictures under {path_to_text(server.root)} at {server.url} (read-only; Ctrl-C stops)")
+        echo_line(f"ingest with: {ingest_with}")
     try:
         server.serve_forever()
     except KeyboardInterrupt:

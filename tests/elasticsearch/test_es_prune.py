@@ -28,7 +28,7 @@ def test_paths_travel_without_the_vectors(spec, make_backend, es_proxy, identity
     store.upsert(docs)
     start = len(es_proxy.sent)
     assert dict(store.document_paths(page=2)) == {d.id: d.path for d in docs}
-    assert store.paths_of([docs[2].id]) == {docs[2].id: docs[2].path}
+    assert store.paths_of([docs[2].id]) == {docs[2].id: [docs[2].path]}
     sent = es_proxy.sent[start:]
     pages = [s.json() for s in sent if s.path.split("?")[0] == "/_search"]
     assert len(pages) == 4 and all(p["_source"] == {"includes": ["path"]} for p in pages)  # 2 + 2 + 1 + empty

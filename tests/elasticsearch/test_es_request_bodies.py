@@ -78,6 +78,7 @@ def test_bodies_sent_over_the_wire_match_the_spec(spec, make_backend, es_proxy, 
     b.sparse_search(QUERY, 5, path_prefix="photos/")
     b.two_phase_search({"dog": 1.0}, QUERY, 5, 20)
     b.get([d.id for d in docs[:3]])
+    b.relink({docs[4].path: docs[3].id}, [docs[5].path])  # a copy found, a file gone: update, delete
     b.delete([docs[0].id])
     checked = 0
     for sent in es_proxy.sent:

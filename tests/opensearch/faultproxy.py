@@ -8,6 +8,7 @@ Rules are consumed in order by the first request they match (method and a path s
     proxy.add("POST", "/_bulk", "delay", seconds=1.5)      # forward, answer late (client timeout)
     proxy.add("POST", "/_bulk", "busy_items", every=2)     # forward only some items; the others 429
     proxy.add("POST", "/_bulk", "reject_items", ids={...}) # those items fail for good (400)
+    proxy.add("POST", "/_bulk", "page", code=200)          # a proxy's HTML page, not forwarded
 
 ``proxy.log`` records (method, path, action, bulk item count, body) for every request seen.
 ``stub(method, path, body) -> (status, payload) | None`` answers what the upstream lacks
@@ -126,6 +127,8 @@ class FaultProxy:
             return self._send(h, code, json.dumps(payload).encode(), headers)
         if action == "drop_before":
             return self._drop(h)
+        if action == "page":
+            return self._page(h, rule)
         if action in ("busy_items", "reject_items"):
             return self._bulk_items(h, path, lines or [], rule)
         status, headers, content = self._forward(method, path, body, h.headers.get("Content-Type"))
@@ -168,6 +171,16 @@ class FaultProxy:
             items.append({op: {"_index": meta.get("_index"), "_id": meta.get("_id"), "status": status, "error": error}})
         out = {"took": 1, "errors": bool(faulty) or any("error" in next(iter(i.values())) for i in items), "items": items}
         self._send(h, 200, json.dumps(out).encode(), {"Content-Type": "application/json"})
+
+    @staticmethod
+    def _page(h: BaseHTTPRequestHandler, rule: Rule) -> None:
+        """An HTML page (``code``, ``content_type``) as a login wall or a misconfigured proxy
+        answers: it reflects the request's Authorization header, as such pages sometimes do."""
+        auth = h.headers.get("Authorization") or "(none)"
+        page = (f"<html><head><title>Sign in</title></head><body><h1>Please sign in</h1>"
+                f"<p>Request headers: Authorization: {auth}</p></body></html>").encode()
+        kind = rule.options.get("content_type", "text/html; charset=utf-8")
+        FaultProxy._send(h, rule.options.get("code", 200), page, {"Content-Type": kind})
 
     @staticmethod
     def _send(h: BaseHTTPRequestHandler, status: int, content: bytes, headers: dict) -> None:

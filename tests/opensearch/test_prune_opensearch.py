@@ -31,7 +31,7 @@ def test_paths_travel_without_the_vectors(spec, osmem_url, identity, tmp_path):
         b.upsert(docs)
         start = len(rec.log)
         assert dict(b.document_paths(page=2)) == {d.id: d.path for d in docs}
-        assert b.paths_of([docs[2].id]) == {docs[2].id: docs[2].path}
+        assert b.paths_of([docs[2].id]) == {docs[2].id: [docs[2].path]}
     finally:
         b.close()
         rec.close()
@@ -84,7 +84,8 @@ def test_ingest_follows_a_moved_file_reading_only_paths(osmem_url, tiny_blip_bun
         b.close()
     assert sorted(listed.values()) == sorted([str(moved), str(photos[1]), str(photos[2]),
                                               str(tmp_path / "new" / "fresh.jpg")])
-    # Which ids are stored, then their paths only; the whole document only for the one that moved.
+    # Which ids are stored, then their paths only, and those of the documents the move touches:
+    # never a whole document (its vectors).
     sources = [s.path.split("_source=")[1].split("&")[0] for s in mgets]
-    assert sources == ["false", "path", "true"]
+    assert sources == ["false", "path", "path"]
     assert json.loads(mgets[-1].body)["ids"] == [next(i for i, p in listed.items() if p == str(moved))]

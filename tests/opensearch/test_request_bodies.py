@@ -167,6 +167,7 @@ def test_every_request_the_backend_sends_matches_spec(spec, osmem_url):
         docs = synthetic_docs(12, dim=8)
         b.open(IDENT)
         b.upsert(docs)
+        b.relink({docs[1].path: docs[0].id}, [docs[2].path])  # a copy found, a file gone: update, delete
         b.ids_present([d.id for d in docs] + ["missing"])
         b.get([docs[0].id])
         b.sparse_search(QUERY | {"w000": 1.0}, 5, offset=2, path_prefix="photos/")
@@ -202,7 +203,7 @@ def test_every_request_the_backend_sends_matches_spec(spec, osmem_url):
             lines = [json.loads(x) for x in body.decode().splitlines()]
             spec.validate(method, template, lines)
             # The spec lets any object be a bulk line; hold the action lines to the real schema.
-            actions = [x for x in lines if set(x) & {"index", "delete"} and len(x) == 1]
+            actions = [x for x in lines if set(x) & {"index", "delete", "update"} and len(x) == 1]
             assert len(actions) >= len(lines) // 2
             for line in actions:
                 spec.validate_schema("schemas/_core.bulk.yaml#/components/schemas/OperationContainer", line)

@@ -195,3 +195,16 @@ def test_documents_live_in_both_indices(seismic_corpus, seismic_proxy):
     b.drop()
     for index in ("d2s-test-dense", "d2s-test-vocabulary", "d2s-test-000001"):
         assert httpx.head(f"{seismic_proxy.upstream}/{index}").status_code == 404
+
+
+def test_a_moved_picture_moves_in_both_indices(seismic_corpus, seismic_proxy):
+    b, docs = seismic_corpus
+    assert b.relink(found={"photos/moved/0004.jpg": docs[4].id}, gone=[docs[4].path]) == 0
+    for index in ("d2s-test-000001", "d2s-test-dense"):
+        source = httpx.get(f"{seismic_proxy.upstream}/{index}/_doc/{docs[4].id}").json()["_source"]
+        assert source["path"] in ("photos/moved/0004.jpg", ["photos/moved/0004.jpg"])
+    dense = b.dense_search(docs[4].dense, 1)
+    assert dense[0].id == docs[4].id and dense[0].path == "photos/moved/0004.jpg"
+    assert b.relink(gone=["photos/moved/0004.jpg"]) == 1
+    for index in ("d2s-test-000001", "d2s-test-dense"):
+        assert httpx.get(f"{seismic_proxy.upstream}/{index}/_doc/{docs[4].id}").json()["found"] is False

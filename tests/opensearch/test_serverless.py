@@ -66,10 +66,14 @@ def test_bodies_match_the_spec(spec, identity):
     lines = []
     for action in q.bulk_create_actions(
         "d2s", [(d.id, q.doc_source(d)) for d in docs]
-    ) + q.bulk_delete_stored("d2s", [(docs[0].id, "server-1")]):
+    ) + q.bulk_update_stored("d2s", [(docs[1].id, "server-2", {"path": ["a.jpg", "b.jpg"]})]) + q.bulk_delete_stored(
+        "d2s", [(docs[0].id, "server-1")]
+    ):
         head, source = expand_action(dict(action))
         lines += [_parsed(head)] + ([_parsed(source)] if source is not None else [])
     assert "_id" not in lines[0]["index"] and lines[1][q.CONTENT_ID] == docs[0].id
+    assert lines[-3:-1] == [{"update": {"_index": "d2s", "_id": "server-2"}},
+                            {"doc": {"path": ["a.jpg", "b.jpg"]}}]
     assert lines[-1] == {"delete": {"_index": "d2s", "_id": "server-1"}}
     spec.validate("POST", "/_bulk", lines)
     spec.validate(
@@ -128,12 +132,19 @@ def test_ingest_search_and_reingest_without_ids_refresh_or_duplicates(store, col
     assert len(stored) == 30 and sorted(s[q.CONTENT_ID] for s in stored) == sorted(
         d.id for d in docs
     )
-    assert store.paths_of([docs[3].id]) == {docs[3].id: "photos/elsewhere/0003.jpg"}
+    assert store.paths_of([docs[3].id]) == {docs[3].id: ["photos/elsewhere/0003.jpg"]}
     assert dict(store.document_paths(page=7))[docs[3].id] == "photos/elsewhere/0003.jpg"
     assert len(dict(store.document_paths(page=7))) == 30
     got = store.get([docs[8].id])[0]
     assert got.id == docs[8].id and got.path == docs[8].path
     assert store.delete([docs[0].id, docs[1].id]) == 2 and len(_stored(collection)) == 28
+    # a copy found, the original gone, then the copy gone: the server's own ids are updated
+    store.relink(found={"photos/copy/0004.jpg": docs[4].id})
+    assert store.paths_of([docs[4].id]) == {docs[4].id: [docs[4].path, "photos/copy/0004.jpg"]}
+    assert store.relink(gone=[docs[4].path]) == 0
+    assert store.paths_of([docs[4].id]) == {docs[4].id: ["photos/copy/0004.jpg"]}
+    assert store.relink(gone=["photos/copy/0004.jpg"]) == 1
+    assert len(_stored(collection)) == 27 and docs[4].id not in {s[q.CONTENT_ID] for s in _stored(collection)}
     store.close()
     assert not [s for s in collection.log[start:] if "_refresh" in s.path or "scroll" in s.path]
     assert not collection.seen("POST", "/_mget")

@@ -133,3 +133,22 @@ def test_a_stamp_that_lies_about_the_hash_is_not_trusted(bundle_copy, hashed):
     hashed.clear()
     Bundle.load(bundle_copy)
     assert "text.onnx" in hashed
+
+
+def test_a_tampered_recorded_bundle_names_the_changed_file_as_with_bundle(bundle_copy, tiny_clip_bundle, tmp_path,
+                                                                          capsys):
+    from d2s_search import settings
+
+    folder = tmp_path / "photos"
+    for i in range(2):
+        write_image(folder / f"p{i}.jpg", 610 + i)
+    index = tmp_path / "idx"
+    code, report = run_cli_json(["ingest", folder, "--bundle", bundle_copy, "--index", index], capsys)
+    assert code == 0 and report["stored"] == 2
+    settings.remember_bundle(tiny_clip_bundle)  # another bundle exported since: the fallback is no match
+    same_size_edit(bundle_copy / "text.onnx", keep_mtime=True)
+    said = f"error: {bundle_copy.resolve()}: text.onnx has changed since export (hash differs); re-export the bundle"
+    for args in (["query", "a photo"], ["serve", "--port", "0"], ["ingest", folder]):
+        for bundle in ([], ["--bundle", bundle_copy.resolve()]):  # recorded, or named: the same line
+            code, out, err = run_cli([*args, *bundle, "--index", index], capsys)
+            assert code == 1 and err.strip().splitlines() == [said], (args, bundle, err)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -135,3 +136,90 @@ def test_serve_images_serves_the_url_ingest_stored(folder, tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+# -- names with characters a terminal acts on -------------------------------------------------
+
+RETITLE = "a\033]0;PWNED\007.jpg"  # ESC ] 0 ; ... BEL: sets the terminal's title
+TWO_LINES = "two\nlines.jpg"
+CLEARS = "broken\033[2J.jpg"  # ESC [ 2 J: clears the screen
+RAW_CONTROLS = re.compile(rb"[\x00-\x09\x0b-\x1f\x7f]|\xc2[\x80-\x9f]")  # a newline ends a line
+
+
+def run_bytes(args: list, capsysbinary) -> tuple[int, bytes, bytes]:
+    """The CLI in-process; (exit code, stdout bytes, stderr bytes)."""
+    from d2s_search.cli import main
+
+    capsysbinary.readouterr()
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsysbinary.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def hostile_folder(tmp_path) -> Path:
+    folder = tmp_path / "photos"
+    for seed, name in enumerate((RETITLE, TWO_LINES, "plain.jpg")):
+        write_image(folder / name, 320 + seed)
+    (folder / CLEARS).write_text("not a picture")
+    return folder
+
+
+def test_control_characters_in_names_never_reach_the_terminal(hostile_folder, tmp_path, tiny_blip_bundle,
+                                                              capsysbinary):
+    index = tmp_path / "idx\033[31m"  # the index's own folder too
+    common = ["--bundle", tiny_blip_bundle, "--index", index]
+    code, out, err = run_bytes(["ingest", hostile_folder, *common], capsysbinary)
+    assert code == 3 and not RAW_CONTROLS.search(out + err), err
+    assert b"rejected " + os.fsencode(hostile_folder) + b"/broken\\x1b[2J.jpg: not an image" in err
+    query = ["query", "a photo", "--mode", "dense", "-k", "10", "--no-serve", *common]
+
+    code, out, err = run_bytes(query, capsysbinary)
+    assert code == 0 and not RAW_CONTROLS.search(out + err)
+    assert b"a\\x1b]0;PWNED\\x07.jpg" in out and b"two\\x0alines.jpg" in out
+
+    code, out, err = run_bytes([*query, "--paths"], capsysbinary)
+    lines = out.decode().splitlines()
+    assert code == 0 and len(lines) == 3 and not RAW_CONTROLS.search(out + err)  # a newline splits no line
+    assert {Path(text_to_path(line)) for line in lines} == {hostile_folder / n for n in (RETITLE, TWO_LINES, "plain.jpg")}
+
+    code, out, err = run_bytes([*query, "-0"], capsysbinary)
+    assert code == 0 and out.endswith(b"\0")
+    assert set(out[:-1].split(b"\0")) == {os.fsencode(hostile_folder / n) for n in (RETITLE, TWO_LINES, "plain.jpg")}
+
+    code, out, err = run_bytes([*query, "--json"], capsysbinary)
+    assert code == 0 and not RAW_CONTROLS.search(out)  # JSON escapes them itself
+    assert {r["path"] for r in json.loads(out)["results"]} == {str(hostile_folder / n)
+                                                              for n in (RETITLE, TWO_LINES, "plain.jpg")}
+
+    (hostile_folder / RETITLE).unlink()
+    code, out, err = run_bytes(["index", "prune", "--dry-run", "--index", index], capsysbinary)
+    assert code == 0 and not RAW_CONTROLS.search(out + err)
+    assert out.decode().splitlines()[0] == f"gone: {hostile_folder}/a\\x1b]0;PWNED\\x07.jpg"
+    code, out, err = run_bytes(["index", "stats", "--index", index], capsysbinary)
+    assert code == 0 and not RAW_CONTROLS.search(out + err) and b"idx\\x1b[31m" in out
+
+    # An error naming such a file is one line, escaped (and maps back to the name).
+    code, out, err = run_bytes(["query", "--image", hostile_folder / CLEARS, *common], capsysbinary)
+    assert code == 1 and not RAW_CONTROLS.search(err) and len(err.decode().strip().splitlines()) == 1
+    assert b"cannot use " + os.fsencode(hostile_folder) + b"/broken\\x1b[2J.jpg as a query" in err
+
+
+def test_serve_images_names_a_hostile_folder_escaped(tmp_path):
+    folder = tmp_path / "pics\033]0;PWNED\007"
+    write_image(folder / "a.jpg", 330)
+    env = clean_env(tmp_path)
+    env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen([sys.executable, "-m", "d2s_search.cli", "serve-images", str(folder), "--port", "0"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        first = proc.stdout.readline()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert first.startswith(b"serving the pictures under ") and not RAW_CONTROLS.search(first)
+    assert b"pics\\x1b]0;PWNED\\x07" in first

@@ -196,3 +196,19 @@ def test_delete_that_changes_nothing_is_not_reported_as_success(capsys):
                                   "--index-name", "kept", "--json"], capsys)
         assert code == 1 and err == ""  # with --json the error is a JSON object on stdout
         assert json.loads(out)["error"]["message"] == f"nothing was deleted at http://{address}/kept: the index is still there"
+
+
+def test_debug_traceback_is_scrubbed_like_messages(capsys):
+    from d2s_search.cli import _print_traceback
+
+    try:
+        try:
+            raise ValueError(f"proxy said: Authorization: Basic {BASIC}\x1b]0;owned\x07")
+        except ValueError as cause:
+            raise RuntimeError(f"bulk failed ({PASSWORD})") from cause
+    except RuntimeError:
+        _print_traceback()
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "ValueError: proxy said: Authorization: ***" in err
+    assert_clean(err)
+    assert "\x1b" not in err and "\x07" not in err and "\\x1b]0;owned\\x07" in err

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from d2s_search import redact
 from d2s_search.backends.base import Document, Hit, IndexIdentity, SparseVector
 from d2s_search.backends.elasticsearch import queries as q
 from d2s_search.backends.elasticsearch.features import decode_features
@@ -93,6 +94,8 @@ class ElasticsearchBackend(EngineIndex):
             url, url_user, url_password = _split_userinfo(url)
             user, password = user or url_user, password or url_password
         self._secrets = [s for s in (password, api_key) if s]
+        redact.remember(password, user=user)  # masked in every message, also as Basic auth
+        redact.remember(api_key)
         options: dict[str, Any] = {
             "request_timeout": timeout,
             "max_retries": max(0, retries),
@@ -202,8 +205,9 @@ class ElasticsearchBackend(EngineIndex):
             client = self.es if timeout is None else self.es.options(request_timeout=timeout)
             resp = client.perform_request(method, path, params=dict(params) if params else None,
                                           headers=headers, body=body)
-            return resp.meta.status, resp.body
-        except UnsupportedProductError:
+        except UnsupportedProductError as exc:
+            if isinstance(exc.body, str):
+                raise self._not_json(method, path, exc.meta.status, exc.meta.headers, exc.body) from None
             raise BackendUnavailableError(
                 f"the server at {self.url} is not Elasticsearch (no X-Elastic-Product header)"
             ) from None
@@ -219,11 +223,28 @@ class ElasticsearchBackend(EngineIndex):
             raise BackendUnavailableError(
                 f"cannot reach Elasticsearch at {self.url}: {type(exc).__name__}{': ' + text[:200] if text else ''}"
             ) from None
+        if isinstance(resp.body, str) and 200 <= resp.meta.status < 300:
+            # The client checks the product header once per connection pool only: a login wall
+            # or a proxy's page answering later would pass for the cluster's answer.
+            raise self._not_json(method, path, resp.meta.status, resp.meta.headers, resp.body)
+        return resp.meta.status, resp.body
+
+    def _not_json(self, method: str, path: str, status: int, headers: Mapping[str, str],
+                  body: str) -> BackendUnavailableError:
+        """The one-line error for a 2xx answer that is not JSON (a login page or a proxy's HTML,
+        its text scrubbed: such pages may reflect credentials)."""
+        kind = (headers.get("content-type") or "").split(";")[0].strip() or "no content type"
+        return BackendUnavailableError(
+            f"{self.url} answered {method} {path} with {status} {kind}, not JSON: is this the Elasticsearch URL "
+            f"(and not a proxy or login page)? ({redact.one_line(self._scrub(body))[:80]})"
+        )
 
     def _scrub(self, text: str) -> str:
+        """``text`` without this backend's secrets or anything that looks like a credential (a
+        server may reflect the request's Authorization header into its error text)."""
         for secret in self._secrets:
             text = text.replace(secret, "***")
-        return text
+        return redact.scrub(text)
 
     def _one_line(self, text: str) -> str:
         return self._scrub(text)[:300]
@@ -237,7 +258,7 @@ class ElasticsearchBackend(EngineIndex):
             if isinstance(cause, dict) and cause.get("reason"):
                 text += f" ({cause['reason']})"
         else:
-            text = str(err)
+            text = redact.one_line(str(err), limit=400)  # e.g. a proxy's HTML page: its text, not its tags
         return self._scrub(text)[:400]
 
     def _check(self, status: int, body: Any, what: str) -> Any:
@@ -358,6 +379,10 @@ class ElasticsearchBackend(EngineIndex):
 
     def _bulk_delete_items(self, ids: list[str]) -> list[tuple[str, ...]]:
         return [(line,) for line in q.bulk_delete_lines(self.index_name, ids)]
+
+    def _bulk_update_items(self, updates: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, ...]]:
+        lines = q.bulk_update_lines(self.index_name, updates)
+        return [tuple(lines[i : i + 2]) for i in range(0, len(lines), 2)]
 
     def _bulk(self, items: list[tuple[str, ...]]) -> tuple[dict[str, str], list[str]]:
         """Send ``items`` in ``_bulk`` chunks; rounds, resends and the report:

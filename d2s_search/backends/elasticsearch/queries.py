@@ -230,6 +230,15 @@ def bulk_delete_lines(index: str, ids: Iterable[str]) -> list[str]:
     return [dumps({"delete": {"_index": index, "_id": i}}) for i in ids]
 
 
+def bulk_update_lines(index: str, updates: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:
+    """NDJSON lines (action, partial document) of updates, e.g. a document's paths."""
+    lines: list[str] = []
+    for doc_id, fields in updates:
+        lines.append(dumps({"update": {"_index": index, "_id": doc_id}}))
+        lines.append(dumps({"doc": dict(fields)}))
+    return lines
+
+
 # -- queries -----------------------------------------------------------------------------
 
 

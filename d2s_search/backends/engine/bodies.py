@@ -112,6 +112,18 @@ def mget_body(ids: Sequence[str]) -> dict[str, Any]:
     return {"ids": list(ids)}
 
 
+HOLDERS_PER_REQUEST = 500  # paths asked at once: one bool clause each, under max_clause_count (1024)
+
+
+def holders_body(paths: Sequence[str], source: bool | list[str] = False) -> dict[str, Any]:
+    """The documents that hold any of ``paths`` (ids only): one exact ``term`` clause a path
+    (a ``terms`` query would do, but the Elasticsearch specification renders it without its
+    field). A path belongs to one document, so ten hits a path leave room for what an older
+    version left behind (one document per ingest of an overwritten file)."""
+    return {"size": min(MAX_RESULT_WINDOW, 10 * len(paths)), "_source": source,
+            "query": {"bool": {"should": [{"term": {"path": {"value": p}}} for p in paths]}}}
+
+
 def reindex_body(source_index: str, dest_index: str) -> dict[str, Any]:
     return {"source": {"index": source_index}, "dest": {"index": dest_index, "op_type": "index"}}
 

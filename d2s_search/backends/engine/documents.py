@@ -11,6 +11,26 @@ from d2s_search.backends.base import Document
 
 SPARSE_FIELD = "sparse"
 DENSE_FIELD = "dense"
+PATH_FIELD = "path"
+
+
+def stored_paths(paths: list[str]) -> str | list[str]:
+    """The ``path`` field: one path as a string (as every document without copies has it),
+    several as a list (a keyword field takes either; a ``term`` query matches any of them)."""
+    return paths[0] if len(paths) == 1 else list(paths)
+
+
+def paths_from_source(value: Any) -> list[str]:
+    """Every path of a stored ``path`` field, the shown one first."""
+    if isinstance(value, list):
+        return [str(p) for p in value if isinstance(p, str)]
+    return [value] if isinstance(value, str) and value else []
+
+
+def shown_path(value: Any) -> str:
+    """The path a hit shows: the first of the stored ones."""
+    paths = paths_from_source(value)
+    return paths[0] if paths else ""
 
 
 def checked_dense(doc: Document) -> np.ndarray:
@@ -25,7 +45,7 @@ def source_from_document(doc: Document, sparse: Mapping[str, float], dense: np.n
                          top_terms: int = 20) -> dict[str, Any]:
     """The ``_source`` stored for ``doc``: ``sparse`` and ``dense`` as the engine sends them."""
     src: dict[str, Any] = {
-        "path": doc.path,
+        PATH_FIELD: stored_paths(doc.paths),
         "size_bytes": int(doc.size_bytes),
         "width": int(doc.width),
         "height": int(doc.height),
@@ -44,9 +64,11 @@ def document_from_source(doc_id: str, src: Mapping[str, Any],
                          decode: Callable[[Mapping[str, float] | None], dict[str, float]]) -> Document:
     """``decode`` turns the stored sparse field back into term weights (each engine escapes keys)."""
     ingested = src.get("ingested_at")
+    paths = paths_from_source(src.get(PATH_FIELD)) or [""]
     return Document(
         id=doc_id,
-        path=src.get("path", ""),
+        path=paths[0],
+        copies=tuple(paths[1:]),
         size_bytes=int(src.get("size_bytes", 0) or 0),
         width=int(src.get("width", 0) or 0),
         height=int(src.get("height", 0) or 0),

@@ -18,10 +18,23 @@ from typing import Any
 
 import numpy as np
 
-from d2s_search.backends.base import Document, Hit, IndexIdentity
-from d2s_search.backends.engine.bodies import alias_swap_body, mget_body, reindex_body
+from d2s_search.backends.base import Document, Hit, IndexIdentity, relinked
+from d2s_search.backends.engine.bodies import (
+    HOLDERS_PER_REQUEST,
+    alias_swap_body,
+    holders_body,
+    mget_body,
+    reindex_body,
+)
 from d2s_search.backends.engine.bulk import next_generation
-from d2s_search.backends.engine.documents import SPARSE_FIELD, document_from_source
+from d2s_search.backends.engine.documents import (
+    PATH_FIELD,
+    SPARSE_FIELD,
+    document_from_source,
+    paths_from_source,
+    shown_path,
+    stored_paths,
+)
 from d2s_search.backends.engine.identity import check_dims, check_identity, meta_identity
 from d2s_search.backends.opensearch.features import matched_terms
 from d2s_search.errors import (
@@ -47,6 +60,9 @@ class EngineIndex:
     refresh: bool
     chunk_docs: int  # documents per _bulk request
     chunk_bytes: int  # bytes per _bulk request
+    # upsert takes the documents' paths from any other document that holds them (one path,
+    # one document); off for the copy a reindex writes, which already keeps that rule.
+    claims_paths: bool = True
 
     def _init_index(self, index_name: str, *, chunk_docs: int, chunk_bytes: int, refresh: bool) -> None:
         """The settings both engines take the same way (first in ``__init__``: a bad name fails
@@ -58,6 +74,7 @@ class EngineIndex:
         self.chunk_bytes = max(1024, chunk_bytes)
         self.refresh = refresh
         self.identity = None
+        self._unsearchable_paths: set[str] = set()  # written by this process since its last refresh
 
     # -- what each engine provides ----------------------------------------------------------
 
@@ -99,6 +116,10 @@ class EngineIndex:
     def _bulk_delete_items(self, ids: list[str]) -> list[Any]:
         raise NotImplementedError
 
+    def _bulk_update_items(self, updates: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+        """Partial updates: (id, the fields that change)."""
+        raise NotImplementedError
+
     def _bulk(self, items: list[Any]) -> tuple[dict[str, str], list[str]]:
         """Send bulk ``items``: ({id: reason} of the refused, results of the accepted)."""
         raise NotImplementedError
@@ -130,6 +151,7 @@ class EngineIndex:
         """
         if self._dirty and self.refresh:
             self._refresh()
+            self._unsearchable_paths.clear()
         self._dirty = False
 
     def _final_refresh(self) -> None:
@@ -152,6 +174,10 @@ class EngineIndex:
         """The document id (content hash) of a search hit."""
         return hit["_id"]
 
+    def _id_source(self) -> bool | list[str]:
+        """The ``_source`` a hit needs for :meth:`_hit_id` (none where ``_id`` is the hash)."""
+        return False
+
     def _reindex_target(self, target: Any) -> Any:
         """The engine's settings of the next generation, completed (the stored identity has been
         read) and checked; refuse here what this engine cannot reindex."""
@@ -166,6 +192,7 @@ class EngineIndex:
         writer = type(self).__new__(type(self))
         writer.__dict__.update(self.__dict__)
         writer.index_name, writer.identity, writer.refresh = index, identity, False
+        writer.claims_paths = False
         return writer
 
     def _reindexed(self, identity: IndexIdentity, target: Any) -> None:
@@ -280,7 +307,9 @@ class EngineIndex:
         """Index documents by id through ``_bulk`` chunks; raises DocumentsRejectedError for refused ones.
 
         Each document is stored whole or not at all; a batch is not atomic, but ids are content
-        hashes, so running the same ingest again fills any gap without duplicates.
+        hashes, so running the same ingest again fills any gap without duplicates. Other
+        documents give up the paths of these first (so an interruption in between leaves a
+        path without a document, which the next ingest stores, never a path with two).
         """
         failures: dict[str, str] = {}
         sources: list[tuple[str, dict[str, Any]]] = []
@@ -292,6 +321,12 @@ class EngineIndex:
                 sources.append((doc.id, self._doc_source(doc)))
             except (ValueError, TypeError) as exc:
                 failures[doc.id] = str(exc)
+        if sources and self.claims_paths:
+            sent = {doc_id for doc_id, _ in sources}
+            claimed = {p: doc.id for doc in docs if doc.id in sent for p in doc.paths}
+            others = self.paths_of(self._holders(list(claimed)) - sent)
+            self._apply_paths(others, relinked(others, claimed))
+            self._unsearchable_paths.update(claimed)
         if sources:
             self._writing()
             failures.update(self._bulk(self._bulk_index_items(sources))[0])
@@ -333,24 +368,70 @@ class EngineIndex:
                     out.append(document_from_source(d["_id"], d.get("_source", {}), self._decode))
         return out
 
-    # PathListing (index prune, the missing-file count of index stats, moved files in ingest):
-    # only the ``path`` field of ``_source`` travels, never the vectors.
+    # PathListing (index prune, the missing-file count of index stats, copies, moved and
+    # overwritten files in ingest): only the ``path`` field of ``_source`` travels, never the
+    # vectors. A document with copies stores its paths as a list, the shown one first.
 
     def document_paths(self, page: int = 1000) -> Iterator[tuple[str, str]]:
-        """(id, path) of every document, through pages that fetch only ``path``."""
+        """(id, path) of every stored path, through pages that fetch only ``path``."""
         self.settle()
-        for hits in self._pages(self.index_name, page, fields=["path"]):
+        for hits in self._pages(self.index_name, page, fields=[PATH_FIELD]):
             for h in hits:
-                yield self._hit_id(h), h.get("_source", {}).get("path", "")
+                for path in paths_from_source(h.get("_source", {}).get(PATH_FIELD)):
+                    yield self._hit_id(h), path
 
-    def paths_of(self, ids: Iterable[str]) -> dict[str, str]:
+    def paths_of(self, ids: Iterable[str]) -> dict[str, list[str]]:
         ids = list(dict.fromkeys(ids))
-        out: dict[str, str] = {}
+        out: dict[str, list[str]] = {}
         for start in range(0, len(ids), 1000):
-            for d in self._mget(ids[start : start + 1000], source="path"):
+            for d in self._mget(ids[start : start + 1000], source=PATH_FIELD):
                 if d.get("found"):
-                    out[d["_id"]] = d.get("_source", {}).get("path", "")
+                    out[d["_id"]] = paths_from_source(d.get("_source", {}).get(PATH_FIELD))
         return out
+
+    def relink(self, found: Mapping[str, str] | None = None, gone: Iterable[str] = ()) -> int:
+        """Move paths between documents (see ``Backend.relink``): partial updates of ``path``,
+        deletes of the documents left without one."""
+        found, gone = dict(found or {}), list(gone)
+        if not found and not gone:
+            return 0
+        current = self.paths_of(self._holders([*found, *gone]) | set(found.values()))
+        return self._apply_paths(current, relinked(current, found, gone))
+
+    def _holders(self, paths: list[str]) -> set[str]:
+        """Ids of the documents that hold any of ``paths`` (a search on ``path``).
+
+        Without a refresh per ingest batch (the small segments ``settle`` avoids): an ingest
+        meets each path once, so only a path this process wrote since its last refresh needs
+        one first.
+        """
+        if not paths:
+            return set()
+        if self._unsearchable_paths.intersection(paths):
+            self._refresh()
+            self._unsearchable_paths.clear()
+        ids: set[str] = set()
+        for start in range(0, len(paths), HOLDERS_PER_REQUEST):
+            chunk = paths[start : start + HOLDERS_PER_REQUEST]
+            status, body = self._call("POST", f"/{self.index_name}/_search", body=holders_body(chunk, self._id_source()))
+            hits = self._check(status, body, "find the documents of these paths").get("hits", {}).get("hits", [])
+            ids.update(self._hit_id(h) for h in hits)
+        return ids
+
+    def _apply_paths(self, current: Mapping[str, list[str]], changed: Mapping[str, list[str]]) -> int:
+        """Write ``changed`` (id -> new paths, [] to remove the document); how many were removed."""
+        if not changed:
+            return 0
+        updates = [(doc_id, {PATH_FIELD: stored_paths(new)}) for doc_id, new in changed.items() if new]
+        removed = [doc_id for doc_id, new in changed.items() if not new]
+        self._unsearchable_paths.update(p for _, new in changed.items() for p in new)
+        self._writing()
+        failures, results = self._bulk(self._bulk_update_items(updates) + self._bulk_delete_items(removed))
+        if failures:
+            raise IndexStoreError(f"cannot change the paths of {len(failures)} document(s): "
+                                  f"{next(iter(failures.values()))}")
+        self._written()
+        return sum(1 for r in results if r == "deleted")
 
     def _mget(self, ids: list[str], source: bool | str, index: str | None = None) -> list[dict]:
         """``source``: whole documents (True), none (False), or these comma-separated fields;
@@ -369,7 +450,7 @@ class EngineIndex:
                 id=self._hit_id(h),
                 # _score is a float32 printed in shortest form: recover the exact value.
                 score=float(np.float32(h.get("_score") or 0.0)),
-                path=src.get("path", ""),
+                path=shown_path(src.get(PATH_FIELD)),
                 url=src.get("url"),
                 matched=matched_terms(query, self._decode(src.get(SPARSE_FIELD)), explain),
             ))

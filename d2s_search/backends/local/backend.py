@@ -21,7 +21,7 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -33,6 +33,7 @@ from ..base import Document, Hit, IndexIdentity, SparseVector
 from . import cache as cache_mod
 from . import graph, kernels, store
 from . import identity as index_identity
+from . import paths as doc_paths
 from .cache import CacheUnusable, Shard, Structures
 from .store import FORMAT, Transaction
 
@@ -275,16 +276,28 @@ class LocalBackend:
             self._save_identity(recorded)
 
     def document_paths(self) -> list[tuple[str, str]]:
-        """(id, path) of every document, in ingest order."""
-        return self._connect(False).execute("SELECT id, path FROM docs ORDER BY seq").fetchall()
+        """(id, path) of every stored path, in ingest order (a document's copies after it)."""
+        return doc_paths.every_path(self._connect(False))
 
-    def paths_of(self, ids: Iterable[str]) -> dict[str, str]:
-        """id -> stored path for the given ids that are stored (no vectors decoded)."""
+    def paths_of(self, ids: Iterable[str]) -> dict[str, list[str]]:
+        """id -> every stored path (the shown one first) of the given ids that are stored
+        (no vectors decoded)."""
+        return doc_paths.paths_of(self._connect(False), ids)
+
+    @_db_errors
+    def relink(self, found: Mapping[str, str] | None = None, gone: Iterable[str] = ()) -> int:
+        """Move paths between documents (see ``Backend.relink``) in one transaction."""
+        found, gone = dict(found or {}), list(gone)
+        if not found and not gone:
+            return 0
         db = self._connect(False)
-        found: dict[str, str] = {}
-        for chunk in _chunks(list(ids), 500):
-            found.update(db.execute(f"SELECT id, path FROM docs WHERE id IN ({','.join('?' * len(chunk))})", chunk))
-        return found
+        self._check_writable(db)
+        with Transaction(db):
+            doc_paths.make(db)
+            removed, rows_changed = doc_paths.relink(db, found, gone)
+            if rows_changed:  # a shown path changed or a document went: the cache is rebuilt
+                store.bump(db, mutation=True)
+        return removed
 
     def close(self) -> None:
         if self._pool is not None:
@@ -400,6 +413,11 @@ class LocalBackend:
             replaced = db.execute(
                 f"SELECT COUNT(*) FROM docs WHERE id IN ({','.join('?' * len(docs))})", [d.id for d in docs]
             ).fetchone()[0]
+            # One path, one document: whatever held these paths before (a file overwritten in
+            # place) gives them up, in the same transaction.
+            doc_paths.make(db)
+            ids = [d.id for d in docs]
+            _, taken = doc_paths.relink(db, {p: d.id for d in docs for p in d.paths}, keep=ids)
             rows = []
             for d in docs:
                 items = [(self._term_ids[t], w) for t, w in d.sparse.items() if w > 0]
@@ -421,7 +439,8 @@ class LocalBackend:
                 "dense=excluded.dense",
                 rows,
             )
-            store.bump(db, mutation=bool(replaced))  # rows changed in place: the cache is rebuilt
+            doc_paths.set_copies(db, {d.id: d.copies for d in docs})
+            store.bump(db, mutation=bool(replaced) or taken)  # rows changed in place: the cache is rebuilt
             db.execute("INSERT OR REPLACE INTO meta VALUES ('last_ingest_at', ?)", (str(time.time()),))
 
     @_db_errors
@@ -435,6 +454,7 @@ class LocalBackend:
         with Transaction(db):
             for chunk in _chunks(ids, 500):
                 removed += db.execute(f"DELETE FROM docs WHERE id IN ({','.join('?' * len(chunk))})", chunk).rowcount
+            doc_paths.forget(db, ids)
             if removed:
                 store.bump(db, mutation=True)
         return removed
@@ -467,6 +487,8 @@ class LocalBackend:
                     ingested_at=row[6], sparse=self._stored_sparse(row[7], row[8]),
                     dense=_floats(row[9]).copy(),
                 )
+        for doc_id, paths in doc_paths.paths_of(db, found).items():
+            found[doc_id].copies = tuple(paths[1:])
         return [found[i] for i in ids if i in found]
 
     def _stored_sparse(self, term_blob: bytes, weight_blob: bytes) -> SparseVector:
@@ -529,7 +551,9 @@ class LocalBackend:
     def _warn(self, message: str, kind: str = "warning") -> None:
         if message not in self._warned:
             self._warned.add(message)
-            print(f"{kind}: {message}", file=sys.stderr)
+            from ...pathtext import shown  # the index's path may hold any character
+
+            print(f"{kind}: {shown(message)}", file=sys.stderr)
 
     def _search_state(self) -> Structures:
         """The search structures of the current generation (loaded, extended or rebuilt)."""

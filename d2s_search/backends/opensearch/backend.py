@@ -307,6 +307,20 @@ class OpenSearchBackend(EngineIndex):
             actions += q.bulk_delete_actions(self.dense_index, ids)
         return actions
 
+    def _bulk_update_items(self, updates: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        if self.content_ids:
+            fields = dict(updates)
+            stored = aoss.server_ids(aoss.stored_documents(self._search, list(fields), False))
+            return q.bulk_update_stored(self.index_name, [(doc_id, server_id, fields[doc_id])
+                                                          for doc_id, server_id in stored])
+        actions = q.bulk_update_actions(self.index_name, updates)
+        if self.dense_index:  # the sibling keeps the paths its hits show
+            actions += q.bulk_update_actions(self.dense_index, updates)
+        return actions
+
+    def _id_source(self) -> bool | list[str]:
+        return [q.CONTENT_ID] if self.content_ids else False
+
     def _bulk(self, actions: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
         """Send ``actions`` with ``opensearchpy.helpers.streaming_bulk`` (which chunks them and
         turns a chunk refused as too large into 413 items); rounds, resends and the report:

@@ -206,9 +206,13 @@ class _PolicyTransport(Transport):
                 info = raw
             error = info.get("error", raw) if isinstance(info, dict) else raw
             raise HTTP_EXCEPTIONS.get(status, TransportError)(status, error, info)
-        if raw:
-            return self.deserializer.loads(raw, resp_headers.get("content-type"))
-        return raw
+        if not raw:
+            return raw
+        try:
+            return json.loads(raw)
+        except ValueError:
+            # A login wall or a proxy's page (opensearch-py would raise SerializationError).
+            raise self.owner.not_json(method, url, status, resp_headers, raw) from None
 
 
 class OpenSearchHTTP:
@@ -336,13 +340,20 @@ class OpenSearchHTTP:
                                               timeout=timeout, raise_auth=raise_auth)
         reply = Reply(status, _decode(raw), resp_headers)
         if reply.ok and isinstance(reply.body, str) and method != "HEAD":
-            # e.g. a login page or a proxy's HTML: never treat it as an OpenSearch answer.
-            kind = resp_headers.get("content-type", "").split(";")[0].strip() or "a body"
-            raise BackendUnavailableError(
-                f"{self.url} answered {method} {path} with {kind}, not JSON: is this the {self.service_name} "
-                f"URL (and not a proxy or login page)? ({reply.error_reason()[:80]})"
-            )
+            raise self.not_json(method, path, status, resp_headers, raw)  # never taken for an answer
         return reply
+
+    def not_json(self, method: str, path: str, status: int, headers: Mapping[str, str],
+                 raw: str | bytes) -> BackendUnavailableError:
+        """The one-line error for a 2xx answer that is not JSON: a login page or a proxy's HTML
+        stands where the cluster should (its text scrubbed: such pages may reflect credentials)."""
+        headers = {k.lower(): v for k, v in headers.items()}
+        kind = headers.get("content-type", "").split(";")[0].strip() or "no content type"
+        page = Reply(status, _decode(raw)).error_reason()[:80]
+        return BackendUnavailableError(
+            f"{self.url} answered {method} {path} with {status} {kind}, not JSON: is this the {self.service_name} "
+            f"URL (and not a proxy or login page)? ({page})"
+        )
 
     def send(self, method: str, path: str, *, params: Mapping[str, Any] | None = None, body: bytes | None = None,
              headers: Mapping[str, str] | None = None, timeout: float | None = None,

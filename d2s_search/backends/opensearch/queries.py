@@ -204,6 +204,19 @@ def content_page_body(page: int, after: Sequence[Any] | None = None,
     return body
 
 
+def bulk_update_actions(index: str, updates: Iterable[tuple[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Partial updates (``doc``: the fields that change), e.g. a document's paths."""
+    return [{"_op_type": "update", "_index": index, "_id": doc_id, "doc": dict(fields)} for doc_id, fields in updates]
+
+
+def bulk_update_stored(index: str, stored: Iterable[tuple[str, str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Serverless partial updates: (content hash, server id, the fields that change); the body
+    goes under ``_source`` (expand_action would send the CONTENT_ID key in it otherwise)."""
+    return [{"_op_type": "update", "_index": index, "_id": server_id, "_source": {"doc": dict(fields)},
+             CONTENT_ID: doc_id}
+            for doc_id, server_id, fields in stored]
+
+
 def scan_body(page: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
     """First page of a scroll over every document (``_doc`` order); ``fields``: only these of ``_source``."""
     body: dict[str, Any] = {"size": int(page), "sort": ["_doc"], "query": {"match_all": {}}}

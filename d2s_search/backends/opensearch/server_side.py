@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from d2s_search.backends.base import Hit, SparseVector
+from d2s_search.backends.engine.documents import shown_path
 from d2s_search.backends.opensearch import queries as q
 from d2s_search.backends.opensearch.client import OpenSearchHTTP
 from d2s_search.backends.opensearch.features import decode_features, matched_terms
@@ -164,7 +165,7 @@ def _hits(raw: list[Mapping[str, Any]], query: Mapping[str, float], explain: int
         hits.append(Hit(
             id=str(h["_id"]),
             score=float(np.float32(h.get("_score") or 0.0)),  # _score is a float32
-            path=src.get("path", ""),
+            path=shown_path(src.get("path")),
             url=src.get("url"),
             matched=matched_terms(query, decode_features(src.get(q.SPARSE_FIELD)), explain) if explain else [],
         ))
