@@ -1,4 +1,5 @@
-"""Builds the local index's optional C parts; everything else is in pyproject.toml.
+"""Builds the local index's optional C parts and names the packages (the export side installs
+under another name than its folder's); everything else is in pyproject.toml.
 
 The scoring kernel (loaded with ctypes) and the hit builder (a CPython extension) are
 optional: without a C compiler the install still succeeds and the local index scores with
@@ -8,7 +9,7 @@ numpy/scipy and builds hits in Python (same results, slower). The build log says
 
 import sys
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_namespace_packages, setup
 from setuptools.command.build_ext import build_ext
 
 # -ffp-contract=off: a fused multiply-add would round once where the numpy path rounds twice.
@@ -37,7 +38,17 @@ class OptionalBuildExt(build_ext):
             raise
 
 
+# The export side's folder is onnx_export/; it installs as d2s_onnx_export, a name of this
+# project (a bare `onnx_export` could clash with another distribution's package).
+EXPORT_FOLDER, EXPORT_PACKAGE = "onnx_export", "d2s_onnx_export"
+PACKAGES = find_namespace_packages(include=["d2s_search", "d2s_search.*"]) + [
+    EXPORT_PACKAGE + name[len(EXPORT_FOLDER):]
+    for name in find_namespace_packages(include=[EXPORT_FOLDER, EXPORT_FOLDER + ".*"])
+]
+
 setup(
+    packages=PACKAGES,
+    package_dir={EXPORT_PACKAGE: EXPORT_FOLDER},
     cmdclass={"build_ext": OptionalBuildExt},
     ext_modules=[
         Extension(

@@ -72,12 +72,12 @@ def test_grid(head, split, tokens, names, shifts) -> list[dict]:
 
 def main() -> None:
     import torch
+    from d2s_onnx_export.head import load_head
 
     from d2s_search.train.calibrate import BOOSTS, SHIFTS, choose_document_shift
     from d2s_search.train.data import load_dataset
     from d2s_search.train.validation import pick_distractors
     from d2s_search.train.vocab import id_to_token, load_tokenizer, tokenize_captions
-    from onnx_export.head import load_head
 
     ap = argparse.ArgumentParser()
     ap.add_argument("heads", nargs="+", type=Path)

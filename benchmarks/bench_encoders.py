@@ -70,10 +70,11 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     torch.set_num_threads(args.threads)
+    from d2s_onnx_export.export import ImageGraph, TextGraph, build_head, export_bundle
+    from d2s_onnx_export.models import build_dense_encoder
+
     from d2s_search.bundle import Bundle
     from d2s_search.encoder import Encoder, tokenize_batch
-    from onnx_export.export import ImageGraph, TextGraph, build_head, export_bundle
-    from onnx_export.models import build_dense_encoder
 
     bundle_dir = Path(args.cache) / f"bundle-{args.model}"
     t0 = time.perf_counter()

@@ -180,8 +180,9 @@ def main() -> None:
                                         f"FLOPs {e.val['FLOPs']:.1f} ({e.seconds:.0f}s)", flush=True))
     shift = None
     if args.flops_budget > 0:  # as `train` does after training: what `align ship` then ships
+        from d2s_onnx_export.head import save_head
+
         from d2s_search.train.calibrate import BOOSTS, choose_document_shift
-        from onnx_export.head import save_head
 
         extra = photo_distractors[: args.calibration_distractors]
         shift = choose_document_shift(head, val, val_tokens, cfg.expansion, args.flops_budget, boosts=BOOSTS,

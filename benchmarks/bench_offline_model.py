@@ -73,16 +73,16 @@ def trained_rows(run: Path, heads: list[tuple[str, Path]], tok, prune: int = 0) 
 def random_rows(run: Path, tok, seed: int = 0) -> list[dict]:
     """Same frozen towers, random projections, untrained head (W2 = MiniLM embeddings)."""
     import torch
+    from d2s_onnx_export.head import SparseHead
+    from d2s_onnx_export.offline_mini.align import AlignConfig, AlignModel
+    from d2s_onnx_export.offline_mini.align_data import flickr_photos, split_photos
+    from d2s_onnx_export.offline_mini.align_features import Backbones
+    from d2s_onnx_export.offline_mini.align_run import _eval_set, class_embeddings
+    from d2s_onnx_export.offline_mini.backbones import MiniLMFeatures
+    from d2s_onnx_export.registry import load_config
+    from d2s_onnx_export.tokenizers_offline import excluded_token_ids
 
     from d2s_search.train.modeling import encode_sparse
-    from onnx_export.head import SparseHead
-    from onnx_export.offline_mini.align import AlignConfig, AlignModel
-    from onnx_export.offline_mini.align_data import flickr_photos, split_photos
-    from onnx_export.offline_mini.align_features import Backbones
-    from onnx_export.offline_mini.align_run import _eval_set, class_embeddings
-    from onnx_export.offline_mini.backbones import MiniLMFeatures
-    from onnx_export.registry import load_config
-    from onnx_export.tokenizers_offline import excluded_token_ids
 
     align = json.loads((run / "align.json").read_text())
     src = align["sources"]["flickr8k"]
@@ -118,10 +118,10 @@ def random_rows(run: Path, tok, seed: int = 0) -> list[dict]:
 def bundle_rows(bundle: Path, run: Path, tok) -> list[dict]:
     """The exported bundle end to end: ONNX Runtime on the test photo files."""
     import scipy.sparse as sp
+    from d2s_onnx_export.offline_mini.align_data import open_rgb
 
     from d2s_search.bundle import Bundle
     from d2s_search.encoder import Encoder
-    from onnx_export.offline_mini.align_data import open_rgb
 
     align = json.loads((run / "align.json").read_text())
     root = Path(align.get("data", ROOT.parent / "shared/data/flickr8k-800"))

@@ -45,7 +45,7 @@ MODES = ("sparse", "two-phase", "dense", "hybrid")
 def bundle_path() -> Path:
     path = CACHE / "bundle-tiny-blip"
     if not (path / "manifest.json").is_file():
-        from onnx_export.export import export_bundle
+        from d2s_onnx_export.export import export_bundle
 
         path.parent.mkdir(parents=True, exist_ok=True)
         export_bundle("tiny-blip", path, overwrite=True)

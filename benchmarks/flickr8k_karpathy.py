@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from onnx_export.offline_mini.align_data import flickr_photos, split_photos  # noqa: E402
+from d2s_onnx_export.offline_mini.align_data import flickr_photos, split_photos  # noqa: E402
 
 
 def main(src: str, out: str) -> None:

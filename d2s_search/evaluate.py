@@ -156,8 +156,9 @@ def sparse_from_head(
         from d2s_search import extras
 
         extras.require("train", ("torch", "safetensors"), who="evaluating a .pt head", instead="an ONNX head graph")
+        from d2s_onnx_export.head import load_head
+
         from d2s_search.train.modeling import encode_sparse
-        from onnx_export.head import load_head
 
         head = load_head(p)
         q, d = encode_sparse(head, data.query_emb), encode_sparse(head, data.doc_emb, document=True)

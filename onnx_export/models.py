@@ -29,7 +29,7 @@ def build_dense_encoder(name: str) -> DenseDualEncoder:
     if kind == "lavis":
         return _build_lavis(name, config)
     if kind == "offline":
-        from onnx_export.offline_mini.model import build_offline
+        from d2s_onnx_export.offline_mini.model import build_offline
 
         return build_offline(name, config)
     raise ModelError(f"model config {name!r} has unknown kind {kind!r}")

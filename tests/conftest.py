@@ -21,14 +21,14 @@ def _isolated_settings(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(scope="session")
 def tiny_blip_bundle(tmp_path_factory) -> Path:
-    from onnx_export.export import export_bundle
+    from d2s_onnx_export.export import export_bundle
 
     return export_bundle("tiny-blip", tmp_path_factory.mktemp("bundles") / "tiny-blip").bundle.path
 
 
 @pytest.fixture(scope="session")
 def tiny_clip_bundle(tmp_path_factory) -> Path:
-    from onnx_export.export import export_bundle
+    from d2s_onnx_export.export import export_bundle
 
     return export_bundle("tiny-clip", tmp_path_factory.mktemp("bundles") / "tiny-clip").bundle.path
 

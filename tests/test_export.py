@@ -8,14 +8,14 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from d2s_onnx_export.export import ImageGraph, TextGraph, build_head, export_bundle
+from d2s_onnx_export.head import load_head, save_head
+from d2s_onnx_export.models import build_dense_encoder
 from PIL import Image
 
 from d2s_search.bundle import Bundle
 from d2s_search.encoder import Encoder, preprocess_image, tokenize_batch
 from d2s_search.errors import BundleError, ModelError
-from onnx_export.export import ImageGraph, TextGraph, build_head, export_bundle
-from onnx_export.head import load_head, save_head
-from onnx_export.models import build_dense_encoder
 from tests.helpers import FLICKR8K, pattern_image, run_cli
 
 TEXTS = ["a dog sitting in the back seat of a car", "two children", "snow", "a very " + "long " * 60 + "caption"]
@@ -165,10 +165,9 @@ def test_reduced_precision_exports_report_parity(precision, tmp_path, tiny_clip_
 
 def test_export_from_a_local_checkpoint_directory(tmp_path):
     """The hub loading path (from_pretrained + AutoTokenizer) on files made here."""
+    from d2s_onnx_export.models import load_config
+    from d2s_onnx_export.tokenizers_offline import bert_base_uncased_dir
     from transformers import BertTokenizerFast, BlipConfig, BlipForImageTextRetrieval
-
-    from onnx_export.models import load_config
-    from onnx_export.tokenizers_offline import bert_base_uncased_dir
 
     cfg = load_config("tiny-blip")
     vocab_dir = bert_base_uncased_dir()
@@ -364,7 +363,7 @@ def test_document_shift_is_in_the_image_graph_only(tmp_path):
 
 def test_a_head_with_an_mlp_branch_exports_with_parity(tmp_path):
     """The residual GELU branch (``mlp_dim``) is part of both exported graphs."""
-    from onnx_export.head import HeadConfig, SparseHead
+    from d2s_onnx_export.head import HeadConfig, SparseHead
 
     encoder = build_dense_encoder("tiny-clip")
     linear = build_head(encoder, None)

@@ -302,7 +302,7 @@ def test_the_plain_install_runs_the_main_job(tmp_path, tiny_blip_bundle):
             module
             for module, dists in metadata.packages_distributions().items()
             if module.isidentifier()
-            and module not in ("d2s_search", "onnx_export", "tests")
+            and module not in ("d2s_search", "d2s_onnx_export", "tests")
             and not {re.sub(r"[-_.]+", "-", d).lower() for d in dists} & base
         }
     )

@@ -11,14 +11,15 @@ from pathlib import Path
 from tests.helpers import clean_env
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("d2s_search", "onnx_export")
+# import name -> folder: the export side lives in onnx_export/ and installs as d2s_onnx_export
+PACKAGES = {"d2s_search": "d2s_search", "d2s_onnx_export": "onnx_export"}
 
 
 def _modules() -> dict[str, Path]:
     found = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for package, folder in PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = [package, *path.relative_to(ROOT / folder).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             found[".".join(parts)] = path
@@ -93,7 +94,7 @@ def test_the_cycle_finder_finds_a_planted_cycle():
 
 def test_no_module_imports_itself_back_through_others():
     modules = _modules()
-    assert {"d2s_search.cli", "d2s_search.backends.opensearch.backend", "onnx_export.offline_mini.model"} <= set(modules)
+    assert {"d2s_search.cli", "d2s_search.backends.opensearch.backend", "d2s_onnx_export.offline_mini.model"} <= set(modules)
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
     assert _cycles(graph) == []
 
@@ -106,9 +107,9 @@ def test_command_modules_never_import_the_group():
 
 
 def test_runtime_side_never_imports_the_torch_side():
-    """Statically: no runtime module names torch, transformers or onnx_export at all, except the
+    """Statically: no runtime module names torch, transformers or d2s_onnx_export at all, except the
     commands that exist to run the torch side (export-onnx, train/embed/evaluate heads, align)."""
-    torch_side = ("d2s_search.train", "onnx_export")
+    torch_side = ("d2s_search.train", "d2s_onnx_export")
     may_reach = {"d2s_search.cli.export", "d2s_search.cli.train", "d2s_search.cli.align", "d2s_search.evaluate",
                  "d2s_search.embed"}
     modules = _modules()
@@ -120,7 +121,7 @@ def test_runtime_side_never_imports_the_torch_side():
         for node in ast.walk(tree):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-            offenders += [f"{name}: {n}" for n in names if n.split(".")[0] in ("torch", "transformers", "onnx_export")
+            offenders += [f"{name}: {n}" for n in names if n.split(".")[0] in ("torch", "transformers", "d2s_onnx_export")
                           or n.startswith("d2s_search.train")]
     assert offenders == []
 
@@ -149,3 +150,16 @@ def test_command_modules_are_not_hidden_by_their_commands():
     for name in ("align", "cluster", "export", "index", "search", "serve", "train", "options", "output"):
         __import__(f"d2s_search.cli.{name}")
         assert isinstance(getattr(cli_package, name), types.ModuleType), name
+
+
+def test_nothing_imports_the_export_side_by_its_folder_name():
+    """The folder is onnx_export/, the installed package d2s_onnx_export: an import of the bare
+    name works only from a checkout's root, and would load a second copy next to the first."""
+    offenders = []
+    for folder in ("d2s_search", "onnx_export", "tests", "benchmarks"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] == "onnx_export"]
+    assert offenders == []

@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
-
-from onnx_export.offline_mini.ridge import choose_lambda, ridge_fit
+from d2s_onnx_export.offline_mini.ridge import choose_lambda, ridge_fit
 
 
 def test_ridge_matches_lstsq_on_augmented_system():

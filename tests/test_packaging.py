@@ -32,7 +32,7 @@ def _source_copy(dest: Path, with_compiled: bool = False) -> Path:
         if (ROOT / name).is_file():
             shutil.copy2(ROOT / name, dest / name)
     ignored = shutil.ignore_patterns("__pycache__", *(() if with_compiled else ("*.so", "*.pyd")))
-    for package in ("d2s_search", "onnx_export"):
+    for package in ("d2s_search", "onnx_export"):  # folders
         shutil.copytree(ROOT / package, dest / package, ignore=ignored)
     return dest
 
@@ -86,6 +86,14 @@ def test_a_build_without_a_c_compiler_succeeds_says_so_once_and_ships_the_licenc
     )
     assert hashlib.sha256(licence).hexdigest() == APACHE_2_SHA256
     assert "Requires-Dist: onnxruntime>=1.17" in meta.splitlines()
+    # the export side installs under this project's name, with its configs and shipped weights
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {
+        "d2s_search",
+        "d2s_onnx_export",
+    }
+    for shipped in ("d2s_onnx_export/configs/offline-mini.json", "d2s_onnx_export/offline_mini/weights/head.safetensors",
+                    "d2s_onnx_export/offline_mini/model.py", "d2s_search/serve/static/index.html"):
+        assert shipped in names, shipped
 
 
 def _cli(package_root: Path, config: Path, *args: str) -> subprocess.CompletedProcess:

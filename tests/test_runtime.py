@@ -25,7 +25,7 @@ for argv in (["ingest", r"{image_folder}", "--bundle", r"{tiny_blip_bundle}", "-
         main(argv)
     except SystemExit as exc:
         assert exc.code == 0, exc.code
-heavy = sorted(m for m in ("torch", "transformers", "onnx_export") if m in sys.modules)
+heavy = sorted(m for m in ("torch", "transformers", "d2s_onnx_export") if m in sys.modules)
 print("HEAVY", heavy)
 """
     out = subprocess.run([sys.executable, "-c", code], env=clean_env(tmp_path), capture_output=True, text=True, timeout=300)

@@ -280,9 +280,9 @@ def test_top_rows_of_inner_products_equals_full_sort_even_with_ties(n, k):
 
 def test_heads_trained_without_expansion_search_with_the_query_words_only(tmp_path):
     """A head trained with exp=0 records query_mask=own_tokens; queries are masked the same way."""
-    from onnx_export.export import build_head, export_bundle
-    from onnx_export.head import save_head
-    from onnx_export.models import build_dense_encoder
+    from d2s_onnx_export.export import build_head, export_bundle
+    from d2s_onnx_export.head import save_head
+    from d2s_onnx_export.models import build_dense_encoder
 
     head = build_head(build_dense_encoder("tiny-clip"), None)
     head.config.trained = True

@@ -21,7 +21,7 @@ QUERY = "giraffe zebra"  # bert-base-uncased: [CLS] gi ##raf ##fe zebra [SEP]
 
 @pytest.fixture(scope="module")
 def boosted_bundle(tmp_path_factory) -> Bundle:
-    from onnx_export.export import export_bundle
+    from d2s_onnx_export.export import export_bundle
 
     return export_bundle(
         "tiny-blip", tmp_path_factory.mktemp("typed") / "boosted", query_word_boost=BOOST
@@ -32,7 +32,7 @@ def boosted_bundle(tmp_path_factory) -> Bundle:
 def old_graph_bundle(tmp_path_factory) -> Bundle:
     """The same bundle as a version that boosted every input token made it: its text graph adds
     the boost at fragments too, and its manifest does not say which tokens it boosts."""
-    import onnx_export.export as export
+    import d2s_onnx_export.export as export
 
     class EveryToken(export.TextGraph):
         def __init__(self, tower, head, tokenizer=None) -> None:
@@ -62,9 +62,8 @@ def _plain(bundle: Bundle, dense: np.ndarray) -> np.ndarray:
     """The head's own output for a query's dense vector, no boost (the image side's head with
     no document shift: tiny-blip's untrained head has none)."""
     import torch
-
-    from onnx_export.export import build_head
-    from onnx_export.models import build_dense_encoder
+    from d2s_onnx_export.export import build_head
+    from d2s_onnx_export.models import build_dense_encoder
 
     head = build_head(build_dense_encoder("tiny-blip"), None)
     with torch.no_grad():

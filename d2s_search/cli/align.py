@@ -63,13 +63,12 @@ def align(ctx, data, out, cache, model, test_photos, val_photos, split_seed, aug
         return EXIT_OK
     if not data:
         raise click.UsageError("--data is required: a folder with captions.txt (image,caption) and images/")
+    from d2s_onnx_export.offline_mini.align import AlignConfig
+    from d2s_onnx_export.offline_mini.align_data import VIEWS
+    from d2s_onnx_export.offline_mini.align_run import AlignSources, run_alignment
+    from d2s_onnx_export.registry import load_config
     from rich.console import Console
     from rich.progress import Progress
-
-    from onnx_export.offline_mini.align import AlignConfig
-    from onnx_export.offline_mini.align_data import VIEWS
-    from onnx_export.offline_mini.align_run import AlignSources, run_alignment
-    from onnx_export.registry import load_config
 
     sources = AlignSources(Path(data), test_photos, val_photos, split_seed, VIEWS if augment else ("center",),
                            clipart, Path(clipart_root) if clipart_root else None,
@@ -107,10 +106,10 @@ def vocab(out, as_json) -> int:
     """Write MiniLM's word-embedding matrix with every row but whole, non-stop words zeroed:
     a head trained on it with --freeze-vocab outputs only such words (`output_terms: words`)."""
     import numpy as np
+    from d2s_onnx_export.offline_mini.parts import word_terms_mask
+    from d2s_onnx_export.tokenizers_offline import bert_base_uncased_tokenizer
 
     from d2s_search.train.modeling import minilm_word_embeddings
-    from onnx_export.offline_mini.parts import word_terms_mask
-    from onnx_export.tokenizers_offline import bert_base_uncased_tokenizer
 
     w2 = minilm_word_embeddings()
     keep = word_terms_mask(bert_base_uncased_tokenizer()[0], w2.shape[0])
@@ -132,7 +131,7 @@ def vocab(out, as_json) -> int:
 def ship(run_dir, head_path, model, as_json) -> int:
     """Store a run's projections and a head's small layers as the model's shipped weights
     and record their SHA-256 in its config (W2 stays MiniLM's word embeddings)."""
-    from onnx_export.offline_mini.ship import ship_weights
+    from d2s_onnx_export.offline_mini.ship import ship_weights
 
     result = ship_weights(model, Path(run_dir), Path(head_path))
     if as_json:

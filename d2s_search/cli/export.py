@@ -36,7 +36,7 @@ from d2s_search.errors import EXIT_OK, HubUnreachableError
 def export_onnx(model, head, projections, out, precision, tolerance, document_shift, query_word_boost, list_models,
                 as_json) -> int:
     """Export a dense image-text model + sparse head to an ONNX model bundle."""
-    from onnx_export.registry import DEFAULT_MODEL, available_models, load_config
+    from d2s_onnx_export.registry import DEFAULT_MODEL, available_models, load_config
 
     if list_models:
         names = available_models()
@@ -50,12 +50,12 @@ def export_onnx(model, head, projections, out, precision, tolerance, document_sh
     model = model or DEFAULT_MODEL
     config = load_config(model)
     if config.get("hub_id") and not config.get("random_init"):
-        from onnx_export.hub import ensure_hub_reachable
+        from d2s_onnx_export.hub import ensure_hub_reachable
 
         try:
             ensure_hub_reachable(config["hub_id"])  # before torch and transformers take seconds to import
         except HubUnreachableError:
-            from onnx_export.offline_mini.fallback import (
+            from d2s_onnx_export.offline_mini.fallback import (
                 OFFLINE_MODEL,
                 fallback_note,
                 missing_offline_packages,
@@ -65,7 +65,7 @@ def export_onnx(model, head, projections, out, precision, tolerance, document_sh
                 raise  # asked for this model by name, or the offline extra is not installed
             click.echo(fallback_note(f"the Hugging Face hub cannot be reached for {config['hub_id']}"), err=True)
             model, config = OFFLINE_MODEL, load_config(OFFLINE_MODEL)
-    from onnx_export.export import export_bundle
+    from d2s_onnx_export.export import export_bundle
 
     out_dir = Path(out) if out else Path("d2s-bundles") / Path(model).name.replace("/", "--")
     err = console(stderr=True)

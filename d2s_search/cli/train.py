@@ -263,10 +263,11 @@ def _choose_document_shift(head, val, val_tokens, cfg, flops_budget: float, boos
     set, the document shift with the best validation R@1 (against the validation images and up
     to ``distractors`` of ``train_split``'s) within the FLOPs budget, saved into the best head
     (d2s_search.train.calibrate)."""
+    from d2s_onnx_export.head import save_head
+
     from d2s_search.train.calibrate import choose_document_shift
     from d2s_search.train.trainer import validation_subset
     from d2s_search.train.validation import pick_distractors
-    from onnx_export.head import save_head
 
     val, val_tokens = validation_subset(val, val_tokens, cfg.val_images)
     if not as_json:
@@ -280,7 +281,7 @@ def _choose_document_shift(head, val, val_tokens, cfg, flops_budget: float, boos
 
 def _keep_boost(head, boost: float, out: Path) -> None:
     """No shift chosen (no budget or no validation split): the head keeps the boost alone."""
-    from onnx_export.head import save_head
+    from d2s_onnx_export.head import save_head
 
     if boost != head.config.query_word_boost:
         head.config.query_word_boost = boost
@@ -291,12 +292,13 @@ def _train_joint(data, out, cfg, vocab_init, init_head, tokenizer, export_onnx_h
                  distractors, as_json) -> int:
     """``train --objective joint``: from ``embed --features`` output (img_feats/text_feats,
     projections.safetensors, dataset_meta.json)."""
+    from d2s_onnx_export.head import load_head
+
     from d2s_search.train.data import load_authors_layout
     from d2s_search.train.joint import load_projections, train_joint
     from d2s_search.train.modeling import build_head
     from d2s_search.train.trainer import TrainingError
     from d2s_search.train.vocab import excluded_token_ids, load_tokenizer, tokenize_captions
-    from onnx_export.head import load_head
 
     if not any((Path(data) / f"img_feats.{ext}").is_file() for ext in ("parquet", "npy")):
         raise TrainingError(f"{data} has no img_feats (pre-projection features): write them with "
@@ -359,9 +361,10 @@ def _train_joint(data, out, cfg, vocab_init, init_head, tokenizer, export_onnx_h
 def convert_head(source, out, onnx_out, tokenizer, as_json) -> int:
     """Convert an authors' D2S checkpoint (DistilBERT MLM layout, e.g. a downloaded
     lsr42/d2s_* directory or their model.pt) for `export-onnx --head`."""
+    from d2s_onnx_export.head import head_summary, save_head
+
     from d2s_search.train.convert import convert_authors_head, export_head_onnx
     from d2s_search.train.vocab import excluded_token_ids, load_tokenizer
-    from onnx_export.head import head_summary, save_head
 
     head = convert_authors_head(source, excluded_token_ids(load_tokenizer(tokenizer)))
     path = save_head(head, out)
@@ -381,8 +384,9 @@ def convert_head(source, out, onnx_out, tokenizer, as_json) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def export_head(head_path, out, as_json) -> int:
     """Write a trained head as a standalone ONNX graph (torch-free evaluation)."""
+    from d2s_onnx_export.head import load_head
+
     from d2s_search.train.convert import export_head_onnx
-    from onnx_export.head import load_head
 
     path = export_head_onnx(load_head(head_path), out)
     if as_json:
@@ -402,9 +406,10 @@ def extract_head(bundle, out, as_json) -> int:
     """Write the head inside a bundle as a head file, to compare it with a new head on the same
     vectors (`evaluate --data embs --head`). The head is rebuilt from what export recorded (the
     --head file, or the model's own head) and checked against the bundle's graphs."""
+    from d2s_onnx_export.bundle_head import extract_head as extract
+    from d2s_onnx_export.head import head_summary, save_head
+
     from d2s_search.cli.options import load_bundle
-    from onnx_export.bundle_head import extract_head as extract
-    from onnx_export.head import head_summary, save_head
 
     bundle_obj = load_bundle(bundle, verify=True)
     extracted = extract(bundle_obj)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from d2s_onnx_export.head import SparseHead
 
 from d2s_search.train.validation import (
     pool_documents,
@@ -34,7 +35,6 @@ from d2s_search.train.validation import (
     validation_queries,
     with_distractors,
 )
-from onnx_export.head import SparseHead
 
 SHIFTS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
 BOOSTS = (0.0, 0.5, 1.0, 2.0)

@@ -17,9 +17,9 @@ import warnings
 from pathlib import Path
 
 import torch
+from d2s_onnx_export.head import HeadConfig, SparseHead
 
 from d2s_search.errors import ModelError
-from onnx_export.head import HeadConfig, SparseHead
 
 KEY_MAP = {
     "proj.weight": "proj.weight",

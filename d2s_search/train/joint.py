@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from d2s_onnx_export.head import SparseHead, save_head
 from torch import nn
 
 from d2s_search import metrics as M
@@ -46,7 +47,6 @@ from d2s_search.train.losses import l1, quadratic_ramp, soft_cross_entropy
 from d2s_search.train.pec import PEC
 from d2s_search.train.trainer import _lr_lambda, query_mask_for, validate, validation_subset
 from d2s_search.train.vocab import CaptionTokens, document_frequency
-from onnx_export.head import SparseHead, save_head
 
 TAU_MIN, TAU_MAX = 1e-3, 0.5
 PROJECTIONS = ("text_proj", "vision_proj")

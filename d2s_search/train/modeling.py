@@ -15,7 +15,7 @@ Options that make the untrained head start sparse instead of emitting thousands 
 which scales every vocabulary logit like a scaled W2 would, without changing W2 (so a
 frozen W2 can still be rebuilt from MiniLM at export). ``output_terms="words"`` excludes
 every term that is not a whole, non-stop word (see
-:func:`onnx_export.offline_mini.parts.word_terms_mask`). ``mlp_dim`` adds a residual GELU
+:func:`d2s_onnx_export.offline_mini.parts.word_terms_mask`). ``mlp_dim`` adds a residual GELU
 branch beside W1 (zero at the start: the head starts as the linear one).
 """
 
@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 import torch
+from d2s_onnx_export.head import SparseHead
 
 from d2s_search.errors import HubUnreachableError, ModelError
-from onnx_export.head import SparseHead
 
 
 def minilm_word_embeddings() -> torch.Tensor:
@@ -81,8 +81,8 @@ def build_head(
     if output_terms not in ("all", "words"):
         raise ModelError(f"unknown output terms {output_terms!r}: use all or words")
     if output_terms == "words":
-        from onnx_export.offline_mini.parts import word_terms_mask
-        from onnx_export.tokenizers_offline import bert_base_uncased_tokenizer
+        from d2s_onnx_export.offline_mini.parts import word_terms_mask
+        from d2s_onnx_export.tokenizers_offline import bert_base_uncased_tokenizer
 
         tok = tokenizer if tokenizer is not None else bert_base_uncased_tokenizer()[0]
         keep = word_terms_mask(tok, head.config.vocab_size)

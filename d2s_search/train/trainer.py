@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from d2s_onnx_export.head import SparseHead, load_head, save_head
 
 from d2s_search.errors import D2SError
 from d2s_search.train.augment import PairMixer, check_mix_side, mix_pairs
@@ -41,7 +42,6 @@ from d2s_search.train.validation import (  # noqa: F401  (re-exported: joint, cl
     validation_subset,
 )
 from d2s_search.train.vocab import CaptionTokens, document_frequency
-from onnx_export.head import SparseHead, load_head, save_head
 
 
 class TrainingError(D2SError):

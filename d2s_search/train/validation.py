@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 import torch
+from d2s_onnx_export.head import SparseHead
 
 from d2s_search import metrics as M
 from d2s_search.train.data import PairSplit
 from d2s_search.train.modeling import encode_sparse
 from d2s_search.train.vocab import CaptionTokens
-from onnx_export.head import SparseHead
 
 MAX_DISTRACTORS = 4000  # bounds the calibration's cost on large training sets (8 shifts x the pool)
 

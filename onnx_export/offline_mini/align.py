@@ -1,7 +1,7 @@
 """Aligning the offline model's frozen towers: small projections trained with InfoNCE.
 
 Both backbones are frozen and their features cached (:mod:`align_features`); only
-:class:`onnx_export.offline_mini.parts.ImageProjection` and ``TextProjection`` train, with a
+:class:`d2s_onnx_export.offline_mini.parts.ImageProjection` and ``TextProjection`` train, with a
 symmetric InfoNCE loss and a learnable temperature (CLIP's ``logit_scale``, clamped at 100).
 
 Each epoch visits every training image once, in batches, with one of its captions and one
@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
+from d2s_onnx_export.offline_mini.parts import ImageProjection, TextProjection, normalize
 
 from d2s_search import metrics as M
 from d2s_search.errors import ModelError
-from onnx_export.offline_mini.parts import ImageProjection, TextProjection, normalize
 
 
 @dataclass

@@ -11,8 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from onnx_export.offline_mini.align_data import Captioned, cache_key, cached, open_rgb, view_pixels
+from d2s_onnx_export.offline_mini.align_data import (
+    Captioned,
+    cache_key,
+    cached,
+    open_rgb,
+    view_pixels,
+)
 
 
 class Backbones:
@@ -26,7 +31,7 @@ class Backbones:
     @property
     def image(self):
         if self._image is None:
-            from onnx_export.offline_mini import backbones as B
+            from d2s_onnx_export.offline_mini import backbones as B
 
             spec = self.config.get("backbones", {}).get("image", {})
             if spec.get("kind") == "dinov2-onnx":
@@ -38,7 +43,7 @@ class Backbones:
     @property
     def text(self):
         if self._text is None:
-            from onnx_export.offline_mini.backbones import MiniLMFeatures, freeze
+            from d2s_onnx_export.offline_mini.backbones import MiniLMFeatures, freeze
 
             self._text = freeze(MiniLMFeatures())
         return self._text
@@ -46,7 +51,7 @@ class Backbones:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from onnx_export.tokenizers_offline import bert_base_uncased_tokenizer
+            from d2s_onnx_export.tokenizers_offline import bert_base_uncased_tokenizer
 
             self._tokenizer = bert_base_uncased_tokenizer()[0]
         return self._tokenizer

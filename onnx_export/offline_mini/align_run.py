@@ -17,8 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from onnx_export.offline_mini.align import (
+from d2s_onnx_export.offline_mini.align import (
     AlignConfig,
     EvalSet,
     TrainSet,
@@ -26,14 +25,14 @@ from onnx_export.offline_mini.align import (
     projection_tensors,
     train_alignment,
 )
-from onnx_export.offline_mini.align_data import (
+from d2s_onnx_export.offline_mini.align_data import (
     VIEWS,
     Captioned,
     flickr_photos,
     openclipart_items,
     split_photos,
 )
-from onnx_export.offline_mini.align_features import Backbones, image_features, text_features
+from d2s_onnx_export.offline_mini.align_features import Backbones, image_features, text_features
 
 CLIPART_VIEWS = ("full", "full-flip")  # drawings: keep the whole picture
 
@@ -85,7 +84,7 @@ def _train_set(bb: Backbones, items: list[Captioned], clip: list[Captioned], vie
 
 
 def class_embeddings(bb: Backbones, cache: Path) -> torch.Tensor:
-    from onnx_export.offline_mini.parts import class_prompts
+    from d2s_onnx_export.offline_mini.parts import class_prompts
 
     return torch.from_numpy(text_features(bb, class_prompts(), cache, "classes"))
 
@@ -99,7 +98,7 @@ def run_alignment(
     progress=None,
     log=None,
 ) -> dict:
-    from onnx_export.offline_mini.parts import save_tensors
+    from d2s_onnx_export.offline_mini.parts import save_tensors
 
     torch.set_num_threads(min(torch.get_num_threads(), 2))
     bb = Backbones(model_config)
@@ -111,7 +110,7 @@ def run_alignment(
     val = _eval_set(bb, splits["val"], cache_dir, "val", progress)
     test = _eval_set(bb, splits["test"], cache_dir, "test", progress)
     if config.solver == "ridge":
-        from onnx_export.offline_mini.ridge import fit_ridge_alignment
+        from d2s_onnx_export.offline_mini.ridge import fit_ridge_alignment
 
         model, summary = fit_ridge_alignment(train, val, config)
     else:

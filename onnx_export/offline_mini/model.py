@@ -16,12 +16,9 @@ import json
 from pathlib import Path
 
 import torch
-from torch import nn
-
-from d2s_search.errors import ModelError
-from onnx_export.dense import DenseDualEncoder, ProjectedTower, linear_from_state
-from onnx_export.head import HeadConfig, SparseHead, finite_setting
-from onnx_export.offline_mini.backbones import (
+from d2s_onnx_export.dense import DenseDualEncoder, ProjectedTower, linear_from_state
+from d2s_onnx_export.head import HeadConfig, SparseHead, finite_setting
+from d2s_onnx_export.offline_mini.backbones import (
     FEATURE_DIM,
     TEXT_DIM,
     EfficientNetLite0Features,
@@ -30,7 +27,7 @@ from onnx_export.offline_mini.backbones import (
     freeze,
     minilm_dir,
 )
-from onnx_export.offline_mini.parts import (
+from d2s_onnx_export.offline_mini.parts import (
     ImageProjection,
     TextProjection,
     class_prompts,
@@ -39,7 +36,10 @@ from onnx_export.offline_mini.parts import (
     verify_file,
     word_terms_mask,
 )
-from onnx_export.tokenizers_offline import bert_base_uncased_tokenizer, excluded_token_ids
+from d2s_onnx_export.tokenizers_offline import bert_base_uncased_tokenizer, excluded_token_ids
+from torch import nn
+
+from d2s_search.errors import ModelError
 
 PACKAGE_DIR = Path(__file__).parent
 PROJECTIONS_FILE = "projections.safetensors"

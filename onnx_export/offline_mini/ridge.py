@@ -6,7 +6,7 @@ docs/design-decisions.md), and the D2S head trained on top of it keeps more of i
 the solver, the lambda choice on validation photos and :func:`fit_ridge_alignment`, the
 ``d2s-search align --solver ridge`` path: the text side stays MiniLM's own space (identity), the
 image side is one linear map with the feature standardisation folded into its weights, so it
-ships as an ordinary no-bridge :class:`~onnx_export.offline_mini.parts.ImageProjection`.
+ships as an ordinary no-bridge :class:`~d2s_onnx_export.offline_mini.parts.ImageProjection`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def fit_ridge_alignment(train, val, config, lams: Sequence[float] = RIDGE_LAMBDA
     """(AlignModel, summary) of the closed-form alignment of ``train`` (an ``align.TrainSet``:
     every view of a photo is a row, its target the mean of its captions' text vectors),
     lambda chosen by the InfoNCE path's own selection score on ``val``."""
-    from onnx_export.offline_mini.align import AlignModel, evaluate_dense
+    from d2s_onnx_export.offline_mini.align import AlignModel, evaluate_dense
 
     text_dim = train.text.shape[1]
     if config.dim != text_dim:

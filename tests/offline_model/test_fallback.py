@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 
-from onnx_export.offline_mini.fallback import OFFLINE_MODEL, fallback_note, missing_offline_packages
-from onnx_export.registry import available_models, load_config
+from d2s_onnx_export.offline_mini.fallback import (
+    OFFLINE_MODEL,
+    fallback_note,
+    missing_offline_packages,
+)
+from d2s_onnx_export.registry import available_models, load_config
 
 
 def test_offline_model_is_registered_and_needs_no_hub():
@@ -29,8 +33,8 @@ def test_export_without_model_falls_back_to_the_offline_model_when_the_hub_is_do
     import json
 
     import pytest
+    from d2s_onnx_export.offline_mini.fallback import missing_offline_packages
 
-    from onnx_export.offline_mini.fallback import missing_offline_packages
     from tests.helpers import run_cli
 
     if missing_offline_packages():

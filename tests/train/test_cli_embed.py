@@ -59,7 +59,7 @@ def test_cli_train_evaluate_export(tmp_path):
     assert all("R@1_within_budget" in h["val"] and "R@1_pool" in h["val"] for h in summary["history"])
     assert Path(summary["head"]).is_file() and Path(summary["head_onnx"]).is_file()
     assert len(summary["history"]) == 2 and "R@1" in summary["best_val"]
-    from onnx_export.head import load_head
+    from d2s_onnx_export.head import load_head
 
     trained = load_head(out / "head.pt")
     assert trained.config.output_bias and trained.config.notes["output_terms"] == "words"
@@ -180,7 +180,7 @@ def test_cli_train_says_when_nothing_fits_the_flops_budget(tmp_path):
                              catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert "no document shift: validation FLOPs" in res.output and "over --flops-budget 0.5" in res.output
-    from onnx_export.head import load_head
+    from d2s_onnx_export.head import load_head
 
     head = load_head(tmp_path / "run" / "head.pt")
     assert (head.config.document_shift, head.config.query_word_boost) == (0.0, 2.0)  # train's default boost

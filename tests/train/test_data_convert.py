@@ -3,6 +3,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from d2s_onnx_export.head import load_head, save_head
 
 from d2s_search.train.convert import convert_authors_head, export_head_onnx
 from d2s_search.train.data import DatasetError, load_dataset, read_embeddings, write_embeddings
@@ -12,7 +13,6 @@ from d2s_search.train.vocab import (
     load_tokenizer,
     tokenize_captions,
 )
-from onnx_export.head import load_head, save_head
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "npy"])

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from d2s_onnx_export.head import HeadConfig, SparseHead, load_head, save_head
 
 from d2s_search.errors import ModelError
 from d2s_search.evaluate import OnnxHead
@@ -11,7 +12,6 @@ from d2s_search.train.calibrate import choose_document_shift
 from d2s_search.train.convert import export_head_onnx
 from d2s_search.train.modeling import build_head, encode_sparse
 from d2s_search.train.trainer import validate
-from onnx_export.head import HeadConfig, SparseHead, load_head, save_head
 from tests.train.train_synthetic import SPECIAL, VOCAB
 
 

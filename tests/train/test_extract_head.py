@@ -8,18 +8,18 @@ import json
 import numpy as np
 import pytest
 import torch
+from d2s_onnx_export.head import load_head, save_head
 
 from d2s_search.bundle import Bundle
 from d2s_search.encoder import Encoder
-from onnx_export.head import load_head, save_head
 from tests.helpers import run_cli
 
 
 @pytest.fixture(scope="module")
 def head_file(tmp_path_factory):
     """A tiny-blip head unlike the model's own: scaled weights, a document shift and a boost."""
-    from onnx_export.export import build_head
-    from onnx_export.models import build_dense_encoder
+    from d2s_onnx_export.export import build_head
+    from d2s_onnx_export.models import build_dense_encoder
 
     head = build_head(build_dense_encoder("tiny-blip"), None)
     with torch.no_grad():
@@ -31,7 +31,7 @@ def head_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bundle_with_head(head_file, tmp_path_factory) -> Bundle:
-    from onnx_export.export import export_bundle
+    from d2s_onnx_export.export import export_bundle
 
     # the export overrides the boost: the bundle's settings, not the file's, are the head in use
     return export_bundle(
@@ -173,7 +173,7 @@ def test_compare_the_head_in_use_with_a_new_one_on_the_same_split(
 def test_a_head_file_gone_or_changed_since_the_export_is_one_line(head_file, tmp_path, capsys):
     import shutil
 
-    from onnx_export.export import export_bundle
+    from d2s_onnx_export.export import export_bundle
 
     moved = shutil.copy(head_file, tmp_path / "moved.pt")
     bundle = export_bundle("tiny-blip", tmp_path / "bundle", head_path=moved).bundle

@@ -87,7 +87,7 @@ def test_cli_joint_objective(tmp_path):
     assert out["history"][0]["val_dense"]["R@1"] in (0.0, 1.0)
     assert (tmp_path / "run" / "projections.safetensors").is_file()
     # The document shift is chosen on the fine-tuned validation vectors and saved in the head.
-    from onnx_export.head import load_head
+    from d2s_onnx_export.head import load_head
 
     assert [r["shift"] for r in out["document_shift"]["tried"]][0] == 0.0
     assert load_head(tmp_path / "run" / "head.pt").config.document_shift == out["document_shift"]["document_shift"]
@@ -161,7 +161,7 @@ def test_joint_training_with_expansion_control(synthetic, tmp_path):
     head = build_head(24, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=32)
     cfg = JointConfig(lr=3e-3, epochs=2, batch_size=128, expansion="0")
     summary = train_joint(head, _projections(tr.dim, 24), tr, cfg, tmp_path, va, vat, train_tokens=trt)
-    from onnx_export.head import load_head
+    from d2s_onnx_export.head import load_head
 
     notes = load_head(tmp_path / "head.pt").config.notes
     assert notes["query_mask"] == "own_tokens" and notes["objective"] == "joint"

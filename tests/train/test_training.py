@@ -3,11 +3,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from d2s_onnx_export.head import load_head
 
 from d2s_search import metrics as M
 from d2s_search.train.modeling import build_head
 from d2s_search.train.trainer import TrainConfig, TrainingError, train
-from onnx_export.head import load_head
 from tests.train.train_synthetic import SPECIAL, VOCAB
 
 FAST = dict(eta=1e-2, epochs=16, batch_size=128, lr_vocab=1e-3, val_images=0)
@@ -290,8 +290,9 @@ def test_an_mlp_head_starts_as_the_linear_head_and_trains_its_branch(synthetic, 
 
 
 def test_a_head_file_with_a_bad_mlp_width_is_refused(tmp_path):
+    from d2s_onnx_export.head import save_head
+
     from d2s_search.errors import ModelError
-    from onnx_export.head import save_head
 
     head = build_head(8, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=16, seed=0, mlp_dim=4)
     path = save_head(head, tmp_path / "head.pt")
