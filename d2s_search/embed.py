@@ -25,7 +25,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,31 +152,65 @@ def _encode_batch(encode, xs: list) -> tuple[list[np.ndarray | None], list[str]]
         return rows, reasons
 
 
+Chunk = tuple[list[str], list[np.ndarray], list[str], list[str]]  # kept ids, their rows, rejected ids, reasons
+# Encodes the chunks of one side elsewhere (``embed --engine ray``): (side, [(chunk number, ids,
+# inputs)], batch size) -> (chunk number, its result) as each one is done, in any order.
+ChunkRunner = Callable[[str, list[tuple[int, list[str], list]], int], "Iterator[tuple[int, Chunk]]"]
+
+
+def encode_chunk(encode: Callable[[Sequence], np.ndarray], ids: Sequence[str], inputs: Sequence, batch_size: int,
+                 advance: Callable[[int], None] | None = None) -> Chunk:
+    """One chunk's vectors, batch by batch; rejected inputs with their reasons."""
+    keep, vecs, rej, why = [], [], [], []
+    for b in range(0, len(ids), batch_size):
+        bi, bx = list(ids[b : b + batch_size]), list(inputs[b : b + batch_size])
+        rows, reasons = _encode_batch(encode, bx)
+        for i, row, reason in zip(bi, rows, reasons, strict=True):
+            if row is not None and row.size and np.all(np.isfinite(row)):
+                keep.append(i)
+                vecs.append(row)
+            else:
+                rej.append(i)
+                why.append(reason or "not encodable (non-finite vector)")
+        if advance:
+            advance(len(bi))
+    return keep, vecs, rej, why
+
+
 def embed_side(
     out: Path,
     side: str,
     ids: Sequence[str],
     inputs: Sequence,
-    encode: Callable[[Sequence], np.ndarray],
+    encode: Callable[[Sequence], np.ndarray] | None,
     batch_size: int = 64,
     chunk_size: int = 2048,
     fmt: str = "parquet",
     progress=None,
     features_from: int | None = None,
+    runner: ChunkRunner | None = None,
 ) -> dict:
     """Encode ``inputs`` chunk by chunk (resumable) and write ``<side>_embs``.
 
     Inputs the encoder rejects (:class:`ImageRejected`) are left out and reported.
     ``features_from``: the encoder returns ``[dense | features]`` rows; columns from this
-    index on are written as ``<side>_feats``.
+    index on are written as ``<side>_feats``. ``runner``: the chunks are encoded by it (on
+    other processes or machines) instead of by ``encode``; each part is written as it arrives,
+    and the result is the same.
     """
     parts = out / ".parts" / side
     parts.mkdir(parents=True, exist_ok=True)
     ids = [str(i) for i in ids]
     n_chunks = (len(ids) + chunk_size - 1) // chunk_size
-    rejected: list[dict] = []
+    rejected_in: dict[int, list[dict]] = {}  # chunk -> its rejected inputs (chunks may finish in any order)
     reused = 0
     task = progress.add_task(f"embedding {side}", total=len(ids)) if progress else None
+
+    def advance(n: int) -> None:
+        if progress:
+            progress.update(task, advance=n)
+
+    todo: list[int] = []
     for c in range(n_chunks):
         lo, hi = c * chunk_size, min((c + 1) * chunk_size, len(ids))
         f = parts / f"{c:06d}.npz"
@@ -186,30 +220,34 @@ def embed_side(
                 reasons = [str(x) for x in z["reasons"]]
                 rej_ids = [str(x) for x in z["rejected"]]
             if sorted(done) == sorted(ids[lo:hi]):
-                rejected += [{"id": i, "reason": r} for i, r in zip(rej_ids, reasons, strict=True)]
+                rejected_in[c] = [{"id": i, "reason": r} for i, r in zip(rej_ids, reasons, strict=True)]
                 reused += 1
-                if progress:
-                    progress.update(task, advance=hi - lo)
+                advance(hi - lo)
                 continue
-        keep, vecs, rej, why = [], [], [], []
-        for b in range(lo, hi, batch_size):
-            bi, bx = ids[b : min(b + batch_size, hi)], list(inputs[b : min(b + batch_size, hi)])
-            rows, reasons = _encode_batch(encode, bx)
-            for i, row, reason in zip(bi, rows, reasons, strict=True):
-                if row is not None and row.size and np.all(np.isfinite(row)):
-                    keep.append(i)
-                    vecs.append(row)
-                else:
-                    rej.append(i)
-                    why.append(reason or "not encodable (non-finite vector)")
-            if progress:
-                progress.update(task, advance=len(bi))
-        rejected += [{"id": i, "reason": r} for i, r in zip(rej, why, strict=True)]
+        todo.append(c)
+
+    def write_part(c: int, chunk: Chunk) -> None:
+        keep, vecs, rej, why = chunk
+        rejected_in[c] = [{"id": i, "reason": r} for i, r in zip(rej, why, strict=True)]
         arr = np.stack(vecs) if vecs else np.zeros((0, 0), np.float32)
         tmp = parts / f"{c:06d}.tmp.npz"
         np.savez(tmp, ids=np.asarray(keep, dtype=str), embs=arr,
                  rejected=np.asarray(rej, dtype=str), reasons=np.asarray(why, dtype=str))
-        tmp.replace(f)
+        tmp.replace(parts / f"{c:06d}.npz")
+
+    def bounds(c: int) -> tuple[int, int]:
+        return c * chunk_size, min((c + 1) * chunk_size, len(ids))
+
+    if runner is not None:
+        work = [(c, ids[slice(*bounds(c))], list(inputs[slice(*bounds(c))])) for c in todo]
+        for c, chunk in runner(side, work, batch_size):
+            write_part(c, chunk)
+            advance(len(chunk[0]) + len(chunk[2]))
+    else:
+        for c in todo:
+            lo, hi = bounds(c)
+            write_part(c, encode_chunk(encode, ids[lo:hi], inputs[lo:hi], batch_size, advance))
+    rejected = [r for c in sorted(rejected_in) for r in rejected_in[c]]
     all_ids, all_vecs, first_reason = [], [], ""
     for c in range(n_chunks):
         with np.load(parts / f"{c:06d}.npz", allow_pickle=False) as z:
@@ -244,10 +282,11 @@ def embed_dataset(
     keep_parts: bool = False,
     features_from: int | None = None,
     projections: Path | None = None,
+    runner: ChunkRunner | None = None,
 ) -> dict:
     """Embed captions (and images if ``image_fn``) of ``items`` into ``out``.
 
-    ``features_from``/``projections``: see :func:`embed_side` and the module docstring.
+    ``features_from``/``projections``/``runner``: see :func:`embed_side` and the module docstring.
     """
     o = Path(out)
     o.mkdir(parents=True, exist_ok=True)
@@ -266,12 +305,12 @@ def embed_dataset(
     sent_txt = [r for it in items for _, r in it.sentences]
     summary = {"out": str(o), "images": len(items), "captions": len(sent_ids)}
     summary["text"] = embed_side(o, "text", sent_ids, sent_txt, text_fn, batch_size, fmt=fmt, progress=progress,
-                                 features_from=features_from)
+                                 features_from=features_from, runner=runner)
     if image_fn is not None:
         with_path = [it for it in items if it.image_path is not None]
         summary["img"] = embed_side(
             o, "img", [it.image_id for it in with_path], [it.image_path for it in with_path],
-            image_fn, batch_size, fmt=fmt, progress=progress, features_from=features_from,
+            image_fn, batch_size, fmt=fmt, progress=progress, features_from=features_from, runner=runner,
         )
     if projections is not None:
         shutil.copyfile(projections, o / projections.name)

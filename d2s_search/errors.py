@@ -50,6 +50,10 @@ class NoInputError(D2SError):
     """Nothing to do: no images under the given paths."""
 
 
+class WorkersError(D2SError):
+    """Distributed ingest: the workers could not be started or kept running."""
+
+
 class MissingDependencyError(D2SError):
     """A command needs an optional package that is not installed; the message names the extra
     that installs it (``d2s_search.extras``)."""

@@ -49,6 +49,7 @@ EXTRAS: dict[str, dict[str, str]] = {
     "aws": {"botocore": "botocore"},
     "ml": {"onnx": "onnx"},
     "faiss": {"faiss": "faiss-cpu"},
+    "ray": {"ray": "ray"},
 }
 
 Params = Mapping[str, Any]
@@ -127,7 +128,7 @@ COMMAND_NEEDS: dict[str, tuple[Need, ...]] = {
             because="--model offline-mini",
         ),
     ),
-    "ingest": (_RUNTIME, *_BACKENDS),
+    "ingest": (_RUNTIME, *_BACKENDS, Need("ray", when=_option("engine", "ray"), because="--engine ray")),
     "query": (_RUNTIME, *_BACKENDS),
     "index": (),
     "index stats": _BACKENDS,
@@ -170,6 +171,7 @@ COMMAND_NEEDS: dict[str, tuple[Need, ...]] = {
             when=_option("text_encoder", "minilm"),
             because="--text-encoder minilm",
         ),
+        Need("ray", when=_option("engine", "ray"), because="--engine ray"),
     ),
     "train": (
         Need("train", _TORCH),

@@ -43,10 +43,15 @@ class IngestReport:
     seconds: float = 0.0
     # Local index: building its search structures after storing (None: not built by this run).
     search_seconds: float | None = None
+    # --engine ray: seconds until every worker had loaded the bundle (None: one process). They
+    # are part of ``seconds`` but not of ``images_per_second``, the rate once the workers run.
+    workers_start_seconds: float | None = None
+    workers: int | None = None
 
     @property
     def images_per_second(self) -> float:
-        return self.stored / self.seconds if self.seconds > 0 else 0.0
+        seconds = self.seconds - (self.workers_start_seconds or 0.0)
+        return self.stored / seconds if seconds > 0 else 0.0
 
     def to_json(self) -> dict:
         return {
@@ -61,6 +66,8 @@ class IngestReport:
             "seconds": round(self.seconds, 3),
             "images_per_second": round(self.images_per_second, 2),
             **({"search_structures_seconds": round(self.search_seconds, 3)} if self.search_seconds is not None else {}),
+            **({"workers": {"engine": "ray", "count": self.workers, "start_seconds": round(self.workers_start_seconds, 3)}}
+               if self.workers_start_seconds is not None else {}),
         }
 
 

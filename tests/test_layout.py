@@ -111,6 +111,7 @@ def test_runtime_side_never_imports_the_torch_side():
     commands that exist to run the torch side (export-onnx, train/embed/evaluate heads, align)."""
     torch_side = ("d2s_search.train", "d2s_onnx_export")
     may_reach = {"d2s_search.cli.export", "d2s_search.cli.train", "d2s_search.cli.align", "d2s_search.evaluate",
+                 "d2s_search.ray_embed",
                  "d2s_search.embed"}
     modules = _modules()
     offenders = []

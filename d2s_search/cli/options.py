@@ -325,3 +325,26 @@ def elastic_mapping_options(f):
     ]):
         f = option(f)
     return f
+
+
+# --- --engine ray (ingest, embed) ---------------------------------------------------------
+
+def ray_engine_options(what_ray_does: str):
+    """``--engine``, ``--address``, ``--cpus-per-worker``, ``--gpus-per-worker``; the command
+    keeps its own ``--workers``."""
+    def decorate(f):
+        for option in reversed([
+            click.option("--engine", type=click.Choice(["process", "ray"]), default="process", show_default=True,
+                         help=f"process: this process encodes; ray: {what_ray_does}. Inputs and bundle must be "
+                              "at the same paths on every node (docs/ray.md)."),
+            click.option("--address", "ray_address", default=None, metavar="ADDR",
+                         help="--engine ray: the Ray cluster to join (HOST:PORT, ray://HOST:PORT or auto; default: "
+                              "RAY_ADDRESS, else a Ray instance on this machine for this run)."),
+            click.option("--cpus-per-worker", type=click.FloatRange(0, min_open=True), default=1.0,
+                         show_default=True, help="--engine ray: CPUs each worker reserves (also its encoder's threads)."),
+            click.option("--gpus-per-worker", type=click.FloatRange(0), default=0.0, show_default=True,
+                         help="--engine ray: GPUs each worker reserves (>0: it encodes on CUDA)."),
+        ]):
+            f = option(f)
+        return f
+    return decorate

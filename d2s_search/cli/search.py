@@ -17,6 +17,7 @@ from d2s_search.cli.options import (
     make_backend,
     open_index,
     prepare_search,
+    ray_engine_options,
     search_threads_option,
 )
 from d2s_search.cli.output import emit_json as _emit_json
@@ -31,7 +32,9 @@ from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, D2SError, Disk
 @device_option
 @click.option("--batch-size", type=click.IntRange(1, 4096), default=32, show_default=True,
               help="Images encoded (and written) together; each batch is one transaction.")
-@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True, help="Decoding threads.")
+@click.option("--workers", type=click.IntRange(1, 4096), default=2, show_default=True,
+              help="Decoding threads; with --engine ray, encoding workers (each holds the image encoder).")
+@ray_engine_options("the workers of a Ray cluster encode (and write to a cluster index themselves)")
 @click.option("--top-k", type=click.IntRange(1), default=None, help="Keep only the k strongest terms per image.")
 @click.option("--max-pixels", type=click.IntRange(1), default=None, help="Refuse images larger than this (default 120 MP).")
 @click.option("--url-base", envvar="D2S_URL_BASE", default=None,
@@ -44,8 +47,8 @@ from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, D2SError, Disk
                    "(*.png); GLOB/ matches folders only. Repeatable; a config file's `exclude = [...]` is used "
                    "when none is given.")
 @json_option
-def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, workers, top_k, max_pixels, url_base,
-           include_hidden, exclude, as_json) -> int:
+def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, workers, engine, ray_address,
+           cpus_per_worker, gpus_per_worker, top_k, max_pixels, url_base, include_hidden, exclude, as_json) -> int:
     """Encode the images under PATHS and store them in the index.
 
     Exit code 0: everything found is stored; 3: some files were rejected (listed), the rest
@@ -90,15 +93,32 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
         rate = f"{stored / elapsed:.1f} images/s" if elapsed > 0 and stored else ""
         progress.update(state["task"], completed=done, rate=rate)
 
+    def on_workers(seconds: float) -> None:
+        if not as_json:
+            err.print(f"ray: {workers} worker(s) ready in {seconds:.1f} s", highlight=False)
+
     report = None
+    skip = Skip(hidden=not include_hidden, exclude=tuple(exclude))
     try:
-        encoder = Encoder(opened.bundle, device=device)
         with progress:
-            report = run_ingest(
-                paths, encoder, store, batch_size=batch_size, workers=workers, top_k=top_k,
-                max_pixels=max_pixels or DEFAULT_MAX_PIXELS, on_start=on_start, on_progress=on_progress,
-                url_for=url_for, skip=Skip(hidden=not include_hidden, exclude=tuple(exclude)),
-            )
+            if engine == "ray":
+                from d2s_search.ray_ingest import IndexTarget, RayOptions, ray_ingest
+                from d2s_search.settings import backend_kind
+
+                target = IndexTarget(backend_kind(backend, url), url, index_name)
+                options = RayOptions(address=ray_address, workers=workers, cpus_per_worker=cpus_per_worker,
+                                     gpus_per_worker=gpus_per_worker)
+                report = ray_ingest(
+                    paths, opened.bundle, store, target, options, batch_size=batch_size, device=device, top_k=top_k,
+                    max_pixels=max_pixels or DEFAULT_MAX_PIXELS, on_start=on_start, on_progress=on_progress,
+                    on_ray_ready=on_workers, url_for=url_for, skip=skip,
+                )
+            else:
+                report = run_ingest(
+                    paths, Encoder(opened.bundle, device=device), store, batch_size=batch_size, workers=workers,
+                    top_k=top_k, max_pixels=max_pixels or DEFAULT_MAX_PIXELS, on_start=on_start,
+                    on_progress=on_progress, url_for=url_for, skip=skip,
+                )
         if report.stored or report.moved:
             report.search_seconds = prepare_search(store)
     except DiskFullError as exc:  # say how much of this run is kept

@@ -6,12 +6,14 @@ subclasses for one-line errors; heavy imports (torch) happen inside the commands
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
 
 import click
 
+from d2s_search.cli.options import ray_engine_options
 from d2s_search.errors import EXIT_OK, EXIT_PARTIAL
 
 
@@ -649,9 +651,12 @@ def _print_eval(result: dict, k: int, documents_label: str = "images") -> None:
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime device (CUDA when it really loads).")
 @click.option("--features", is_flag=True, help="Also store the pre-projection vectors (img_feats/text_feats) and the bundle's projections.safetensors, for `train --objective joint`.")
+@ray_engine_options("the workers of a Ray cluster encode the chunks")
+@click.option("--workers", type=click.IntRange(1, 4096), default=2, show_default=True,
+              help="--engine ray: encoding workers (each holds the encoders).")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def embed(dataset, out, bundle, text_encoder, images, image_root, batch_size, fmt, val_fraction, test_fraction, seed, device,
-          features, as_json) -> int:
+          features, engine, ray_address, cpus_per_worker, gpus_per_worker, workers, as_json) -> int:
     """Precompute dense embeddings of a Karpathy JSON or image,caption CSV (resumable)."""
     from d2s_search.embed import bundle_encoders, embed_dataset, read_dataset
 
@@ -681,11 +686,20 @@ def embed(dataset, out, bundle, text_encoder, images, image_root, batch_size, fm
     from rich.progress import Progress
 
     progress = None if as_json else Progress(console=_console())
+    runner = contextlib.nullcontext()
+    if engine == "ray":
+        from d2s_search.ray_embed import EncoderRecipe, RayChunkRunner
+        from d2s_search.ray_ingest import RayOptions
+
+        recipe = EncoderRecipe(str(bundle) if bundle else None, text_encoder, device, features)
+        runner = RayChunkRunner(recipe, RayOptions(address=ray_address, workers=workers,
+                                                   cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker))
     if progress:
         progress.start()
     try:
-        summary = embed_dataset(items, out, text_fn, image_fn if images else None, name, batch_size, fmt, progress,
-                                features_from=features_from, projections=projections)
+        with runner as chunks_elsewhere:
+            summary = embed_dataset(items, out, text_fn, image_fn if images else None, name, batch_size, fmt, progress,
+                                    features_from=features_from, projections=projections, runner=chunks_elsewhere)
     finally:
         if progress:
             progress.stop()
