@@ -55,6 +55,8 @@ SUITE = (
     Entry("dense-recall", "bench_dense_recall.py", ("--synthetic", "123000", "--queries", "200"), False,
           "recall of the HNSW graphs against exact dense search"),
     Entry("serve", "bench_serve.py", ("--top-k", "64"), False, "the search page: request to rendered results"),
+    Entry("ray-ingest", "bench_ray_ingest.py", ("--rounds", "3"), False,
+          "ingest --engine ray on this machine against one process (1 and 2 workers)"),
     Entry("opensearch", "bench_opensearch.py", ("--docs", "10000", "--queries", "100"), False,
           "the OpenSearch client path against the test server"),
     Entry("elasticsearch", "bench_elasticsearch.py", ("--docs", "3000", "--queries", "60"), False,
