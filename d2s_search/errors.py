@@ -75,7 +75,11 @@ class QueryError(D2SError):
     exit_code = EXIT_USAGE
 
 
-class QueryImageError(D2SError):
+class ImageInputError(D2SError):
+    """A picture given to the Python API cannot be used: missing, unreadable, or not a picture."""
+
+
+class QueryImageError(ImageInputError):
     """The query picture cannot be used: missing, unreadable, or not a picture."""
 
 

@@ -63,6 +63,27 @@ def require_index(store) -> None:
     raise IndexStoreError(message)
 
 
+def missing_files(store) -> list[tuple[str, str]]:
+    """(id, path) of every stored path that is no longer a regular file (a document with
+    copies has one pair per path)."""
+    from d2s_search.pathtext import stored_path
+
+    return [(doc_id, path) for doc_id, path in store.document_paths() if not stored_path(path).is_file()]
+
+
+def describe_index(store) -> dict:
+    """What `index stats` shows of an open index: the backend's counts, where it is, the
+    bundle that filled it, and how many stored files are gone (backends that list paths)."""
+    from d2s_search.backends.base import PathListing
+
+    stats = store.stats()
+    stats["location"] = index_location(store)
+    stats["bundle_path"] = store.identity.bundle_path if store.identity else None
+    if isinstance(store, PathListing):
+        stats["missing_files"] = len(missing_files(store))
+    return stats
+
+
 def remember_index(store) -> None:
     if store.name == "local":
         settings.remember_index(Path(store.path))
@@ -159,9 +180,10 @@ class OpenedIndex(NamedTuple):
 
 
 def open_index(backend, index, url, index_name, bundle: str | None, *, create: bool, verify: bool = False,
-               threads: int = 1) -> OpenedIndex:
+               threads: int = 1, remember: bool = True) -> OpenedIndex:
     """The index at the given place, opened, with the bundle that belongs to it (``threads``:
-    shards a local index searches at once)."""
+    shards a local index searches at once; ``remember``: as the local index used last, which
+    the commands' "no index here" names)."""
     store = make_backend(backend, index, url, index_name, threads)
     if not create:
         require_index(store)
@@ -173,7 +195,8 @@ def open_index(backend, index, url, index_name, bundle: str | None, *, create: b
     except BaseException:
         store.close()
         raise
-    remember_index(store)
+    if remember:
+        remember_index(store)
     return OpenedIndex(chosen, store, not existed)
 
 

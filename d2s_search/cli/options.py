@@ -118,7 +118,7 @@ backend_kind = settings.backend_kind  # which backend the flags and environment 
 
 
 @contextmanager
-def _as_usage_error() -> Iterator[None]:
+def as_usage_error() -> Iterator[None]:
     """Settings that name no index are a usage error on the command line (exit 2, its --help)."""
     try:
         yield
@@ -127,13 +127,13 @@ def _as_usage_error() -> Iterator[None]:
 
 
 def make_backend(backend: str | None, index: str, url: str | None, index_name: str, threads: int = 1):
-    with _as_usage_error():
+    with as_usage_error():
         return index_access.make_backend(backend, index, url, index_name, threads)
 
 
 def recorded_identity(backend, index, url, index_name):
     """What an existing index records about the bundle that filled it (None: no index, or empty)."""
-    with _as_usage_error():
+    with as_usage_error():
         return index_access.recorded_identity(backend, index, url, index_name)
 
 
@@ -141,7 +141,7 @@ def open_index(backend, index, url, index_name, bundle: str | None, *, create: b
                threads: int = 1) -> OpenedIndex:
     """The index at the given place, opened, with the bundle that belongs to it (``threads``:
     shards a local index searches at once)."""
-    with _as_usage_error():
+    with as_usage_error():
         return index_access.open_index(backend, index, url, index_name, bundle, create=create, verify=verify,
                                        threads=threads)
 
@@ -177,7 +177,7 @@ def opensearch_backend(url: str | None, index_name: str, insecure: bool = False)
 def elasticsearch_backend(url: str | None, index_name: str, insecure: bool = False, **options):
     """The backend from flags and D2S_ELASTICSEARCH_* variables (URL or cloud id; API key, user and
     password, CA file only from the environment)."""
-    with _as_usage_error():
+    with as_usage_error():
         return index_access.elasticsearch_backend(url, index_name, insecure, **options)
 
 
