@@ -227,6 +227,25 @@ def test_bad_input_is_a_one_line_d2s_error(tmp_path, api_index, tiny_blip_bundle
             assert isinstance(caught.value, D2SError) and "\n" not in str(caught.value)
 
 
+def test_a_local_index_is_used_from_the_thread_that_opened_it(api_index):
+    import threading
+
+    caught = []
+    with d2s_search.Index.open(api_index) as index:
+        def other() -> None:
+            try:
+                index.stats()
+            except D2SError as exc:
+                caught.append(exc)
+
+        worker = threading.Thread(target=other)
+        worker.start()
+        worker.join()
+        assert index.stats()["documents"] == 40  # its own thread still may
+    assert len(caught) == 1 and isinstance(caught[0], IndexStoreError)
+    assert "opened in another thread: open one Index per thread" in str(caught[0])
+
+
 def test_the_api_does_not_become_the_index_used_last(tmp_path, api_index):
     from d2s_search import settings
 

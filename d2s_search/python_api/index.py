@@ -5,6 +5,7 @@ run through the same methods."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -28,7 +29,8 @@ Progress = Callable[[int, int, int], None]
 
 class Index:
     """An open index and the bundle that filled it. Make one with :meth:`open`; use it in a
-    ``with`` block or :meth:`close` it. The models load at the first search or ingest."""
+    ``with`` block or :meth:`close` it. The models load at the first search or ingest. A local
+    index is used from the thread that opened it (open one per thread)."""
 
     def __init__(self, opened: OpenedIndex, *, device: str = "auto", quick_start: bool = False) -> None:
         # Internal: Index.open builds it. quick_start: a one-query process (see encoder.make_session).
@@ -36,6 +38,8 @@ class Index:
         self._device, self._quick_start = device, quick_start
         self._runtime: RuntimeEncoder | None = None
         self._closed = False
+        # A local index's SQLite connection belongs to the thread that opened it.
+        self._thread = threading.get_ident() if self._backend.name == "local" else None
 
     @classmethod
     def open(cls, path: str | os.PathLike = "d2s-index", *, url: str | None = None, backend: str | None = None,
@@ -214,6 +218,9 @@ class Index:
     def _open_backend(self) -> Backend:
         if self._closed:
             raise IndexStoreError(f"the index at {self.location} is closed")
+        if self._thread is not None and threading.get_ident() != self._thread:
+            raise IndexStoreError(f"the local index at {self.location} was opened in another thread: open one Index "
+                                  "per thread (each searches the same files)")
         return self._backend
 
     def _encoder(self) -> RuntimeEncoder:
