@@ -14,7 +14,6 @@ import numpy as np
 from ..bundle import Bundle
 from ..encoder import Encoder as _RuntimeEncoder
 from ..errors import ImageInputError, QueryError
-from ..images import DEFAULT_MAX_PIXELS, load_image
 from ..index_access import load_bundle
 from ..pathtext import path_to_text
 from ..search import text_terms
@@ -112,7 +111,7 @@ class Encoder:
 def picture(item: ImageInput, as_query: bool = False, draft_size: int | None = None) -> Image.Image:
     """A PIL image as given, or the picture at a path decoded as ingest decodes it (EXIF
     orientation, size limit); a file that is missing or not a picture is an ImageInputError
-    (a QueryImageError ``as_query``)."""
+    (a QueryImageError ``as_query``). PIL is imported here: encoding texts never needs it."""
     from PIL import Image
 
     if isinstance(item, Image.Image):
@@ -120,6 +119,7 @@ def picture(item: ImageInput, as_query: bool = False, draft_size: int | None = N
     if not isinstance(item, (str, os.PathLike)):
         raise ImageInputError(f"not a picture: {type(item).__name__} (give a file path or a PIL image)")
     from ..errors import ImageRejected, QueryImageError
+    from ..images import DEFAULT_MAX_PIXELS, load_image
 
     try:
         return load_image(Path(item), max_pixels=DEFAULT_MAX_PIXELS, draft_size=draft_size).image

@@ -107,7 +107,6 @@ class Index:
         words kept per hit. Returns a :class:`~d2s_search.SearchResult`: ``.hits`` best
         first, each with ``id``, ``score``, ``path``, ``url`` and ``matched``."""
         from ..search import SearchOptions, encode_image_query, encode_text_query, run_query
-        from .encoding import picture
 
         if (text is None) == (image is None):
             raise QueryError("give either text or image=, not both or neither")
@@ -119,7 +118,11 @@ class Index:
             _require_int("window", window, 1)
         options = SearchOptions(mode=mode, k=k, window=window, fusion=fusion, alpha=alpha, explain=explain)
         options.validate()
-        query_picture = picture(image, as_query=True) if image is not None else None  # before the models load
+        query_picture = None
+        if image is not None:  # checked before the models load; a text query never imports PIL
+            from .encoding import picture
+
+            query_picture = picture(image, as_query=True)
         backend = self._open_backend()
         encoder = self._encoder()
         vectors = (encode_image_query(encoder, query_picture) if query_picture is not None
