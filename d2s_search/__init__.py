@@ -14,7 +14,7 @@ Everything else (runtime core, cli/, backends/, serve/, the torch-side train/) i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (2 ms of a 1 ms import)
 
 __version__ = "0.1.0"
 
