@@ -166,6 +166,23 @@ def test_a_new_index_left_empty_is_removed_as_the_command_does(tmp_path, tiny_bl
         index.search("a dog")
 
 
+def test_an_ingest_stopped_midway_keeps_what_it_stored_and_the_index_open(tmp_path, tiny_blip_bundle,
+                                                                          image_folder):
+    class Stop(Exception):
+        pass
+
+    def stop_after_two_batches(done: int, found: int, stored: int) -> None:
+        if stored >= 16:
+            raise Stop  # as Ctrl+C would, from inside the run
+
+    with d2s_search.Index.open(tmp_path / "new", bundle=tiny_blip_bundle, create=True) as index:
+        with pytest.raises(Stop):
+            index.ingest(image_folder, batch_size=8, progress=stop_after_two_batches)
+        assert index.stats()["documents"] == 16  # every finished batch is kept, the index stays usable
+        assert len(index.search("a dog", k=40).hits) == 16
+        assert index.ingest(image_folder, batch_size=8).stored == 24  # the same call again does the rest
+
+
 # --- encoders ------------------------------------------------------------------------------
 
 

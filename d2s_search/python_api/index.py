@@ -235,16 +235,17 @@ class Index:
 
     def _discard_new_index(self) -> None:
         """Remove an index this object created and left empty (only the index's own files, and
-        its folder only when the index made it), then close it. Best effort: runs while another
-        error may be on its way out, which must not be hidden."""
+        its folder only when the index made it), and close it then. Best effort: runs while
+        another error may be on its way out, which must not be hidden."""
         try:
-            if self._backend.stats().get("documents") == 0:  # else someone else stored meanwhile
-                if self._backend.name == "local":
-                    self._backend.remove_created()  # only its own files, even beside the user's
-                else:
-                    self._backend.drop()
+            if self._backend.stats().get("documents") != 0:
+                return  # something was stored (by this run before it stopped, or by another)
+            if self._backend.name == "local":
+                self._backend.remove_created()  # only its own files, even beside the user's
+            else:
+                self._backend.drop()
         except (D2SError, OSError):
-            pass
+            return
         self.close()
 
 
