@@ -224,6 +224,10 @@ def test_bad_input_is_a_one_line_d2s_error(tmp_path, api_index, tiny_blip_bundle
         (lambda: d2s_search.Index.open(tmp_path / "none"), IndexStoreError, "no index at"),
         (lambda: d2s_search.Index.open(backend="opensearch"), SettingsError, "needs url="),
         (lambda: d2s_search.Index.open(api_index, backend="solr"), SettingsError, "unknown backend 'solr'"),
+        (lambda: d2s_search.Index.open(backend="elasticsearch"), SettingsError, "needs url="),
+        (lambda: d2s_search.search_app(backend="opensearch"), SettingsError, "needs url="),
+        (lambda: d2s_search.Index.open(api_index, device="tpu"), SettingsError, "unknown device 'tpu'"),
+        (lambda: d2s_search.Encoder.load(tiny_blip_bundle, device="tpu"), SettingsError, "unknown device 'tpu'"),
         (lambda: d2s_search.Encoder.load(tmp_path / "no-bundle"), BundleError, "no model bundle at"),
     ]
     with d2s_search.Index.open(api_index) as index:

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..bundle import Bundle
 from ..encoder import Encoder as _RuntimeEncoder
-from ..errors import ImageInputError, QueryError
+from ..errors import ImageInputError, QueryError, SettingsError
 from ..index_access import load_bundle
 from ..pathtext import path_to_text
 from ..search import text_terms
@@ -55,7 +55,7 @@ class Encoder:
         the one exported last) and both of its graphs, so a broken graph fails here.
         ``device``: "auto" (CUDA when it loads, else CPU), "cpu" or "cuda"."""
         if device not in ("auto", "cpu", "cuda"):
-            raise QueryError(f"unknown device {device!r}: use auto, cpu or cuda")
+            raise SettingsError(f"unknown device {device!r}: use auto, cpu or cuda")
         loaded = load_bundle(os.fspath(bundle) if bundle is not None else None)
         runtime = _RuntimeEncoder(loaded, device=device, threads=threads)
         runtime.text_session, runtime.image_session  # noqa: B018 (created now: errors surface at load)

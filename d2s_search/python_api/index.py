@@ -54,11 +54,7 @@ class Index:
         (BundleMismatchError). ``create=True`` makes the index when it does not exist (to
         ingest into). ``search_threads``: shards of a large local index searched at once (0:
         one per CPU)."""
-        kind = backend or ("opensearch" if url else "local")
-        if kind not in BACKENDS:
-            raise SettingsError(f"unknown backend {kind!r}: use one of {', '.join(BACKENDS)}")
-        if kind == "opensearch" and not url:
-            raise SettingsError("the opensearch backend needs url= (the cluster's address)")
+        kind = backend_for(backend, url)
         if device not in ("auto", "cpu", "cuda"):
             raise SettingsError(f"unknown device {device!r}: use auto, cpu or cuda")
         opened = open_index(kind, os.fspath(path), url, index_name, os.fspath(bundle) if bundle else None,
@@ -247,6 +243,20 @@ class Index:
         except (D2SError, OSError):
             return
         self.close()
+
+
+def backend_for(backend: str | None, url: str | None) -> str:
+    """The backend Python arguments name (explicitly: no D2S_* variable picks it): ``backend``,
+    else opensearch with a ``url``, else local. A cluster without its address is refused."""
+    kind = backend or ("opensearch" if url else "local")
+    if kind not in BACKENDS:
+        raise SettingsError(f"unknown backend {kind!r}: use one of {', '.join(BACKENDS)}")
+    if kind == "opensearch" and not url:
+        raise SettingsError("the opensearch backend needs url= (the cluster's address)")
+    if kind == "elasticsearch" and not (url or os.environ.get("D2S_ELASTICSEARCH_URL")
+                                        or os.environ.get("D2S_ELASTICSEARCH_CLOUD_ID")):
+        raise SettingsError("the elasticsearch backend needs url= (or D2S_ELASTICSEARCH_CLOUD_ID)")
+    return kind
 
 
 def _require_int(name: str, value, least: int) -> None:

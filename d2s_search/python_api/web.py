@@ -8,8 +8,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .. import extras
-from ..backends import BACKENDS
-from ..errors import SettingsError
 from ..index_access import (
     bundle_for_index,
     index_location,
@@ -17,6 +15,7 @@ from ..index_access import (
     recorded_identity,
     require_index,
 )
+from .index import backend_for
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -35,11 +34,7 @@ def search_app(path: str | os.PathLike = "d2s-index", *, url: str | None = None,
     URL is relative, so it works under any prefix (``app.mount("/photos", search_app(...))``).
     ``allowed_hosts``: host names it answers to (others get 400), against DNS rebinding."""
     extras.require("serve", who="d2s_search.search_app")
-    kind = backend or ("opensearch" if url else "local")
-    if kind not in BACKENDS:
-        raise SettingsError(f"unknown backend {kind!r}: use one of {', '.join(BACKENDS)}")
-    if kind == "opensearch" and not url:
-        raise SettingsError("the opensearch backend needs url= (the cluster's address)")
+    kind = backend_for(backend, url)
     return app_for(kind, os.fspath(path), url, index_name, os.fspath(bundle) if bundle else None, device=device,
                    search_threads=search_threads, thumbnail_dir=thumbnail_dir, allowed_hosts=allowed_hosts)
 
