@@ -42,6 +42,12 @@ class IndexStoreError(D2SError):
     """The index is missing, corrupt or cannot be written."""
 
 
+class SettingsError(D2SError):
+    """The settings given cannot name an index: a backend without its URL, an unknown name."""
+
+    exit_code = EXIT_USAGE
+
+
 class BackendUnavailableError(D2SError):
     """The search backend (e.g. an OpenSearch cluster) cannot be reached."""
 
@@ -73,7 +79,11 @@ class QueryError(D2SError):
     exit_code = EXIT_USAGE
 
 
-class QueryImageError(D2SError):
+class ImageInputError(D2SError):
+    """A picture given to the Python API cannot be used: missing, unreadable, or not a picture."""
+
+
+class QueryImageError(ImageInputError):
     """The query picture cannot be used: missing, unreadable, or not a picture."""
 
 

@@ -23,7 +23,14 @@ import numpy as np
 
 from .backends.base import Backend, Document, PathListing
 from .encoder import Encoder
-from .errors import DocumentsRejectedError, ImageRejected, NoInputError
+from .errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    DocumentsRejectedError,
+    ImageRejected,
+    NoInputError,
+)
 from .images import DEFAULT_MAX_PIXELS, DEFAULT_SKIP, Skip, content_id, decode, discover, read_bytes
 from .pathtext import path_to_text, stored_path
 
@@ -47,6 +54,18 @@ class IngestReport:
     # are part of ``seconds`` but not of ``images_per_second``, the rate once the workers run.
     workers_start_seconds: float | None = None
     workers: int | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """What `d2s-search ingest` exits with: 1 when nothing could be stored (every input
+        rejected), 3 when some inputs were rejected, else 0."""
+        if self.nothing_stored:
+            return EXIT_FAILED
+        return EXIT_PARTIAL if self.rejected else EXIT_OK
+
+    @property
+    def nothing_stored(self) -> bool:
+        return self.stored == 0 and self.already_stored == 0 and bool(self.rejected)
 
     @property
     def images_per_second(self) -> float:

@@ -54,7 +54,7 @@ class IndexTarget:
     "elasticsearch" (each worker opens its own connection with these settings)."""
 
     kind: str
-    url: str | None = None
+    url: str | tuple[str, ...] | None = None
     index_name: str = "d2s"
 
     def open(self, identity) -> Backend:
@@ -70,6 +70,17 @@ class IndexTarget:
             raise ValueError(f"workers do not write to a {self.kind} index")
         backend.open(identity, create=False)
         return backend
+
+
+def index_target(backend: Backend) -> IndexTarget:
+    """How workers reach the index ``backend`` is connected to (credentials: the environment)."""
+    if backend.name == "local":
+        return IndexTarget("local")
+    hosts = getattr(getattr(backend, "http", None), "hosts", None)  # OpenSearch: every host given
+    url = tuple(hosts) if hosts else getattr(backend, "url", None)
+    if isinstance(url, str) and url.startswith("cloud:"):
+        url = None  # an Elasticsearch Cloud id: the workers read D2S_ELASTICSEARCH_CLOUD_ID too
+    return IndexTarget(backend.name, url, getattr(backend, "index_name", "d2s"))
 
 
 @dataclass

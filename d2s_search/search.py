@@ -113,10 +113,7 @@ def encode_text_query(encoder, text: str, top_k: int | None = None) -> QueryVect
     if not text or not text.strip():
         raise QueryError("the query is empty: type some words")
     enc = encoder.encode_texts([text])
-    full = encoder.to_terms(enc.sparse[0], top_k=top_k)
-    if getattr(encoder, "queries_use_own_tokens_only", False):  # as such a head was trained: every input token
-        input_words = encoder.own_terms(enc.token_ids[0])
-        full = {t: w for t, w in full.items() if t in input_words}
+    full = text_terms(encoder, enc, 0, top_k)
     if not full:
         raise QueryError(f"the model gives no terms for {text!r}; try other words or --mode dense")
     # Typed words are whole-word tokens: "giraffe" split into gi ##raf ##fe types none of them.
@@ -125,6 +122,16 @@ def encode_text_query(encoder, text: str, top_k: int | None = None) -> QueryVect
     known, unknown = recognised_words(encoder.tokenizer, text)
     return QueryVectors(full=full, own=own or _top(full, 8), dense=enc.dense[0], recognised=known,
                         unrecognised=unknown, typed=typed)
+
+
+def text_terms(encoder, enc, row: int, top_k: int | None = None) -> SparseVector:
+    """``{term: weight}`` a text searches with: the row's positive allowed weights, kept to the
+    text's own tokens when the head was trained so (exp=0)."""
+    terms = encoder.to_terms(enc.sparse[row], top_k=top_k)
+    if getattr(encoder, "queries_use_own_tokens_only", False):  # as such a head was trained: every input token
+        input_words = encoder.own_terms(enc.token_ids[row])
+        terms = {t: w for t, w in terms.items() if t in input_words}
+    return terms
 
 
 def encode_image_query(encoder, image, top_k: int | None = None) -> QueryVectors:

@@ -26,6 +26,7 @@ from d2s_search.cli.output import echo_line
 from d2s_search.cli.output import emit as _emit
 from d2s_search.cli.output import emit_json as _emit_json
 from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, D2SError, ImageRejected
+from d2s_search.index_access import describe_index, missing_files
 from d2s_search.pathtext import stored_path
 
 
@@ -43,11 +44,7 @@ def index_stats(backend, index, url, index_name, as_json) -> int:
     require_index(store)
     try:
         store.open(None, create=False)
-        stats = store.stats()
-        stats["location"] = index_location(store)
-        stats["bundle_path"] = store.identity.bundle_path if store.identity else None
-        if isinstance(store, PathListing):
-            stats["missing_files"] = len(_missing(store))
+        stats = describe_index(store)  # what the Python API's Index.stats() gives too
     finally:
         store.close()
     remember_index(store)
@@ -63,10 +60,7 @@ def index_stats(backend, index, url, index_name, as_json) -> int:
     return EXIT_OK
 
 
-def _missing(store) -> list[tuple[str, str]]:
-    """(id, path) of every stored path that is no longer a regular file (a document with
-    copies has one pair per path)."""
-    return [(doc_id, path) for doc_id, path in store.document_paths() if not stored_path(path).is_file()]
+_missing = missing_files
 
 
 def _paths_per_document(store) -> tuple[dict[str, int], list[tuple[str, str]]]:

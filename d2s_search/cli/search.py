@@ -22,7 +22,7 @@ from d2s_search.cli.options import (
 )
 from d2s_search.cli.output import emit_json as _emit_json
 from d2s_search.cli.output import fit_path, table_lines, terminal_width
-from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, D2SError, DiskFullError
+from d2s_search.errors import EXIT_OK, D2SError
 
 
 @click.command()
@@ -64,12 +64,11 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
         TimeRemainingColumn,
     )
 
-    from d2s_search.encoder import Encoder
-    from d2s_search.images import DEFAULT_MAX_PIXELS, Skip
-    from d2s_search.ingest import ingest as run_ingest
+    from d2s_search.python_api.index import Index
     from d2s_search.serve.image_urls import url_builder
 
-    url_for = url_builder(url_base, paths) if url_base else None  # a bad base fails before any work
+    if url_base:
+        url_builder(url_base, paths)  # a bad base fails before any index is opened
     opened = open_index(backend, index, url, index_name, bundle, create=True, verify=True)
     store = opened.store
     err = console(stderr=True)
@@ -77,79 +76,39 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
         TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
         TimeRemainingColumn(), console=err, transient=as_json, disable=as_json and not err.is_terminal,
     )
-    state = {"task": None, "t0": 0.0, "stored": 0}
+    state = {"task": None, "t0": 0.0}
 
-    def on_start(total: int) -> None:
+    def on_progress(done: int, found: int, stored: int) -> None:
         import time
 
-        state["t0"] = time.perf_counter()
-        state["task"] = progress.add_task("ingest", total=total, rate="")
-
-    def on_progress(done: int, stored: int) -> None:
-        import time
-
-        state["stored"] = stored
+        if state["task"] is None:  # the first call: files found, none done
+            state["t0"] = time.perf_counter()
+            state["task"] = progress.add_task("ingest", total=found, rate="")
         elapsed = time.perf_counter() - state["t0"]
         rate = f"{stored / elapsed:.1f} images/s" if elapsed > 0 and stored else ""
         progress.update(state["task"], completed=done, rate=rate)
 
-    def on_workers(seconds: float) -> None:
-        if not as_json:
-            err.print(f"ray: {workers} worker(s) ready in {seconds:.1f} s", highlight=False)
-
-    report = None
-    skip = Skip(hidden=not include_hidden, exclude=tuple(exclude))
+    # The Python API's Index.ingest: one path for both (it also removes a new index left empty).
+    target = Index(opened, device=device)
     try:
         with progress:
-            if engine == "ray":
-                from d2s_search.ray_ingest import IndexTarget, RayOptions, ray_ingest
-                from d2s_search.settings import backend_kind
-
-                target = IndexTarget(backend_kind(backend, url), url, index_name)
-                options = RayOptions(address=ray_address, workers=workers, cpus_per_worker=cpus_per_worker,
-                                     gpus_per_worker=gpus_per_worker)
-                report = ray_ingest(
-                    paths, opened.bundle, store, target, options, batch_size=batch_size, device=device, top_k=top_k,
-                    max_pixels=max_pixels or DEFAULT_MAX_PIXELS, on_start=on_start, on_progress=on_progress,
-                    on_ray_ready=on_workers, url_for=url_for, skip=skip,
-                )
-            else:
-                report = run_ingest(
-                    paths, Encoder(opened.bundle, device=device), store, batch_size=batch_size, workers=workers,
-                    top_k=top_k, max_pixels=max_pixels or DEFAULT_MAX_PIXELS, on_start=on_start,
-                    on_progress=on_progress, url_for=url_for, skip=skip,
-                )
+            report = target.ingest(
+                paths, batch_size=batch_size, workers=workers, top_k=top_k, max_pixels=max_pixels,
+                url_base=url_base, include_hidden=include_hidden, exclude=exclude, progress=on_progress,
+                prepare_search=False,  # prepared below, with a spinner on a terminal
+                engine=engine, ray_address=ray_address, cpus_per_worker=cpus_per_worker,
+                gpus_per_worker=gpus_per_worker)
         if report.stored or report.moved:
             report.search_seconds = prepare_search(store)
-    except DiskFullError as exc:  # say how much of this run is kept
-        raise DiskFullError(exc.where, exc.free, stored=state["stored"]) from None
     finally:
-        if opened.created and (report is None or report.stored == 0):
-            _discard_new_index(store)  # no empty index that answers "no results"
-        store.close()
+        target.close()
     return _report_ingest(report, as_json)
 
 
-def _discard_new_index(store) -> None:
-    """Remove an index this run created and left empty (only the index's own files, and its
-    folder only when the index made it). Best effort: runs while another error may be on its way
-    out, which must not be hidden."""
-    try:
-        if store.stats().get("documents") != 0:
-            return  # someone else stored documents meanwhile, or the count is unknown
-        if store.name == "local":
-            store.remove_created()  # only its own files, even beside the user's
-        else:
-            store.drop()
-    except (D2SError, OSError):
-        pass
-
-
 def _report_ingest(report, as_json: bool) -> int:
-    nothing = report.stored == 0 and report.already_stored == 0 and bool(report.rejected)
-    code = EXIT_FAILED if nothing else EXIT_PARTIAL if report.rejected else EXIT_OK
+    code = report.exit_code
     error = None
-    if nothing:
+    if report.nothing_stored:
         error = {"type": "NothingStored",
                  "message": f"nothing stored: all {len(report.rejected)} input(s) were rejected"}
     if as_json:
@@ -164,7 +123,9 @@ def _report_ingest(report, as_json: bool) -> int:
         f"stored {report.stored} new image(s) of {report.found} found; {report.already_stored} already stored"
         f"{moved}, {report.duplicates} duplicate(s), {len(report.rejected)} rejected  "
         f"({report.seconds:.1f}s, {report.images_per_second:.1f} images/s"
-        + (f"; search structures {report.search_seconds:.1f}s" if report.search_seconds is not None else "") + ")"
+        + (f"; search structures {report.search_seconds:.1f}s" if report.search_seconds is not None else "")
+        + (f"; {report.workers} Ray worker(s), ready in {report.workers_start_seconds:.1f}s, not counted in the rate"
+           if report.workers_start_seconds is not None else "") + ")"
     )
     skipped = [f"{n} {what}" for n, what in (
         (report.skipped_hidden, "hidden or system folder(s) and file(s) (--include-hidden takes them)"),
@@ -241,24 +202,23 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
             result, address = answered
             return _show_result(result, as_json, paths_only, answered_by=address, note=note)
     from d2s_search.encoder import Encoder  # not needed when a serve answered
-    from d2s_search.search import encode_image_query, encode_text_query, run_query
+    from d2s_search.python_api.index import Index
 
-    bundle_obj, store, _ = open_index(backend, index, url, index_name, bundle, create=False, threads=search_threads)
-    try:
-        if server_side:
-            from d2s_search.backends.opensearch.server_side import run_server_side
+    opened = open_index(backend, index, url, index_name, bundle, create=False, threads=search_threads)
+    bundle_obj, store = opened.bundle, opened.store
+    if server_side:
+        from d2s_search.backends.opensearch.server_side import run_server_side
 
+        try:
             result = run_server_side(store, text, k=k, explain=explain, model_id=model_id, bundle=bundle_obj,
                                      encoder_factory=lambda: Encoder(bundle_obj, device=device))
-            return _show_result(result, as_json, paths_only)
-        encoder = Encoder(bundle_obj, device=device, quick_start=True)  # one query per process
-        if picture is not None:
-            vectors = encode_image_query(encoder, picture)
-        else:
-            vectors = encode_text_query(encoder, text)
-        result = run_query(store, vectors, options)
-    finally:
-        store.close()
+        finally:
+            store.close()
+        return _show_result(result, as_json, paths_only)
+    # The Python API's Index.search: one path for both. quick_start: one query per process.
+    with Index(opened, device=device, quick_start=True) as searched:
+        result = searched.search(text, image=picture, mode=mode, k=k, window=window, fusion=fusion, alpha=alpha,
+                                 explain=explain)
     return _show_result(result, as_json, paths_only, note=note)
 
 
@@ -285,7 +245,6 @@ def _ask_running_serve(text: str, options, index: str, bundle: str | None):
     it (see serve/discovery.py), else None."""
     import sqlite3
 
-    from d2s_search.errors import D2SError
     from d2s_search.serve import discovery
 
     if not discovery.discovery_path(index).is_file():

@@ -19,17 +19,14 @@ import click
 
 from d2s_search import extras
 from d2s_search.cli.options import (
+    as_usage_error,
     backend_options,
-    bundle_for_index,
     bundle_option,
     device_option,
     index_location,
     json_option,
-    make_backend,
     note_missing_compiled_parts,
-    recorded_identity,
     remember_index,
-    require_index,
     search_threads_option,
 )
 from d2s_search.cli.output import echo_line
@@ -71,15 +68,15 @@ def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url,
     extras.require("serve", who="`d2s-search serve`")
     import uvicorn
 
-    from d2s_search.serve import create_app
+    from d2s_search.python_api.web import app_for
 
-    store = make_backend(backend, index, url, index_name, search_threads)
-    require_index(store)
+    allowed = ["127.0.0.1", "localhost", "[::1]"] if host in LOOPBACK else None
+    with as_usage_error():  # the Python API's search_app builds the same app
+        app = app_for(backend, index, url, index_name, bundle, device=device, search_threads=search_threads,
+                      thumbnail_dir=thumbnail_dir, allowed_hosts=allowed)
+    store, bundle_obj = app.state.service.backend, app.state.service.bundle
     note_missing_compiled_parts(store)
     where = index_location(store)
-    bundle_obj = bundle_for_index(bundle, recorded_identity(backend, index, url, index_name), where)
-    allowed = ["127.0.0.1", "localhost", "[::1]"] if host in LOOPBACK else None
-    app = create_app(bundle_obj, store, device=device, thumbnail_dir=thumbnail_dir, allowed_hosts=allowed)
     sock = listen_socket(host, port)  # a busy port fails before the models load
     # Open the index and load the models before serving: a bundle mismatch or a broken index
     # is a one-line error here, not a page that fails on every search.

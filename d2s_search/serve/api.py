@@ -62,6 +62,12 @@ def document_id(doc_id: Annotated[str, Path(description="The document id: SHA-25
     return doc_id
 
 
+def mounted_at(request: Request) -> str:
+    """The path the app is mounted at inside another app ("" when it is the server's root):
+    the picture URLs in answers start with it."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
 Service = Annotated[SearchService, Depends(service)]
 Options = Annotated[SearchOptions, Depends(search_options)]
 DocId = Annotated[str, Depends(document_id)]
@@ -75,7 +81,7 @@ async def search_text(
     q: Annotated[str, Query(max_length=QUERY_MAX_CHARS, description="What to look for, in words")],
 ) -> schemas.SearchResponse | Response:
     searched = await svc.run(svc.search_text, q, options)
-    answer = schemas.search_response(searched, schemas.QueryInfo(kind="text", text=q), options.k)
+    answer = schemas.search_response(searched, schemas.QueryInfo(kind="text", text=q), options.k, mounted_at(request))
     return _proven(request, answer) or answer
 
 
@@ -119,22 +125,23 @@ async def search_image(
     async with request.app.state.decode_slots:
         picture, _, _ = await run_in_threadpool(decode, data, UPLOAD_MAX_PIXELS, budget, budget)  # ImageRejected -> 415
     searched = await svc.run(svc.search_image, picture, options)
-    return schemas.search_response(searched, schemas.QueryInfo(kind="image", filename=image.filename), options.k)
+    return schemas.search_response(searched, schemas.QueryInfo(kind="image", filename=image.filename), options.k,
+                                   mounted_at(request))
 
 
 @router.get("/documents/{doc_id}/similar", response_model=schemas.SearchResponse, summary="More like this",
             responses={404: ERRORS[404]})
-async def similar(svc: Service, options: Options, doc_id: DocId) -> schemas.SearchResponse:
+async def similar(request: Request, svc: Service, options: Options, doc_id: DocId) -> schemas.SearchResponse:
     """Search with a stored document's own sparse and dense vectors; the document itself is left out."""
     doc, searched = await svc.run(svc.similar, doc_id, options)
     info = schemas.QueryInfo(kind="document", id=doc.id, filename=os.path.basename(doc.path) or None)
-    return schemas.search_response(searched, info, options.k)
+    return schemas.search_response(searched, info, options.k, mounted_at(request))
 
 
 @router.get("/documents/{doc_id}", response_model=schemas.DocumentDetail, summary="A document and its words",
             responses={404: ERRORS[404]})
-async def document(svc: Service, doc_id: DocId) -> schemas.DocumentDetail:
-    return schemas.document_detail(await svc.run(svc.document, doc_id))
+async def document(request: Request, svc: Service, doc_id: DocId) -> schemas.DocumentDetail:
+    return schemas.document_detail(await svc.run(svc.document, doc_id), mounted_at(request))
 
 
 @router.get("/documents/{doc_id}/thumbnail", response_class=FileResponse, summary="Thumbnail (320 px JPEG)",

@@ -114,34 +114,35 @@ class Status(BaseModel):
 # --- builders ----------------------------------------------------------------------------
 
 
-def picture_urls(doc_id: str) -> dict[str, str]:
-    return {"thumbnail": f"/api/documents/{doc_id}/thumbnail", "preview": f"/api/documents/{doc_id}/preview"}
+def picture_urls(doc_id: str, root: str = "") -> dict[str, str]:
+    """``root``: the path the app is mounted at ("" at the server's root)."""
+    return {"thumbnail": f"{root}/api/documents/{doc_id}/thumbnail", "preview": f"{root}/api/documents/{doc_id}/preview"}
 
 
-def result(rank: int, hit: Hit) -> Result:
+def result(rank: int, hit: Hit, root: str = "") -> Result:
     return Result(
         rank=rank, id=hit.id, score=hit.score, path=hit.path, name=os.path.basename(hit.path) or hit.id[:12],
         url=hit.url, matched=[Match(term=t, contribution=c) for t, c in hit.matched], parts=hit.parts or None,
-        **picture_urls(hit.id),
+        **picture_urls(hit.id, root),
     )
 
 
-def search_response(searched: Searched, query: QueryInfo, k: int) -> SearchResponse:
+def search_response(searched: Searched, query: QueryInfo, k: int, root: str = "") -> SearchResponse:
     res = searched.result
     return SearchResponse(
         query=query, mode=res.mode, k=k, encode_ms=round(searched.encode_ms, 3), search_ms=round(res.took_ms, 3), fusion=res.fusion,
         query_terms=[QueryTerm(term=t, weight=w, own=t in searched.own_terms) for t, w in res.query_terms],
         weak_query=res.weak_query, unrecognised_words=res.unrecognised_words, notice=res.notice,
-        results=[result(i, hit) for i, hit in enumerate(res.hits, start=1)],
+        results=[result(i, hit, root) for i, hit in enumerate(res.hits, start=1)],
     )
 
 
-def document_detail(doc: Document) -> DocumentDetail:
+def document_detail(doc: Document, root: str = "") -> DocumentDetail:
     terms = sorted(doc.sparse.items(), key=lambda kv: (-kv[1], kv[0]))
     return DocumentDetail(
         id=doc.id, path=doc.path, name=os.path.basename(doc.path) or doc.id[:12], url=doc.url, width=doc.width,
         height=doc.height, size_bytes=doc.size_bytes, ingested_at=_iso(doc.ingested_at), term_count=len(terms),
-        terms=[Term(term=t, weight=w) for t, w in terms], **picture_urls(doc.id),
+        terms=[Term(term=t, weight=w) for t, w in terms], **picture_urls(doc.id, root),
     )
 
 

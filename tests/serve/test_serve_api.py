@@ -257,7 +257,7 @@ def test_openapi_docs_and_the_page(client):
     docs = client.get("/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
     page = client.get("/")
-    assert page.status_code == 200 and "/static/app.js" in page.text and page.headers["content-type"].startswith("text/html")
+    assert page.status_code == 200 and 'src="static/app.js"' in page.text and page.headers["content-type"].startswith("text/html")
     assert client.get("/static/app.js").status_code == 200 and client.get("/static/app.css").status_code == 200
     problem(client.get("/api/nothing-here"), 404, "no such page")
 

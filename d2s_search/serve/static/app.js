@@ -1,4 +1,5 @@
-// d2s-search page: plain JS, no build step. Talks to the JSON API under /api/.
+// d2s-search page: plain JS, no build step. Talks to the JSON API under api/. Every URL is
+// relative to the page, so the app also works mounted under a prefix (/photos/).
 "use strict";
 
 const $ = (sel) => document.querySelector(sel);
@@ -120,7 +121,8 @@ function imagesLoaded(root) {
 // Every search is a step in the browser's history (its query in the address), so Back and
 // Forward step through searches; a step restored from history replaces, never adds.
 function go(url, push, entry = null) {
-  if (push && url !== location.pathname + location.search) history.pushState(entry, "", url);
+  const target = new URL(url, location.href);
+  if (push && target.pathname + target.search !== location.pathname + location.search) history.pushState(entry, "", url);
   else history.replaceState(entry, "", url);
 }
 
@@ -135,8 +137,8 @@ function searchText(event, push = true) {
   }
   const params = options();
   params.set("q", q);
-  go(`/?${params}`, push);
-  run("text", `/api/search?${params}`, {}, `“${q}”`);
+  go(`./?${params}`, push);
+  run("text", `api/search?${params}`, {}, `“${q}”`);
 }
 
 function searchPicture(file, push = true) {
@@ -152,16 +154,16 @@ function searchPicture(file, push = true) {
   // Its history entry names the picture, kept here: Back or Forward to it searches by it again.
   let n = state.pictures.indexOf(file);
   if (n < 0) n = state.pictures.push(file) - 1;
-  go(`/?${options()}`, push, { picture: n });
+  go(`./?${options()}`, push, { picture: n });
 
-  run("image", `/api/search/image?${options()}`, { method: "POST", body }, `the picture ${file.name || ""}`);
+  run("image", `api/search/image?${options()}`, { method: "POST", body }, `the picture ${file.name || ""}`);
 }
 
 function searchSimilar(id, name, push = true) {
   const params = options();
   $("#q").value = "";
-  go(`/?like=${encodeURIComponent(id)}&${params}`, push);
-  run("similar", `/api/documents/${encodeURIComponent(id)}/similar?${params}`, {}, `more like ${name}`);
+  go(`./?like=${encodeURIComponent(id)}&${params}`, push);
+  run("similar", `api/documents/${encodeURIComponent(id)}/similar?${params}`, {}, `more like ${name}`);
 }
 
 // --- rendering results --------------------------------------------------------------------
@@ -290,7 +292,7 @@ async function openDetail(id) {
   const dialog = $("#detail");
   let doc;
   try {
-    doc = await api(`/api/documents/${id}`);
+    doc = await api(`api/documents/${id}`);
   } catch (err) {
     showMessage(err.message, "error");
     return;
@@ -299,7 +301,7 @@ async function openDetail(id) {
   $("#d-img").alt = doc.name;
   $("#d-name").replaceChildren(...breakable(doc.name));
   $("#d-path").replaceChildren(...breakable(doc.path));
-  $("#d-original").href = /^https?:\/\//i.test(doc.url || "") ? doc.url : `/api/documents/${encodeURIComponent(doc.id)}/original`;
+  $("#d-original").href = /^https?:\/\//i.test(doc.url || "") ? doc.url : `api/documents/${encodeURIComponent(doc.id)}/original`;
   const results = state.last ? state.last.results : [];
   const at = results.findIndex((r) => r.id === doc.id);
   $("#d-prev").disabled = at <= 0;
@@ -346,7 +348,7 @@ function stepDetail(by) {
 // --- status -----------------------------------------------------------------------------
 
 async function loadStatus() {
-  const s = await api("/api/status");
+  const s = await api("api/status");
   $("#footer").textContent = `${s.documents ?? "?"} pictures · ${s.bundle.model} · ${s.backend}` +
     (s.last_ingest_at ? ` · last ingest ${s.last_ingest_at.replace("T", " ").replace("Z", " UTC")}` : "");
   $("#k").max = s.k_max;

@@ -1,0 +1,284 @@
+"""The public index: open a local index or a cluster index with the bundle that filled it,
+search it by words or a picture, ingest pictures into it. `d2s-search query` and `ingest`
+run through the same methods."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..backends import BACKENDS
+from ..errors import D2SError, DiskFullError, IndexStoreError, QueryError, SettingsError
+from ..index_access import OpenedIndex, describe_index, index_location, open_index
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend
+    from ..encoder import Encoder as RuntimeEncoder
+    from ..ingest import IngestReport
+    from ..search import SearchResult
+    from .encoding import Encoder, ImageInput
+
+# progress(files done, files found, images stored so far); first called with done = 0.
+Progress = Callable[[int, int, int], None]
+
+
+class Index:
+    """An open index and the bundle that filled it. Make one with :meth:`open`; use it in a
+    ``with`` block or :meth:`close` it. The models load at the first search or ingest. A local
+    index is used from the thread that opened it (open one per thread)."""
+
+    def __init__(self, opened: OpenedIndex, *, device: str = "auto", quick_start: bool = False) -> None:
+        # Internal: Index.open builds it. quick_start: a one-query process (see encoder.make_session).
+        self._bundle, self._backend, self._created = opened
+        self._device, self._quick_start = device, quick_start
+        self._runtime: RuntimeEncoder | None = None
+        self._closed = False
+        # A local index's SQLite connection belongs to the thread that opened it.
+        self._thread = threading.get_ident() if self._backend.name == "local" else None
+
+    @classmethod
+    def open(cls, path: str | os.PathLike = "d2s-index", *, url: str | None = None, backend: str | None = None,
+             index_name: str = "d2s", bundle: str | os.PathLike | None = None, create: bool = False,
+             device: str = "auto", search_threads: int = 0) -> Index:
+        """Open the local index in the folder ``path``, or with ``url`` the OpenSearch index
+        ``index_name`` (``backend="elasticsearch"`` for Elasticsearch; credentials come from
+        the same ``D2S_OPENSEARCH_*`` / ``D2S_ELASTICSEARCH_*`` variables as the commands).
+
+        ``bundle``: the model bundle; None uses the one that filled the index (else the one
+        exported last); another bundle than the one that filled it is refused
+        (BundleMismatchError). ``create=True`` makes the index when it does not exist (to
+        ingest into). ``search_threads``: shards of a large local index searched at once (0:
+        one per CPU)."""
+        kind = backend_for(backend, url)
+        if device not in ("auto", "cpu", "cuda"):
+            raise SettingsError(f"unknown device {device!r}: use auto, cpu or cuda")
+        opened = open_index(kind, os.fspath(path), url, index_name, os.fspath(bundle) if bundle else None,
+                            create=create, verify=create, threads=search_threads,
+                            remember=False)
+        return cls(opened, device=device)
+
+    # -- what it is --------------------------------------------------------------------
+
+    @property
+    def backend_name(self) -> str:
+        """"local", "opensearch" or "elasticsearch"."""
+        return self._backend.name
+
+    @property
+    def location(self) -> str:
+        """The local index's folder (absolute), or the cluster's URL and index name (no credentials)."""
+        return index_location(self._backend)
+
+    @property
+    def bundle_path(self) -> Path:
+        return self._bundle.path
+
+    @property
+    def encoder(self) -> Encoder:
+        """The index's bundle as an :class:`~d2s_search.Encoder` (the same loaded graphs its
+        searches use)."""
+        from .encoding import Encoder
+
+        return Encoder(self._encoder())
+
+    def stats(self) -> dict:
+        """What ``d2s-search index stats --json`` prints: documents, terms, bundle, size,
+        location, stored files now missing."""
+        return describe_index(self._open_backend())
+
+    # -- searching ---------------------------------------------------------------------
+
+    def search(self, text: str | None = None, *, image: ImageInput | None = None, mode: str = "sparse", k: int = 10,
+               window: int | None = None, fusion: str = "minmax", alpha: float = 0.5, explain: int = 5) -> SearchResult:
+        """Search by ``text`` or by a picture (``image``: a file path or a PIL image).
+
+        ``mode``: "sparse" (exact, every term), "dense" (kNN), "hybrid" (both, fused by
+        ``fusion`` "minmax" with ``alpha`` the dense weight, or "rrf"), or "two-phase" (the
+        query's own words, then rescored; ``window`` candidates). ``explain``: matched
+        words kept per hit. Returns a :class:`~d2s_search.SearchResult`: ``.hits`` best
+        first, each with ``id``, ``score``, ``path``, ``url`` and ``matched``."""
+        from ..search import SearchOptions, encode_image_query, encode_text_query, run_query
+
+        if (text is None) == (image is None):
+            raise QueryError("give either text or image=, not both or neither")
+        if text is not None and not isinstance(text, str):
+            raise QueryError(f"text must be a str, not {type(text).__name__}")
+        _require_int("k", k, 1)
+        _require_int("explain", explain, 0)
+        if window is not None:
+            _require_int("window", window, 1)
+        options = SearchOptions(mode=mode, k=k, window=window, fusion=fusion, alpha=alpha, explain=explain)
+        options.validate()
+        query_picture = None
+        if image is not None:  # checked before the models load; a text query never imports PIL
+            from .encoding import picture
+
+            query_picture = picture(image, as_query=True)
+        backend = self._open_backend()
+        encoder = self._encoder()
+        vectors = (encode_image_query(encoder, query_picture) if query_picture is not None
+                   else encode_text_query(encoder, text))
+        return run_query(backend, vectors, options)
+
+    # -- ingesting ---------------------------------------------------------------------
+
+    def ingest(self, paths: str | os.PathLike | Iterable[str | os.PathLike], *, batch_size: int = 32,
+               workers: int = 2, top_k: int | None = None, max_pixels: int | None = None, url_base: str | None = None,
+               include_hidden: bool = False, exclude: Iterable[str] = (), progress: Progress | None = None,
+               prepare_search: bool = True, engine: str = "process", ray_address: str | None = None,
+               cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0) -> IngestReport:
+        """Encode the pictures under ``paths`` (files or folders, walked as ``d2s-search
+        ingest`` walks them) and store the new ones. Returns the report ``ingest --json``
+        prints (``report.to_json()``; ``report.exit_code`` is the command's exit code).
+
+        ``progress(done, found, stored)`` is called once files are found (done = 0) and
+        after every batch. ``prepare_search``: build a local index's search structures now,
+        so the first search does not wait. A new index (``create=True``) that ends up empty
+        is removed again, as the command does.
+
+        ``engine="ray"``: the workers of a Ray cluster encode (``workers`` of them, each
+        reserving ``cpus_per_worker`` CPUs and ``gpus_per_worker`` GPUs) and write to a cluster
+        index themselves; ``ray_address`` names the cluster (None: ``RAY_ADDRESS``, else a Ray
+        instance on this machine for the call). See docs/ray.md."""
+        from ..images import DEFAULT_MAX_PIXELS, Skip
+        from ..ingest import ingest as run_ingest
+        from ..serve.image_urls import url_builder
+
+        given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+        if not given:
+            raise QueryError("ingest needs at least one path")
+        given = [os.fspath(p) for p in given]
+        _require_int("batch_size", batch_size, 1)
+        _require_int("workers", workers, 1)
+        if engine not in ("process", "ray"):
+            raise SettingsError(f"unknown engine {engine!r}: use process or ray")
+        url_for = url_builder(url_base, given) if url_base else None  # a bad base fails before any work
+        backend = self._open_backend()
+        counted = {"found": 0, "stored": 0}
+
+        def on_start(found: int) -> None:
+            counted["found"] = found
+            if progress is not None:
+                progress(0, found, 0)
+
+        def on_progress(done: int, stored: int) -> None:
+            counted["stored"] = stored
+            if progress is not None:
+                progress(done, counted["found"], stored)
+
+        report = None
+        skip = Skip(hidden=not include_hidden, exclude=tuple(exclude))
+        try:
+            if engine == "ray":
+                from ..ray_ingest import RayOptions, index_target, ray_ingest
+
+                options = RayOptions(address=ray_address, workers=workers, cpus_per_worker=cpus_per_worker,
+                                     gpus_per_worker=gpus_per_worker)
+                report = ray_ingest(
+                    given, self._bundle, backend, index_target(backend), options, batch_size=batch_size,
+                    device=self._device, top_k=top_k, max_pixels=max_pixels or DEFAULT_MAX_PIXELS, on_start=on_start,
+                    on_progress=on_progress, url_for=url_for, skip=skip,
+                )
+            else:
+                report = run_ingest(
+                    given, self._encoder(), backend, batch_size=batch_size, workers=workers, top_k=top_k,
+                    max_pixels=max_pixels or DEFAULT_MAX_PIXELS, on_start=on_start, on_progress=on_progress,
+                    url_for=url_for, skip=skip,
+                )
+            if prepare_search and (report.stored or report.moved):
+                report.search_seconds = self.prepare_search()
+        except DiskFullError as exc:  # say how much of this run is kept
+            raise DiskFullError(exc.where, exc.free, stored=counted["stored"]) from None
+        finally:
+            if self._created and (report is None or report.stored == 0):
+                self._discard_new_index()
+        self._created = False
+        return report
+
+    def prepare_search(self) -> float | None:
+        """Build a local index's search structures now (ingest does it); seconds taken, None
+        when the backend has nothing to build or it failed (a warning says so; the first
+        search builds them then)."""
+        prepare = getattr(self._open_backend(), "prepare_search", None)
+        if prepare is None:
+            return None
+        start = time.perf_counter()
+        try:
+            prepare()
+        except D2SError as exc:
+            warnings.warn(f"the search structures were not prepared ({exc}); the first search builds them",
+                          stacklevel=2)
+            return None
+        return time.perf_counter() - start
+
+    # -- lifetime ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._backend.close()
+
+    def __enter__(self) -> Index:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Index({self.location!r}, backend={self.backend_name!r}, bundle={str(self.bundle_path)!r})"
+
+    # -- internal ----------------------------------------------------------------------
+
+    def _open_backend(self) -> Backend:
+        if self._closed:
+            raise IndexStoreError(f"the index at {self.location} is closed")
+        if self._thread is not None and threading.get_ident() != self._thread:
+            raise IndexStoreError(f"the local index at {self.location} was opened in another thread: open one Index "
+                                  "per thread (each searches the same files)")
+        return self._backend
+
+    def _encoder(self) -> RuntimeEncoder:
+        if self._runtime is None:
+            from ..encoder import Encoder as RuntimeEncoder
+
+            self._runtime = RuntimeEncoder(self._bundle, device=self._device, quick_start=self._quick_start)
+        return self._runtime
+
+    def _discard_new_index(self) -> None:
+        """Remove an index this object created and left empty (only the index's own files, and
+        its folder only when the index made it), and close it then. Best effort: runs while
+        another error may be on its way out, which must not be hidden."""
+        try:
+            if self._backend.stats().get("documents") != 0:
+                return  # something was stored (by this run before it stopped, or by another)
+            if self._backend.name == "local":
+                self._backend.remove_created()  # only its own files, even beside the user's
+            else:
+                self._backend.drop()
+        except (D2SError, OSError):
+            return
+        self.close()
+
+
+def backend_for(backend: str | None, url: str | None) -> str:
+    """The backend Python arguments name (explicitly: no D2S_* variable picks it): ``backend``,
+    else opensearch with a ``url``, else local. A cluster without its address is refused."""
+    kind = backend or ("opensearch" if url else "local")
+    if kind not in BACKENDS:
+        raise SettingsError(f"unknown backend {kind!r}: use one of {', '.join(BACKENDS)}")
+    if kind == "opensearch" and not url:
+        raise SettingsError("the opensearch backend needs url= (the cluster's address)")
+    if kind == "elasticsearch" and not (url or os.environ.get("D2S_ELASTICSEARCH_URL")
+                                        or os.environ.get("D2S_ELASTICSEARCH_CLOUD_ID")):
+        raise SettingsError("the elasticsearch backend needs url= (or D2S_ELASTICSEARCH_CLOUD_ID)")
+    return kind
+
+
+def _require_int(name: str, value, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise QueryError(f"{name} must be a whole number of at least {least}, not {value!r}")
