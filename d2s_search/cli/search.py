@@ -215,7 +215,10 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
     picture = _query_picture(image_path) if image_path is not None else None  # before any index or model
     local = backend_kind(backend, url) == "local"
     note = LOCAL_TWO_PHASE_NOTE if local and mode == "two-phase" else None
-    if text is not None and not server_side and not no_serve and local:
+    if server_side and text is not None and _edited(text):
+        raise click.UsageError("--server-side encodes the text in the cluster: -word, +word and word^N need a "
+                               "local model (leave out --server-side)")
+    if text is not None and not server_side and not no_serve and local and not _edited(text):
         answered = _ask_running_serve(text, options, index, bundle)
         if answered is not None:
             result, address = answered
@@ -240,6 +243,16 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
     finally:
         store.close()
     return _show_result(result, as_json, paths_only, note=note)
+
+
+def _edited(text: str) -> bool:
+    """Whether the text has -word, +word or word^N (searched here: the serve's answer has no edits)."""
+    from d2s_search.query_edits import parse_query
+
+    try:
+        return bool(parse_query(text))
+    except D2SError:
+        return True  # the local path reports it
 
 
 def _query_picture(image_path: str):
@@ -347,6 +360,8 @@ def _print_hits(result) -> None:
 
     if result.notice:  # before the hits: they are guesses
         echo_line(f"note: {result.notice}", err=True)
+    if getattr(result, "edits", None):
+        click.secho(shown(f"query edits: {result.edits.describe()}"), dim=True)
     if not result.hits:
         echo_line(f"no results ({result.mode}, {result.took_ms:.1f} ms)")
         return
