@@ -31,6 +31,9 @@ FORMAT_NOT_SUPPORTED = "format not supported"
 READ_FORMATS = "JPEG, PNG, WebP, GIF, BMP or TIFF"  # what decode() is tested with (IMAGE_SUFFIXES)
 DEFAULT_MAX_PIXELS = 120_000_000  # ~ a 108 MP phone photo; larger is refused as a likely bomb
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
+# A query picture (serve's uploads, query --image URL): smaller caps, it is shrunk to the model's input anyway.
+QUERY_MAX_BYTES = 20 * 1024 * 1024
+QUERY_MAX_PIXELS = 50_000_000
 
 # Never decode partial files into half-grey pictures: a truncated file is an error.
 ImageFile.LOAD_TRUNCATED_IMAGES = False

@@ -167,7 +167,8 @@ LOCAL_TWO_PHASE_NOTE = ("on the local index two-phase misses most of the exact t
 
 @click.command()
 @click.argument("text", required=False)
-@click.option("--image", "image_path", type=click.Path(dir_okay=False), help="Search by an image instead of text.")
+@click.option("--image", "image_path", type=click.Path(dir_okay=False),
+              help="Search by a picture (a file, or an http(s) URL fetched up to 20 MiB).")
 @click.option("--mode", type=click.Choice(["sparse", "two-phase", "dense", "hybrid"]), default="sparse", show_default=True,
               help="Query plan: sparse (exact, all terms), two-phase (own words, then rescored), dense (kNN), "
               "hybrid (sparse and dense fused).")
@@ -256,16 +257,25 @@ def _edited(text: str) -> bool:
 
 
 def _query_picture(image_path: str):
-    """The decoded query picture; a URL, or a file that is missing or not a picture, is a
-    one-line error (exit 2 for a URL, 1 for a file) before any index or model is opened."""
+    """The decoded query picture, from a file or an http(s) URL; a picture that is missing, not
+    a picture, or cannot be fetched is a one-line error (exit 1; another URL scheme exit 2)
+    before any index or model is opened."""
     import re
 
     from d2s_search.errors import ImageRejected, QueryImageError
-    from d2s_search.images import load_image
+    from d2s_search.images import QUERY_MAX_PIXELS, decode, load_image
     from d2s_search.pathtext import path_to_text
+    from d2s_search.redact import strip_url_credentials
+    from d2s_search.remote_image import fetch_image, is_url
 
+    if is_url(image_path):
+        data = fetch_image(image_path)
+        try:
+            return decode(data, max_pixels=QUERY_MAX_PIXELS)[0]
+        except ImageRejected as exc:
+            raise QueryImageError(f"cannot use {strip_url_credentials(image_path)} as a query: {exc}") from None
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", image_path) and not Path(image_path).exists():
-        raise click.BadParameter("URLs are not supported: download the picture and give its file",
+        raise click.BadParameter("only http:// and https:// URLs are fetched: give a file or such a URL",
                                  param_hint="'--image'")
     try:
         return load_image(Path(image_path)).image
