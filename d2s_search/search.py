@@ -153,6 +153,34 @@ def encode_image_query(encoder, image, top_k: int | None = None) -> QueryVectors
     return QueryVectors(full=full, own=_top(full, 8), dense=dense[0])
 
 
+def combine_queries(text: QueryVectors, image: QueryVectors) -> QueryVectors:
+    """Words and a picture searched together: the sum of the two sparse vectors (the text's
+    edits applied to the picture's part as well: -word gone, word^N weighed, so the sum is
+    that of the edited vectors), and the mean direction of the two dense vectors (each
+    L2-normalised, summed, normalised again: neither side outweighs the other by its length).
+    The own words (two-phase's first pass) are the text's and the picture's, weighed as in the sum."""
+    picture = dict(image.full)
+    if text.edits:
+        for term in text.edits.excluded:
+            picture.pop(term, None)
+        for term, factor in text.edits.weights.items():
+            if term in picture:
+                picture[term] *= factor
+    full = dict(text.full)
+    for term, weight in picture.items():
+        full[term] = full.get(term, 0.0) + weight
+    own = {t: full[t] for t in (*text.own, *image.own) if t in full}
+    dense = (_unit(np.asarray(text.dense, dtype=np.float64)) + _unit(np.asarray(image.dense, dtype=np.float64)))
+    return QueryVectors(full=full, own=own or _top(full, 8), dense=_unit(dense).astype(np.float32),
+                        recognised=text.recognised, unrecognised=list(text.unrecognised), typed=set(text.typed),
+                        edits=text.edits)
+
+
+def _unit(vector: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(vector))
+    return vector / norm if norm > 0 else vector
+
+
 def _top(vector: SparseVector, n: int) -> SparseVector:
     """The n strongest terms, by weight then term: sorted by term, then stably by weight
     (two sorts in C, no Python key per term)."""

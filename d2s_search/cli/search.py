@@ -194,7 +194,8 @@ LOCAL_TWO_PHASE_NOTE = ("on the local index two-phase misses most of the exact t
 @json_option
 def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side, model_id, paths_only, print0, no_serve,
           bundle, backend, index, url, index_name, search_threads, device, as_json) -> int:
-    """Search the index by TEXT (or --image PATH).
+    """Search the index by TEXT, by --image PATH (a file or an http(s) URL), or by both (the sum
+    of the two queries).
 
     A text query on a local index that `d2s-search serve` is serving (on loopback, same
     bundle) is answered by that serve, which has everything loaded; the output says so.
@@ -202,8 +203,8 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
     """
     from d2s_search.search import SearchOptions
 
-    if (text is None) == (image_path is None):
-        raise click.UsageError("give either TEXT or --image PATH")
+    if text is None and image_path is None:
+        raise click.UsageError("give TEXT, --image PATH, or both")
     if server_side and (image_path or mode != "sparse"):
         raise click.UsageError("--server-side searches by TEXT with the sparse plan")
     if (paths_only or print0) and as_json:
@@ -219,13 +220,13 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
     if server_side and text is not None and _edited(text):
         raise click.UsageError("--server-side encodes the text in the cluster: -word, +word and word^N need a "
                                "local model (leave out --server-side)")
-    if text is not None and not server_side and not no_serve and local and not _edited(text):
+    if text is not None and picture is None and not server_side and not no_serve and local and not _edited(text):
         answered = _ask_running_serve(text, options, index, bundle)
         if answered is not None:
             result, address = answered
             return _show_result(result, as_json, paths_only, answered_by=address, note=note)
     from d2s_search.encoder import Encoder  # not needed when a serve answered
-    from d2s_search.search import encode_image_query, encode_text_query, run_query
+    from d2s_search.search import combine_queries, encode_image_query, encode_text_query, run_query
 
     bundle_obj, store, _ = open_index(backend, index, url, index_name, bundle, create=False, threads=search_threads)
     try:
@@ -236,14 +237,16 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
                                      encoder_factory=lambda: Encoder(bundle_obj, device=device))
             return _show_result(result, as_json, paths_only)
         encoder = Encoder(bundle_obj, device=device, quick_start=True)  # one query per process
-        if picture is not None:
+        if picture is not None and text is not None:  # words and a picture: the sum of both queries
+            vectors = combine_queries(encode_text_query(encoder, text), encode_image_query(encoder, picture))
+        elif picture is not None:
             vectors = encode_image_query(encoder, picture)
         else:
             vectors = encode_text_query(encoder, text)
         result = run_query(store, vectors, options)
     finally:
         store.close()
-    return _show_result(result, as_json, paths_only, note=note)
+    return _show_result(result, as_json, paths_only, note=note, words=text is not None and picture is not None)
 
 
 def _edited(text: str) -> bool:
@@ -323,7 +326,7 @@ def _recorded_identity_and_id(index: str):
 
 
 def _show_result(result, as_json: bool, paths_only: bool | str = False, answered_by: str | None = None,
-                 note: str | None = None) -> int:
+                 note: str | None = None, words: bool = False) -> int:
     """Hits as JSON, a table, or only their paths (``paths_only``: True one escaped path a line,
     ``"nul"`` the exact bytes of each name ended by a NUL)."""
     from d2s_search.cli.output import echo_line
@@ -338,7 +341,7 @@ def _show_result(result, as_json: bool, paths_only: bool | str = False, answered
         for hit in result.hits:
             echo_line(hit.path)  # one line each: a newline in a name shows as \x0a
     else:
-        _print_hits(result)
+        _print_hits(result, words)
     if answered_by:
         line = shown(f"answered by the running serve at {answered_by}")
         if paths_only:
@@ -364,7 +367,12 @@ def _print_paths_nul(hits) -> None:
     out.flush()
 
 
-def _print_hits(result) -> None:
+SHOWN_QUERY_WORDS = 8
+
+
+def _print_hits(result, words: bool = False) -> None:
+    """The hits as a table; ``words``: first the query's strongest words (words and a picture
+    searched together: what the sum came to)."""
     from d2s_search.cli.output import echo_line
     from d2s_search.pathtext import shown  # a name, a server's terms: nothing a terminal acts on
 
@@ -372,6 +380,9 @@ def _print_hits(result) -> None:
         echo_line(f"note: {result.notice}", err=True)
     if getattr(result, "edits", None):
         click.secho(shown(f"query edits: {result.edits.describe()}"), dim=True)
+    if words:
+        strongest = ", ".join(f"{t} {w:.2f}" for t, w in list(result.query_terms)[:SHOWN_QUERY_WORDS])
+        click.secho(shown(f"query words (text + picture): {strongest}"), dim=True)
     if not result.hits:
         echo_line(f"no results ({result.mode}, {result.took_ms:.1f} ms)")
         return
