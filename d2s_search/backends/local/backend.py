@@ -956,10 +956,11 @@ class LocalBackend:
         out = []
         for shard in state.shards:
             self._validated(shard)
-            allowed = np.flatnonzero(self._carrying(shard, words))
-            scores = shard.arrays["dense"][allowed] @ query
-            top = kernels.top_rows_any_sign(scores, k)
-            out.append((allowed[top] + shard.start, scores[top]))
+            allowed = self._carrying(shard, words)
+            scores = shard.arrays["dense"] @ query  # in place: picking the allowed rows first copies them
+            scores[~allowed] = -np.inf
+            top = kernels.top_rows_any_sign(scores, min(k, int(allowed.sum())))
+            out.append((top + shard.start, scores[top]))
         return kernels.merge_top(out, k)
 
     @_db_errors
