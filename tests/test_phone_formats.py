@@ -102,3 +102,26 @@ def test_the_serve_and_query_caps_are_one(capsys):
 
     assert api.UPLOAD_MAX_BYTES == images.QUERY_MAX_BYTES and api.UPLOAD_MAX_PIXELS == images.QUERY_MAX_PIXELS
     assert run_cli(["query", "--help"], capsys)[1].count("20 MiB") == 1
+
+
+def test_the_search_page_shows_them_and_takes_them_as_uploads(tmp_path, phone_folder, tiny_blip_bundle):
+    """Thumbnails of stored HEIC and AVIF photos are JPEGs a browser shows; an uploaded HEIC
+    searches like its file."""
+    import io
+
+    from fastapi.testclient import TestClient
+
+    from tests.serve.conftest import make_app, make_index
+
+    index = make_index(tmp_path / "index", tiny_blip_bundle, phone_folder)
+    with TestClient(make_app(tiny_blip_bundle, index, tmp_path / "thumbs")) as client:
+        for name in ("IMG_0001.HEIC", "pic.avif"):
+            data = (phone_folder / name).read_bytes()
+            reply = client.post("/api/search/image", params={"mode": "dense", "k": 3},
+                                files={"image": (name, data, "image/heic" if name.endswith("HEIC") else "image/avif")})
+            assert reply.status_code == 200, reply.text
+            first = reply.json()["results"][0]
+            assert first["path"].endswith(name)
+            thumb = client.get(first["thumbnail"])
+            assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/jpeg"
+            assert Image.open(io.BytesIO(thumb.content)).format == "JPEG"

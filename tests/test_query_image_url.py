@@ -134,3 +134,11 @@ def test_nothing_listens(tmp_path, monkeypatch, capsys):
         port = s.getsockname()[1]
     code, _, err = run_cli(["query", "--image", f"http://127.0.0.1:{port}/a.jpg"], capsys)
     assert code == 1 and err.count("\n") == 1 and "ConnectError" in err
+
+
+def test_a_failing_fetch_with_json_is_the_error_object(tmp_path, monkeypatch, capsys, server):
+    monkeypatch.chdir(tmp_path)
+    code, out = run_cli_json(["query", "--image", f"{server}/notes.txt", "--json"], capsys)
+    assert code == 1
+    assert out == {"error": {"type": "QueryImageError", "message":
+                             f"cannot use {server}/notes.txt as a query: not a picture (content type text/html)"}}
