@@ -46,7 +46,7 @@ def test_bad_edits_are_one_line_usage_errors(typed):
     assert "\n" not in str(caught.value) and caught.value.exit_code == 2
 
 
-# --- a hand-checkable collection (tests/helpers.edit_docs) ---------------------------------
+# --- a hand-checkable collection (edit_docs) -----------------------------------------------
 
 
 @pytest.fixture
