@@ -364,7 +364,7 @@ def evaluate_index(
                     "index_documents": index_documents, "runs": {},
                     "ranking": "split" if within_split else "index",
                     "ranked_among": len(present) if within_split else index_documents}
-    vectors = [encode_text_query(encoder, text) for _, text, _ in queries]
+    vectors = [encode_text_query(encoder, text, edits=False) for _, text, _ in queries]
     with _split_index(backend, sorted(present)) if within_split else nullcontext(backend) as searched:
         result["runs"] = _ranked_runs(searched, vectors, queries, doc_of, modes, k, window, fusion, alpha, progress)
     _efficiency(backend, present, vectors, result)

@@ -50,6 +50,7 @@ EXTRAS: dict[str, dict[str, str]] = {
     "ml": {"onnx": "onnx"},
     "faiss": {"faiss": "faiss-cpu"},
     "ray": {"ray": "ray"},
+    "heif": {"pillow_heif": "pillow-heif"},  # read when a HEIC picture comes (images.py), no command needs it
 }
 
 Params = Mapping[str, Any]

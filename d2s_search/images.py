@@ -7,6 +7,7 @@ reason, so the caller can report it and go on with the others.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import os
 import stat
@@ -21,16 +22,25 @@ from .errors import ImageRejected
 from .regular_files import NotRegularFile, check_regular, open_regular
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".jpe", ".png", ".webp", ".gif", ".bmp", ".dib", ".tif", ".tiff"})
+# Phones' pictures: HEIC/HEIF through the `heif` extra (pillow-heif), AVIF through Pillow itself
+# when it is built with libavif (its wheels are); read when the decoder is there, else reported.
+HEIF_SUFFIXES = frozenset({".heic", ".heif", ".hif"})
+AVIF_SUFFIXES = frozenset({".avif"})
 # Picture formats we do not decode: reported as skipped ("format not supported"), not ignored
 # silently like other files (a phone's .heic photos would otherwise just be missing).
 UNSUPPORTED_IMAGE_SUFFIXES = frozenset({
-    ".heic", ".heif", ".hif", ".avif", ".jxl", ".jp2", ".j2k", ".svg", ".dng", ".cr2", ".cr3", ".nef", ".arw",
+    *HEIF_SUFFIXES, *AVIF_SUFFIXES, ".jxl", ".jp2", ".j2k", ".svg", ".dng", ".cr2", ".cr3", ".nef", ".arw",
     ".orf", ".raf", ".rw2",
 })
 FORMAT_NOT_SUPPORTED = "format not supported"
+NEEDS_HEIF = "HEIC/HEIF needs the heif extra: pip install 'd2s-search[heif]'"
+NEEDS_AVIF = "this Pillow decodes no AVIF: pip install --upgrade pillow (its wheels do)"
 READ_FORMATS = "JPEG, PNG, WebP, GIF, BMP or TIFF"  # what decode() is tested with (IMAGE_SUFFIXES)
 DEFAULT_MAX_PIXELS = 120_000_000  # ~ a 108 MP phone photo; larger is refused as a likely bomb
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
+# A query picture (serve's uploads, query --image URL): smaller caps, it is shrunk to the model's input anyway.
+QUERY_MAX_BYTES = 20 * 1024 * 1024
+QUERY_MAX_PIXELS = 50_000_000
 
 # Never decode partial files into half-grey pictures: a truncated file is an error.
 ImageFile.LOAD_TRUNCATED_IMAGES = False
@@ -118,6 +128,39 @@ class Skipped:
 DEFAULT_SKIP = Skip()  # hidden and system folders and files
 
 
+def heif_available() -> bool:
+    """pillow-heif is installed (found, not imported: discovery stays cheap)."""
+    from .extras import missing
+
+    return not missing(["pillow_heif"])
+
+
+def avif_available() -> bool:
+    from PIL import features
+
+    return bool(features.check("avif"))
+
+
+class Formats(NamedTuple):
+    """Which suffixes this install reads, and why it refuses the others."""
+
+    readable: frozenset[str]
+    refused: dict[str, str]  # suffix -> reason
+
+    @classmethod
+    def here(cls) -> Formats:
+        readable, refused = set(IMAGE_SUFFIXES), {}
+        optional = ((HEIF_SUFFIXES, heif_available(), NEEDS_HEIF), (AVIF_SUFFIXES, avif_available(), NEEDS_AVIF))
+        for suffixes, available, why in optional:
+            if available:
+                readable |= suffixes
+            else:
+                refused |= {s: f"{FORMAT_NOT_SUPPORTED} ({s[1:]}): {why}" for s in suffixes}
+        for suffix in UNSUPPORTED_IMAGE_SUFFIXES - readable - set(refused):
+            refused[suffix] = f"{FORMAT_NOT_SUPPORTED} ({suffix[1:]})"
+        return cls(frozenset(readable), refused)
+
+
 class Discovery(NamedTuple):
     files: list[Path]  # in a stable order
     problems: list[tuple[Path, str]]
@@ -136,6 +179,7 @@ def discover(paths: Iterable[str | Path], skip: Skip = DEFAULT_SKIP) -> Discover
     skipped = Skipped()
     seen_dirs: set[tuple[int, int]] = set()
     seen_files: set[Path] = set()
+    formats = Formats.here()
 
     def add(file: Path) -> None:
         key = file.absolute()
@@ -146,10 +190,10 @@ def discover(paths: Iterable[str | Path], skip: Skip = DEFAULT_SKIP) -> Discover
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            for file in _walk(path, "", seen_dirs, problems, skip, skipped):
+            for file in _walk(path, "", seen_dirs, problems, skip, skipped, formats):
                 add(file)
-        elif path.suffix.lower() in UNSUPPORTED_IMAGE_SUFFIXES and path.is_file():
-            problems.append((path, f"{FORMAT_NOT_SUPPORTED} ({path.suffix.lower()[1:]})"))
+        elif path.suffix.lower() in formats.refused and path.is_file():
+            problems.append((path, formats.refused[path.suffix.lower()]))
         elif path.is_file() or path.is_symlink():
             add(path)  # read_bytes refuses it with its reason if it is not a regular file
         elif path.exists():
@@ -160,7 +204,7 @@ def discover(paths: Iterable[str | Path], skip: Skip = DEFAULT_SKIP) -> Discover
 
 
 def _walk(root: Path, relative: str, seen_dirs: set[tuple[int, int]], problems: list[tuple[Path, str]],
-          skip: Skip, skipped: Skipped) -> Iterator[Path]:
+          skip: Skip, skipped: Skipped, formats: Formats) -> Iterator[Path]:
     """Image files under ``root`` (``relative``: its path below the folder given, "" for that one)."""
     try:
         st = root.stat()
@@ -184,14 +228,14 @@ def _walk(root: Path, relative: str, seen_dirs: set[tuple[int, int]], problems: 
             is_dir = False
         suffix = path.suffix.lower()
         below = f"{relative}/{entry.name}" if relative else entry.name
-        if is_dir or suffix in IMAGE_SUFFIXES or suffix in UNSUPPORTED_IMAGE_SUFFIXES:
+        if is_dir or suffix in formats.readable or suffix in formats.refused:
             reason = skip.reason(entry, below, is_dir)
             if reason is not None:
                 skipped.add(reason)  # a folder is not entered: its files are not counted
                 continue
         if is_dir:
-            yield from _walk(path, below, seen_dirs, problems, skip, skipped)
-        elif suffix in IMAGE_SUFFIXES:
+            yield from _walk(path, below, seen_dirs, problems, skip, skipped, formats)
+        elif suffix in formats.readable:
             try:
                 check_regular(entry.stat(follow_symlinks=True))
             except NotRegularFile as exc:
@@ -200,8 +244,8 @@ def _walk(root: Path, relative: str, seen_dirs: set[tuple[int, int]], problems: 
             except OSError:
                 pass  # a broken link: read_bytes reports it
             yield path
-        elif suffix in UNSUPPORTED_IMAGE_SUFFIXES:
-            problems.append((path, f"{FORMAT_NOT_SUPPORTED} ({suffix[1:]})"))
+        elif suffix in formats.refused:
+            problems.append((path, formats.refused[suffix]))
 
 
 def _not_regular_reason(path: Path) -> str:
@@ -256,6 +300,9 @@ def decode(
     """
     import io
 
+    container = _container(data)
+    if container == "heif" and heif_available():
+        _register_heif()
     try:
         image = Image.open(io.BytesIO(data))
         width, height = image.size
@@ -281,10 +328,40 @@ def decode(
     except ImageRejected:
         raise
     except UnidentifiedImageError:
+        if container == "heif" and not heif_available():
+            raise ImageRejected(f"{FORMAT_NOT_SUPPORTED} (heic): {NEEDS_HEIF}") from None
+        if container == "avif" and not avif_available():
+            raise ImageRejected(f"{FORMAT_NOT_SUPPORTED} (avif): {NEEDS_AVIF}") from None
+        if container:
+            raise ImageRejected(f"corrupt or truncated image: not a readable {container.upper()} picture") from None
         raise ImageRejected(f"not an image in a format we read ({READ_FORMATS})") from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
         raise ImageRejected(f"corrupt or truncated image: {reason}") from None
+
+
+_HEIF_BRANDS = frozenset({b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"hevm", b"hevs", b"mif1", b"msf1"})
+_AVIF_BRANDS = frozenset({b"avif", b"avis"})
+
+
+def _container(data: bytes) -> str | None:
+    """"heif" or "avif" for an ISO-BMFF picture (its ``ftyp`` box's brands), else None:
+    whatever its file is called."""
+    if data[4:8] != b"ftyp":
+        return None
+    size = min(int.from_bytes(data[:4], "big"), 256)
+    brands = {data[8:12]} | {data[i:i + 4] for i in range(16, max(16, size - 3), 4)}
+    if brands & _AVIF_BRANDS:
+        return "avif"
+    return "heif" if brands & _HEIF_BRANDS else None
+
+
+@functools.cache
+def _register_heif() -> None:
+    """Teach Pillow HEIC/HEIF (pillow-heif's opener), once, when the first such picture comes."""
+    import pillow_heif
+
+    pillow_heif.register_heif_opener()
 
 
 # EXIF orientation -> the transpose that makes the picture upright (as ImageOps.exif_transpose).

@@ -14,8 +14,9 @@ from operator import itemgetter
 
 import numpy as np
 
-from .backends.base import Backend, Hit, SparseVector
+from .backends.base import Backend, Hit, SparseVector, WordFilter
 from .errors import QueryError
+from .query_edits import AppliedEdits, apply_edits, parse_query
 from .terms import recognised_words
 
 MODES = ("sparse", "two-phase", "dense", "hybrid")
@@ -31,6 +32,11 @@ class QueryVectors:
     recognised: list[str] | None = None
     unrecognised: list[str] = field(default_factory=list)
     typed: set[str] = field(default_factory=set)  # the query's terms that are words it typed whole
+    edits: AppliedEdits | None = None  # -word, +word, word^2 (d2s_search.query_edits)
+
+    @property
+    def words(self) -> WordFilter:
+        return self.edits.words if self.edits else WordFilter()
 
     @property
     def weak(self) -> bool:
@@ -73,6 +79,7 @@ class SearchResult:
     fusion: str | None = None
     weak_query: bool = False
     unrecognised_words: list[str] = field(default_factory=list)
+    edits: AppliedEdits | None = None
 
     @property
     def notice(self) -> str | None:
@@ -89,6 +96,7 @@ class SearchResult:
             "unrecognised_words": self.unrecognised_words,
             "notice": self.notice,
             "query_terms": [{"term": t, "weight": w} for t, w in self.query_terms],
+            **({"query_edits": self.edits.to_json()} if self.edits else {}),
             "results": [dict(rank=i + 1, **h.to_json()) for i, h in enumerate(self.hits)],
         }
 
@@ -109,19 +117,30 @@ def unknown_words_notice(unrecognised: list[str]) -> str:
 # --- encoding queries ------------------------------------------------------------------
 
 
-def encode_text_query(encoder, text: str, top_k: int | None = None) -> QueryVectors:
+def encode_text_query(encoder, text: str, top_k: int | None = None, edits: bool = True) -> QueryVectors:
+    """A typed query's vectors; with ``edits``, ``-word``, ``+word`` and ``word^2`` are
+    applied (d2s_search.query_edits), without them the text is encoded as it is (captions)."""
     if not text or not text.strip():
         raise QueryError("the query is empty: type some words")
+    typed_edits = parse_query(text) if edits else None
+    if typed_edits:
+        text = typed_edits.text
     enc = encoder.encode_texts([text])
     full = text_terms(encoder, enc, 0, top_k)
     if not full:
         raise QueryError(f"the model gives no terms for {text!r}; try other words or --mode dense")
     # Typed words are whole-word tokens: "giraffe" split into gi ##raf ##fe types none of them.
     typed = encoder.own_terms(enc.typed_ids[0] if enc.typed_ids is not None else enc.token_ids[0])
-    own = {t: w for t, w in full.items() if t in typed}
+    own = {t: w for t, w in full.items() if t in typed} or _top(full, 8)
     known, unknown = recognised_words(encoder.tokenizer, text)
+    applied = None
+    if typed_edits:
+        applied = apply_edits(encoder, typed_edits, full, own)
+        unknown += [w for w in applied.unknown if w not in unknown]
+        if not full:
+            raise QueryError("no word of the query is left to search with: remove fewer words")
     return QueryVectors(full=full, own=own or _top(full, 8), dense=enc.dense[0], recognised=known,
-                        unrecognised=unknown, typed=typed)
+                        unrecognised=unknown, typed=typed, edits=applied)
 
 
 def text_terms(encoder, enc, row: int, top_k: int | None = None) -> SparseVector:
@@ -139,6 +158,34 @@ def encode_image_query(encoder, image, top_k: int | None = None) -> QueryVectors
     full = encoder.to_terms(sparse[0], top_k=top_k)
     # An image has no "own words": its strongest terms play that part for two-phase.
     return QueryVectors(full=full, own=_top(full, 8), dense=dense[0])
+
+
+def combine_queries(text: QueryVectors, image: QueryVectors) -> QueryVectors:
+    """Words and a picture searched together: the sum of the two sparse vectors (the text's
+    edits applied to the picture's part as well: -word gone, word^N weighed, so the sum is
+    that of the edited vectors), and the mean direction of the two dense vectors (each
+    L2-normalised, summed, normalised again: neither side outweighs the other by its length).
+    The own words (two-phase's first pass) are the text's and the picture's, weighed as in the sum."""
+    picture = dict(image.full)
+    if text.edits:
+        for term in text.edits.excluded:
+            picture.pop(term, None)
+        for term, factor in text.edits.weights.items():
+            if term in picture:
+                picture[term] *= factor
+    full = dict(text.full)
+    for term, weight in picture.items():
+        full[term] = full.get(term, 0.0) + weight
+    own = {t: full[t] for t in (*text.own, *image.own) if t in full}
+    dense = (_unit(np.asarray(text.dense, dtype=np.float64)) + _unit(np.asarray(image.dense, dtype=np.float64)))
+    return QueryVectors(full=full, own=own or _top(full, 8), dense=_unit(dense).astype(np.float32),
+                        recognised=text.recognised, unrecognised=list(text.unrecognised), typed=set(text.typed),
+                        edits=text.edits)
+
+
+def _unit(vector: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(vector))
+    return vector / norm if norm > 0 else vector
 
 
 def _top(vector: SparseVector, n: int) -> SparseVector:
@@ -186,13 +233,17 @@ class StrongestTerms(Sequence):
 
 def run_query(backend: Backend, query: QueryVectors, options: SearchOptions) -> SearchResult:
     options.validate()
+    # +word / -word: passed only when typed, so a backend without the keyword still runs the rest
+    restrict = {"words": query.words} if query.words else {}
     start = time.perf_counter()
     if options.mode == "sparse":
-        hits = backend.sparse_search(query.full, options.k, explain=options.explain)
+        hits = backend.sparse_search(query.full, options.k, explain=options.explain, **restrict)
     elif options.mode == "two-phase":
-        hits = backend.two_phase_search(query.own, query.full, options.k, options.candidates, explain=options.explain)
+        hits = backend.two_phase_search(query.own, query.full, options.k, options.candidates, explain=options.explain,
+                                        **restrict)
     elif options.mode == "dense":
-        hits = backend.dense_search(query.dense, options.k, explain_with=query.full, explain=options.explain)
+        hits = backend.dense_search(query.dense, options.k, explain_with=query.full, explain=options.explain,
+                                    **restrict)
     else:
         hits = hybrid(backend, query, options)
     took = (time.perf_counter() - start) * 1000
@@ -201,19 +252,21 @@ def run_query(backend: Backend, query: QueryVectors, options: SearchOptions) -> 
         native = getattr(backend, "hybrid_search", None) is not None
         fusion = getattr(backend, "last_fusion", None) if native else f"client-{options.fusion}"
     return SearchResult(mode=options.mode, hits=hits, took_ms=took, query_terms=StrongestTerms(query.full, 50),
-                        fusion=fusion, weak_query=query.weak, unrecognised_words=list(query.unrecognised))
+                        fusion=fusion, weak_query=query.weak, unrecognised_words=list(query.unrecognised),
+                        edits=query.edits)
 
 
 def hybrid(backend: Backend, query: QueryVectors, options: SearchOptions) -> list[Hit]:
+    restrict = {"words": query.words} if query.words else {}
     native = getattr(backend, "hybrid_search", None)
     if native is not None:
-        return native(query.full, query.dense, options)
+        return native(query.full, query.dense, options, **restrict)
     n = options.candidates
     # A backend that can explain given hits does it after fusion, for the k hits returned only.
     explain_hits = getattr(backend, "explain_hits", None)
     per_run = 0 if explain_hits is not None else options.explain
-    sparse_hits = backend.sparse_search(query.full, n, explain=per_run)
-    dense_hits = backend.dense_search(query.dense, n, explain_with=query.full, explain=per_run)
+    sparse_hits = backend.sparse_search(query.full, n, explain=per_run, **restrict)
+    dense_hits = backend.dense_search(query.dense, n, explain_with=query.full, explain=per_run, **restrict)
     if options.fusion == "rrf":
         fused = fuse_rrf({"sparse": sparse_hits, "dense": dense_hits}, options.k, options.rrf_k)
     else:

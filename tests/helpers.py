@@ -97,3 +97,38 @@ def clean_env(tmp_path: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("D2S_")}
     env["D2S_CONFIG_DIR"] = str(tmp_path / "config")
     return env
+
+
+def brute_force_words(docs, query: dict[str, float], words) -> list[tuple[str, float]]:
+    """:func:`brute_force_sparse` over the documents that pass a WordFilter, their stored
+    (9-bit) weights compared with its threshold."""
+    from d2s_search.backends.opensearch.features import lucene_feature_value
+
+    def passes(doc) -> bool:
+        return words.allows({t: lucene_feature_value(w) for t, w in doc.sparse.items()})
+
+    return brute_force_sparse([d for d in docs if passes(d)], query)
+
+
+def edit_docs(dim: int = 8) -> list:
+    """A hand-checkable collection for -word and +word (a picture carries a word from weight
+    1.0): dog pictures with a car, without one, with a faint one, and a car alone."""
+    import time
+
+    from d2s_search.backends.base import Document
+
+    table = [
+        ("dog-in-car", {"dog": 2.0, "car": 2.0, "seat": 1.0}),
+        ("car-alone", {"car": 2.5, "road": 1.0}),
+        ("dog-faint-car", {"dog": 1.75, "car": 0.25, "grass": 1.0}),
+        ("dog-park", {"dog": 1.5, "grass": 1.5}),
+        ("dog-beach", {"dog": 1.25, "beach": 1.5}),
+        ("cat-sofa", {"cat": 2.0, "sofa": 1.0}),
+    ]
+    docs = []
+    for i, (name, sparse) in enumerate(table):
+        dense = np.zeros(dim, dtype=np.float32)
+        dense[i % dim] = 1.0
+        docs.append(Document(id=f"{i:064x}", path=f"photos/{name}.jpg", size_bytes=1000 + i, width=64, height=48,
+                             sparse=sparse, dense=dense, ingested_at=time.time()))
+    return docs

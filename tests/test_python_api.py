@@ -232,8 +232,8 @@ def test_bad_input_is_a_one_line_d2s_error(tmp_path, api_index, tiny_blip_bundle
     ]
     with d2s_search.Index.open(api_index) as index:
         cases += [
-            (lambda: index.search("dogs", image="x.jpg"), QueryError, "either text or image="),
-            (lambda: index.search(), QueryError, "either text or image="),
+            (lambda: index.search("dogs", image=tmp_path / "x.jpg"), QueryImageError, "x.jpg as a query"),
+            (lambda: index.search(), QueryError, "give text, image=, or both"),
             (lambda: index.search("dogs", mode="fuzzy"), QueryError, "unknown mode 'fuzzy'"),
             (lambda: index.search("dogs", k=0), QueryError, "k must be"),
             (lambda: index.search("   "), QueryError, "the query is empty"),

@@ -148,7 +148,8 @@ LOCAL_TWO_PHASE_NOTE = ("on the local index two-phase misses most of the exact t
 
 @click.command()
 @click.argument("text", required=False)
-@click.option("--image", "image_path", type=click.Path(dir_okay=False), help="Search by an image instead of text.")
+@click.option("--image", "image_path", type=click.Path(dir_okay=False),
+              help="Search by a picture (a file, or an http(s) URL fetched up to 20 MiB).")
 @click.option("--mode", type=click.Choice(["sparse", "two-phase", "dense", "hybrid"]), default="sparse", show_default=True,
               help="Query plan: sparse (exact, all terms), two-phase (own words, then rescored), dense (kNN), "
               "hybrid (sparse and dense fused).")
@@ -174,7 +175,8 @@ LOCAL_TWO_PHASE_NOTE = ("on the local index two-phase misses most of the exact t
 @json_option
 def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side, model_id, paths_only, print0, no_serve,
           bundle, backend, index, url, index_name, search_threads, device, as_json) -> int:
-    """Search the index by TEXT (or --image PATH).
+    """Search the index by TEXT, by --image PATH (a file or an http(s) URL), or by both (the sum
+    of the two queries).
 
     A text query on a local index that `d2s-search serve` is serving (on loopback, same
     bundle) is answered by that serve, which has everything loaded; the output says so.
@@ -182,8 +184,8 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
     """
     from d2s_search.search import SearchOptions
 
-    if (text is None) == (image_path is None):
-        raise click.UsageError("give either TEXT or --image PATH")
+    if text is None and image_path is None:
+        raise click.UsageError("give TEXT, --image PATH, or both")
     if server_side and (image_path or mode != "sparse"):
         raise click.UsageError("--server-side searches by TEXT with the sparse plan")
     if (paths_only or print0) and as_json:
@@ -196,7 +198,10 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
     picture = _query_picture(image_path) if image_path is not None else None  # before any index or model
     local = backend_kind(backend, url) == "local"
     note = LOCAL_TWO_PHASE_NOTE if local and mode == "two-phase" else None
-    if text is not None and not server_side and not no_serve and local:
+    if server_side and text is not None and _edited(text):
+        raise click.UsageError("--server-side encodes the text in the cluster: -word, +word and word^N need a "
+                               "local model (leave out --server-side)")
+    if text is not None and picture is None and not server_side and not no_serve and local and not _edited(text):
         answered = _ask_running_serve(text, options, index, bundle)
         if answered is not None:
             result, address = answered
@@ -219,20 +224,39 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
     with Index(opened, device=device, quick_start=True) as searched:
         result = searched.search(text, image=picture, mode=mode, k=k, window=window, fusion=fusion, alpha=alpha,
                                  explain=explain)
-    return _show_result(result, as_json, paths_only, note=note)
+    return _show_result(result, as_json, paths_only, note=note, words=text is not None and picture is not None)
+
+
+def _edited(text: str) -> bool:
+    """Whether the text has -word, +word or word^N (searched here: the serve's answer has no edits)."""
+    from d2s_search.query_edits import parse_query
+
+    try:
+        return bool(parse_query(text))
+    except D2SError:
+        return True  # the local path reports it
 
 
 def _query_picture(image_path: str):
-    """The decoded query picture; a URL, or a file that is missing or not a picture, is a
-    one-line error (exit 2 for a URL, 1 for a file) before any index or model is opened."""
+    """The decoded query picture, from a file or an http(s) URL; a picture that is missing, not
+    a picture, or cannot be fetched is a one-line error (exit 1; another URL scheme exit 2)
+    before any index or model is opened."""
     import re
 
     from d2s_search.errors import ImageRejected, QueryImageError
-    from d2s_search.images import load_image
+    from d2s_search.images import QUERY_MAX_PIXELS, decode, load_image
     from d2s_search.pathtext import path_to_text
+    from d2s_search.redact import strip_url_credentials
+    from d2s_search.remote_image import fetch_image, is_url
 
+    if is_url(image_path):
+        data = fetch_image(image_path)
+        try:
+            return decode(data, max_pixels=QUERY_MAX_PIXELS)[0]
+        except ImageRejected as exc:
+            raise QueryImageError(f"cannot use {strip_url_credentials(image_path)} as a query: {exc}") from None
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", image_path) and not Path(image_path).exists():
-        raise click.BadParameter("URLs are not supported: download the picture and give its file",
+        raise click.BadParameter("only http:// and https:// URLs are fetched: give a file or such a URL",
                                  param_hint="'--image'")
     try:
         return load_image(Path(image_path)).image
@@ -279,7 +303,7 @@ def _recorded_identity_and_id(index: str):
 
 
 def _show_result(result, as_json: bool, paths_only: bool | str = False, answered_by: str | None = None,
-                 note: str | None = None) -> int:
+                 note: str | None = None, words: bool = False) -> int:
     """Hits as JSON, a table, or only their paths (``paths_only``: True one escaped path a line,
     ``"nul"`` the exact bytes of each name ended by a NUL)."""
     from d2s_search.cli.output import echo_line
@@ -294,7 +318,7 @@ def _show_result(result, as_json: bool, paths_only: bool | str = False, answered
         for hit in result.hits:
             echo_line(hit.path)  # one line each: a newline in a name shows as \x0a
     else:
-        _print_hits(result)
+        _print_hits(result, words)
     if answered_by:
         line = shown(f"answered by the running serve at {answered_by}")
         if paths_only:
@@ -320,12 +344,22 @@ def _print_paths_nul(hits) -> None:
     out.flush()
 
 
-def _print_hits(result) -> None:
+SHOWN_QUERY_WORDS = 8
+
+
+def _print_hits(result, words: bool = False) -> None:
+    """The hits as a table; ``words``: first the query's strongest words (words and a picture
+    searched together: what the sum came to)."""
     from d2s_search.cli.output import echo_line
     from d2s_search.pathtext import shown  # a name, a server's terms: nothing a terminal acts on
 
     if result.notice:  # before the hits: they are guesses
         echo_line(f"note: {result.notice}", err=True)
+    if getattr(result, "edits", None):
+        click.secho(shown(f"query edits: {result.edits.describe()}"), dim=True)
+    if words:
+        strongest = ", ".join(f"{t} {w:.2f}" for t, w in list(result.query_terms)[:SHOWN_QUERY_WORDS])
+        click.secho(shown(f"query words (text + picture): {strongest}"), dim=True)
     if not result.hits:
         echo_line(f"no results ({result.mode}, {result.took_ms:.1f} ms)")
         return

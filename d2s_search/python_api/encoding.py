@@ -109,7 +109,7 @@ class Encoder:
 
 
 def picture(item: ImageInput, as_query: bool = False, draft_size: int | None = None) -> Image.Image:
-    """A PIL image as given, or the picture at a path decoded as ingest decodes it (EXIF
+    """A PIL image as given, or the picture at a path (or an http(s) URL) decoded as ingest decodes it (EXIF
     orientation, size limit); a file that is missing or not a picture is an ImageInputError
     (a QueryImageError ``as_query``). PIL is imported here: encoding texts never needs it."""
     from PIL import Image
@@ -119,8 +119,17 @@ def picture(item: ImageInput, as_query: bool = False, draft_size: int | None = N
     if not isinstance(item, (str, os.PathLike)):
         raise ImageInputError(f"not a picture: {type(item).__name__} (give a file path or a PIL image)")
     from ..errors import ImageRejected, QueryImageError
-    from ..images import DEFAULT_MAX_PIXELS, load_image
+    from ..images import DEFAULT_MAX_PIXELS, decode, load_image
+    from ..remote_image import fetch_image, is_url
 
+    if isinstance(item, str) and is_url(item):  # an http(s) URL: fetched with the same limits as query --image
+        from ..redact import strip_url_credentials
+
+        error, role = (QueryImageError, " as a query") if as_query else (ImageInputError, "")
+        try:
+            return decode(fetch_image(item), max_pixels=DEFAULT_MAX_PIXELS, draft_size=draft_size)[0]
+        except ImageRejected as exc:
+            raise error(f"cannot use {strip_url_credentials(item)}{role}: {exc}") from None
     try:
         return load_image(Path(item), max_pixels=DEFAULT_MAX_PIXELS, draft_size=draft_size).image
     except ImageRejected as exc:

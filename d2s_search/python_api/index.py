@@ -95,17 +95,26 @@ class Index:
 
     def search(self, text: str | None = None, *, image: ImageInput | None = None, mode: str = "sparse", k: int = 10,
                window: int | None = None, fusion: str = "minmax", alpha: float = 0.5, explain: int = 5) -> SearchResult:
-        """Search by ``text`` or by a picture (``image``: a file path or a PIL image).
+        """Search by ``text``, by a picture (``image``: a file path, an http(s) URL or a PIL
+        image), or by both (the sum of the two queries). ``text`` may edit its words:
+        ``-word`` leaves out pictures that carry the word, ``+word`` keeps only those that do,
+        ``word^2`` weighs it double (``result.edits`` says what was applied).
 
         ``mode``: "sparse" (exact, every term), "dense" (kNN), "hybrid" (both, fused by
         ``fusion`` "minmax" with ``alpha`` the dense weight, or "rrf"), or "two-phase" (the
         query's own words, then rescored; ``window`` candidates). ``explain``: matched
         words kept per hit. Returns a :class:`~d2s_search.SearchResult`: ``.hits`` best
         first, each with ``id``, ``score``, ``path``, ``url`` and ``matched``."""
-        from ..search import SearchOptions, encode_image_query, encode_text_query, run_query
+        from ..search import (
+            SearchOptions,
+            combine_queries,
+            encode_image_query,
+            encode_text_query,
+            run_query,
+        )
 
-        if (text is None) == (image is None):
-            raise QueryError("give either text or image=, not both or neither")
+        if text is None and image is None:
+            raise QueryError("give text, image=, or both")
         if text is not None and not isinstance(text, str):
             raise QueryError(f"text must be a str, not {type(text).__name__}")
         _require_int("k", k, 1)
@@ -121,8 +130,12 @@ class Index:
             query_picture = picture(image, as_query=True)
         backend = self._open_backend()
         encoder = self._encoder()
-        vectors = (encode_image_query(encoder, query_picture) if query_picture is not None
-                   else encode_text_query(encoder, text))
+        if query_picture is not None and text is not None:  # words and a picture: the sum of both queries
+            vectors = combine_queries(encode_text_query(encoder, text), encode_image_query(encoder, query_picture))
+        elif query_picture is not None:
+            vectors = encode_image_query(encoder, query_picture)
+        else:
+            vectors = encode_text_query(encoder, text)
         return run_query(backend, vectors, options)
 
     # -- ingesting ---------------------------------------------------------------------

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, File, Path, Query, Request, Response, Up
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
-from ..images import decode
+from ..images import QUERY_MAX_BYTES, QUERY_MAX_PIXELS, decode
 from ..search import SearchOptions
 from . import discovery, schemas
 from .problems import BadRequest
@@ -19,8 +19,8 @@ from .thumbnails import DOC_ID, PictureCache
 
 K_MAX = 200  # results per page: a grid of pictures, not a bulk export (the CLI has no limit)
 QUERY_MAX_CHARS = 1000
-UPLOAD_MAX_BYTES = 20 * 1024 * 1024
-UPLOAD_MAX_PIXELS = 50_000_000  # a query picture is shrunk to the model's input anyway
+UPLOAD_MAX_BYTES = QUERY_MAX_BYTES  # the caps of query --image URL too
+UPLOAD_MAX_PIXELS = QUERY_MAX_PIXELS  # a query picture is shrunk to the model's input anyway
 MULTIPART_OVERHEAD = 64 * 1024  # form boundaries and part headers around the picture
 DECODE_SLOTS = 2  # query pictures decoded at the same time (each may need one full-size copy)
 PICTURE_CACHE_HEADERS = {"Cache-Control": "public, max-age=31536000, immutable"}  # ids are content hashes

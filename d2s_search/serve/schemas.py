@@ -57,6 +57,17 @@ class QueryInfo(BaseModel):
     id: str | None = Field(None, description="The document a 'more like this' query started from.")
 
 
+class WeightedTerm(BaseModel):
+    term: str
+    factor: float
+
+
+class QueryEdits(BaseModel):
+    required: list[str] = Field(description="+word: only pictures carrying these words.")
+    excluded: list[str] = Field(description="-word: removed from the query; pictures carrying them left out.")
+    weighted: list[WeightedTerm] = Field(description="word^N: these words' weights multiplied by N.")
+
+
 class SearchResponse(BaseModel):
     query: QueryInfo
     mode: Mode
@@ -69,6 +80,7 @@ class SearchResponse(BaseModel):
     unrecognised_words: list[str] = Field(default_factory=list, description="Typed words the model's vocabulary does not know.")
     notice: str | None = Field(None, description="A sentence for the user when the query is weak or has a word "
                                 "the model does not know.")
+    query_edits: QueryEdits | None = Field(None, description="What -word, +word and word^N in the text asked for.")
     results: list[Result]
 
 
@@ -133,6 +145,7 @@ def search_response(searched: Searched, query: QueryInfo, k: int, root: str = ""
         query=query, mode=res.mode, k=k, encode_ms=round(searched.encode_ms, 3), search_ms=round(res.took_ms, 3), fusion=res.fusion,
         query_terms=[QueryTerm(term=t, weight=w, own=t in searched.own_terms) for t, w in res.query_terms],
         weak_query=res.weak_query, unrecognised_words=res.unrecognised_words, notice=res.notice,
+        query_edits=QueryEdits(**res.edits.to_json()) if getattr(res, "edits", None) else None,
         results=[result(i, hit, root) for i, hit in enumerate(res.hits, start=1)],
     )
 

@@ -153,3 +153,16 @@ def test_a_query_answered_by_the_serve_says_which_words_the_model_does_not_know(
     assert local["notice"] and local["unrecognised_words"]
     assert (asked["weak_query"], asked["unrecognised_words"], asked["notice"]) == (
         local["weak_query"], local["unrecognised_words"], local["notice"])
+
+
+def test_an_edited_query_searches_in_its_own_process(running_serve, serve_index, capsys):
+    """-word, +word and word^N are applied where the edits are shown: the query does not ask
+    the serve (whose answer carries hits, not edits), and gets what --no-serve gets."""
+    code, edited = run_cli_json(["query", "a dog^2 on the grass -grass", "--index", serve_index, "-k", "5"], capsys)
+    assert code == 0 and "answered_by" not in edited
+    assert edited["query_edits"] == {"required": [], "excluded": ["grass"], "weighted": [{"term": "dog", "factor": 2.0}]}
+    code, local = run_cli_json(["query", "a dog^2 on the grass -grass", "--index", serve_index, "-k", "5",
+                                "--no-serve"], capsys)
+    assert code == 0
+    _same_hits(edited, local)
+    assert _query(capsys, serve_index)["answered_by"]  # the plain query still asks it

@@ -82,6 +82,18 @@ def test_query_terms_mark_the_typed_words(client):
     assert not any(t["own"] for t in client.get("/api/search", params={"q": "snow"}).json()["query_terms"])
 
 
+def test_edited_text_search_says_what_it_changed(client, direct):
+    encoder, backend = direct
+    body = client.get("/api/search", params={"q": "herbs^2 in a meadow -dog +herbs", "k": 7}).json()
+    assert body["query_edits"] == {"required": ["herbs"], "excluded": ["dog"],
+                                   "weighted": [{"term": "herbs", "factor": 2.0}]}
+    want = run_query(backend, encode_text_query(encoder, "herbs^2 in a meadow -dog +herbs"), SearchOptions(k=7))
+    assert [r["id"] for r in body["results"]] == [h.id for h in want.hits]
+    assert "dog" not in {t["term"] for t in body["query_terms"]}
+    assert client.get("/api/search", params={"q": "herbs"}).json()["query_edits"] is None
+    assert client.get("/api/search", params={"q": "herbs^x"}).status_code == 400
+
+
 def test_hybrid_options_change_the_fusion(client):
     params = {"q": "two children on the beach", "mode": "hybrid", "k": 10}
     minmax = client.get("/api/search", params=params | {"alpha": 0.0}).json()["results"]

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from d2s_search import redact
-from d2s_search.backends.base import Document, Hit, IndexIdentity, SparseVector
+from d2s_search.backends.base import Document, Hit, IndexIdentity, SparseVector, WordFilter
 from d2s_search.backends.elasticsearch import queries as q
 from d2s_search.backends.elasticsearch.features import decode_features
 from d2s_search.backends.engine.bulk import ChunkLimits, item_reason, send_bulk
@@ -420,20 +420,26 @@ class ElasticsearchBackend(EngineIndex):
     # -- searches -------------------------------------------------------------------------
 
     def sparse_search(self, query: SparseVector, k: int, explain: int = 5, *, offset: int = 0,
-                      path_prefix: str | None = None) -> list[Hit]:
+                      path_prefix: str | None = None, words: WordFilter | None = None) -> list[Hit]:
         body = q.sparse_search_body(query, k, offset=offset, sparse_type=self._sparse_type(),
-                                    max_clauses=self.max_clauses, filters=q.Filters(path_prefix))
+                                    max_clauses=self.max_clauses, filters=self._filters(path_prefix, words))
         return self._hits(self._search(body), query, explain)
 
     def two_phase_search(self, first: SparseVector, full: SparseVector, k: int, window: int, explain: int = 5,
-                         *, offset: int = 0, path_prefix: str | None = None) -> list[Hit]:
+                         *, offset: int = 0, path_prefix: str | None = None,
+                         words: WordFilter | None = None) -> list[Hit]:
         body = q.two_phase_body(first, full, k, window, offset=offset, sparse_type=self._sparse_type(),
-                                max_clauses=self.max_clauses, filters=q.Filters(path_prefix))
+                                max_clauses=self.max_clauses, filters=self._filters(path_prefix, words))
         return self._hits(self._search(body), full, explain)
 
+    def _filters(self, path_prefix: str | None, words: WordFilter | None) -> q.Filters:
+        """The restrictions of a search; a word filter queries the sparse field as it is mapped."""
+        return q.Filters(path_prefix, words, sparse_vector=bool(words) and self._sparse_type() == "sparse_vector")
+
     def dense_search(self, vector: np.ndarray, k: int, explain_with: SparseVector | None = None, explain: int = 5,
-                     *, offset: int = 0, path_prefix: str | None = None) -> list[Hit]:
-        body = q.knn_search_body(vector, k, offset=offset, filters=q.Filters(path_prefix))
+                     *, offset: int = 0, path_prefix: str | None = None,
+                     words: WordFilter | None = None) -> list[Hit]:
+        body = q.knn_search_body(vector, k, offset=offset, filters=self._filters(path_prefix, words))
         hits = self._hits(self._search(body), explain_with or {}, explain if explain_with else 0)
         for hit in hits:
             hit.score = knn_score_to_inner_product(hit.score, self.mapping.similarity)
@@ -450,7 +456,8 @@ class ElasticsearchBackend(EngineIndex):
             self._license = str((body.get("license") or {}).get("type", "")) if status == 200 and isinstance(body, dict) else ""
         return self._license in RRF_LICENSES
 
-    def hybrid_search(self, sparse: SparseVector, vector: np.ndarray, options: Any) -> list[Hit]:
+    def hybrid_search(self, sparse: SparseVector, vector: np.ndarray, options: Any, *,
+                      words: WordFilter | None = None) -> list[Hit]:
         """Sparse + dense: the server's ``rrf`` retriever when it has one and RRF was asked for,
         else this project's fusion of the two runs (min-max or RRF). ``last_fusion`` tells which.
 
@@ -461,7 +468,7 @@ class ElasticsearchBackend(EngineIndex):
         if options.fusion == "rrf" and self.rrf_available():
             body = q.rrf_search_body(sparse, vector, int(options.k), window=int(options.candidates),
                                      rank_constant=int(options.rrf_k), sparse_type=self._sparse_type(),
-                                     max_clauses=self.max_clauses)
+                                     max_clauses=self.max_clauses, filters=self._filters(None, words))
             body["_source"] = q.source_filter([*q.HIT_SOURCE, q.DENSE_FIELD])
             raw = self._search(body)
             hits = self._hits(raw, sparse, int(options.explain))
@@ -476,8 +483,8 @@ class ElasticsearchBackend(EngineIndex):
             return hits
         n = int(options.candidates)
         runs = {
-            "sparse": self.sparse_search(sparse, n, explain=int(options.explain)),
-            "dense": self.dense_search(vector, n, explain_with=sparse, explain=int(options.explain)),
+            "sparse": self.sparse_search(sparse, n, explain=int(options.explain), words=words),
+            "dense": self.dense_search(vector, n, explain_with=sparse, explain=int(options.explain), words=words),
         }
         if options.fusion == "rrf":
             hits = plans.fuse_rrf(runs, int(options.k), int(options.rrf_k))

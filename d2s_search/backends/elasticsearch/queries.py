@@ -260,16 +260,16 @@ def sparse_query(
     ``sparse_vector``: one ``sparse_vector`` query with ``query_vector`` (Elasticsearch builds the
     same linear feature clauses, one per token).
     """
-    filter_clauses = filters.clauses()
+    filter_clauses, exclusions = filters.clauses(), filters.exclusions()
     # Lucene counts every leaf clause against the clause limit, filters included.
-    weights = query_weights(query, max(1, max_clauses - len(filter_clauses)))
+    weights = query_weights(query, max(1, max_clauses - filters.count()))
     if not weights:
         raise QueryError("the query has no terms with a positive weight")
     if sparse_type == "sparse_vector":
         # prune false: every token counts, as in the dot product (see the module docstring)
         query = {"sparse_vector": {"field": SPARSE_FIELD, "query_vector": weights, "prune": False}}
-        return bodies.filtered(query, filter_clauses)
-    return bodies.should_query(bodies.rank_feature_clauses(weights), filter_clauses)
+        return bodies.filtered(query, filter_clauses, exclusions)
+    return bodies.should_query(bodies.rank_feature_clauses(weights), filter_clauses, exclusions)
 
 
 def source_filter(fields: Sequence[str]) -> dict[str, Any]:
@@ -323,8 +323,10 @@ def knn_clause(vector: np.ndarray, k: int, filters: Filters = NO_FILTERS,
         "num_candidates": int(min(MAX_NUM_CANDIDATES, max(k, candidates))),
     }
     clauses = filters.clauses()
+    if filters.exclusions():
+        clauses = [filters.as_query()]
     if clauses:
-        knn["filter"] = clauses
+        knn["filter"] = clauses  # applied during the search: k hits that pass, when k exist
     return knn
 
 

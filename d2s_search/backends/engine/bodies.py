@@ -7,8 +7,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from d2s_search.backends.base import IndexIdentity
+from d2s_search.backends.base import IndexIdentity, WordFilter
 from d2s_search.backends.engine.documents import SPARSE_FIELD
+from d2s_search.backends.opensearch.features import escape_term
 from d2s_search.errors import QueryError
 
 MAPPING_VERSION = 1
@@ -18,14 +19,52 @@ SPARSE_KEYS = "vocabulary terms with '%' written as '%25' and '.' as '%2E'"
 
 @dataclass(frozen=True)
 class Filters:
-    """Restrictions applied to every query plan."""
+    """Restrictions applied to every query plan: a path prefix, and words a hit must carry or
+    must not (``words``; ``sparse_vector``: the index keeps the sparse field as Elasticsearch's
+    ``sparse_vector`` rather than ``rank_features``)."""
 
     path_prefix: str | None = None
+    words: WordFilter | None = None
+    sparse_vector: bool = False
 
     def clauses(self) -> list[dict[str, Any]]:
+        """Filter clauses: what every hit must match."""
+        out: list[dict[str, Any]] = []
         if self.path_prefix:
-            return [{"prefix": {"path": {"value": self.path_prefix}}}]
-        return []
+            out.append({"prefix": {"path": {"value": self.path_prefix}}})
+        if self.words:
+            out += [self._carries(t) for t in self.words.required]
+        return out
+
+    def exclusions(self) -> list[dict[str, Any]]:
+        """``must_not`` clauses: what no hit may match."""
+        return [self._carries(t) for t in self.words.excluded] if self.words else []
+
+    def count(self) -> int:
+        """Leaf clauses these add (Lucene counts them against ``max_clause_count``)."""
+        return len(self.clauses()) + len(self.exclusions())
+
+    def as_query(self) -> dict[str, Any] | None:
+        """All of it as one query (a k-NN ``filter``), or None when there is nothing."""
+        clauses, exclusions = self.clauses(), self.exclusions()
+        if not exclusions:
+            return None if not clauses else clauses[0] if len(clauses) == 1 else {"bool": {"filter": clauses}}
+        body: dict[str, Any] = {"must_not": exclusions}
+        if clauses:
+            body["filter"] = clauses
+        return {"bool": body}
+
+    def _carries(self, term: str) -> dict[str, Any]:
+        """Documents whose stored weight for ``term`` is at least the threshold. Neither engine
+        queries a feature's value directly (``rank_features`` answer only ``rank_feature``
+        queries): the feature's linear score (boost 1: the stored weight itself) behind
+        ``function_score``'s ``min_score``, which excludes in filter context too."""
+        key = escape_term(term)
+        if self.sparse_vector:
+            scored = {"sparse_vector": {"field": SPARSE_FIELD, "query_vector": {key: 1.0}, "prune": False}}
+        else:
+            scored = {"rank_feature": {"field": f"{SPARSE_FIELD}.{key}", "linear": {}}}
+        return {"function_score": {"query": scored, "min_score": float(self.words.threshold)}}
 
 
 NO_FILTERS = Filters()
@@ -77,21 +116,32 @@ def rank_feature_clauses(weights: Mapping[str, float]) -> list[dict[str, Any]]:
     ]
 
 
-def should_query(should: list[dict[str, Any]], filter_clauses: list[dict[str, Any]]) -> dict[str, Any]:
-    """``bool.should`` of scoring clauses, restricted by ``filter_clauses``."""
+def should_query(should: list[dict[str, Any]], filter_clauses: list[dict[str, Any]],
+                 must_not: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``bool.should`` of scoring clauses, restricted by ``filter_clauses`` and ``must_not``."""
     body: dict[str, Any] = {"should": should}
     if filter_clauses:
-        # With a filter, should-clauses become optional: demand one so only matches count.
         body["filter"] = filter_clauses
+    if must_not:
+        body["must_not"] = must_not
+    if filter_clauses or must_not:
+        # With a filter, should-clauses become optional: demand one so only matches count.
         body["minimum_should_match"] = 1
     return {"bool": body}
 
 
-def filtered(scoring: dict[str, Any], filter_clauses: list[dict[str, Any]]) -> dict[str, Any]:
-    """One scoring query, restricted by ``filter_clauses`` (itself when there are none)."""
-    if not filter_clauses:
+def filtered(scoring: dict[str, Any], filter_clauses: list[dict[str, Any]],
+             must_not: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One scoring query, restricted by ``filter_clauses`` and ``must_not`` (itself when there
+    are none)."""
+    if not filter_clauses and not must_not:
         return scoring
-    return {"bool": {"must": [scoring], "filter": filter_clauses}}
+    body: dict[str, Any] = {"must": [scoring]}
+    if filter_clauses:
+        body["filter"] = filter_clauses
+    if must_not:
+        body["must_not"] = must_not
+    return {"bool": body}
 
 
 def rescore(query: dict[str, Any], window: int) -> dict[str, Any]:

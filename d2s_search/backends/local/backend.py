@@ -29,7 +29,7 @@ import numpy as np
 
 from ...errors import BundleMismatchError, DiskFullError, IndexStoreError, QueryError
 from ...search import minmax_normalised
-from ..base import Document, Hit, IndexIdentity, SparseVector
+from ..base import Document, Hit, IndexIdentity, SparseVector, WordFilter
 from . import cache as cache_mod
 from . import graph, kernels, store
 from . import identity as index_identity
@@ -907,9 +907,69 @@ class LocalBackend:
         the build takes about 40 s, docs/benchmarks.md)."""
         self._search_state()
 
+    def _carrying(self, shard: Shard, words: WordFilter) -> np.ndarray:
+        """Which of the shard's rows pass ``words``: every required word's stored weight at
+        least the threshold, no excluded word's (read from the words' posting lists)."""
+        a = shard.arrays
+        indptr, n_cols = a["csc_indptr"], a["csc_indptr"].size - 1
+        allowed = np.ones(shard.rows, dtype=bool)
+        for terms, wanted in ((words.required, True), (words.excluded, False)):
+            for term in terms:
+                col = self._term_ids.get(term)
+                carries = np.zeros(shard.rows, dtype=bool)
+                if col is not None and col < n_cols:
+                    start, end = int(indptr[col]), int(indptr[col + 1])
+                    rows = a["csc_indices"][start:end].astype(np.int64)
+                    if rows.size and int(rows.max()) >= shard.rows:
+                        self._damaged("a posting points past the shard")
+                    carries[rows[kernels.decode_weights(a["csc_data"][start:end]) >= np.float32(words.threshold)]] = True
+                allowed &= carries if wanted else ~carries
+        return allowed
+
+    def _filtered_sparse_top(self, state: Structures, query: SparseVector | QueryColumns, k: int,
+                             words: WordFilter) -> tuple[np.ndarray, np.ndarray]:
+        """The exact sparse top-k among the rows that pass ``words``: every shard scored whole,
+        the others zeroed before the top k are taken, so k hits come back when k pass."""
+        cols, weights = self._query_columns(query)
+        if cols.size == 0 or state.size == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        buffer = np.empty(state.shard_rows, dtype=np.float32)
+        out = []
+        for shard in state.shards:
+            self._validated(shard)
+            a = shard.arrays
+            try:
+                kernels.accumulate(a["csc_indptr"], a["csc_indices"], a["csc_data"], shard.rows, cols, weights, buffer,
+                                   a.get("dense_terms"), a.get("dense_columns"))
+            except kernels.DamagedArrays as exc:
+                self._damaged(exc)
+            scores = buffer[: shard.rows]
+            scores[~self._carrying(shard, words)] = 0.0  # top_rows takes positive scores only
+            rows = kernels.top_rows(scores, k)
+            out.append((rows + shard.start, scores[rows].copy()))
+        return kernels.merge_top(out, k)
+
+    def _filtered_dense_top(self, state: Structures, query: np.ndarray, k: int,
+                            words: WordFilter) -> tuple[np.ndarray, np.ndarray]:
+        """The exact dense top-k among the rows that pass ``words`` (every allowed vector
+        scored: a graph search would return fewer than k after filtering)."""
+        out = []
+        for shard in state.shards:
+            self._validated(shard)
+            allowed = self._carrying(shard, words)
+            scores = shard.arrays["dense"] @ query  # in place: picking the allowed rows first copies them
+            scores[~allowed] = -np.inf
+            top = kernels.top_rows_any_sign(scores, min(k, int(allowed.sum())))
+            out.append((top + shard.start, scores[top]))
+        return kernels.merge_top(out, k)
+
     @_db_errors
-    def sparse_search(self, query: SparseVector, k: int, explain: int = 5) -> list[Hit]:
+    def sparse_search(self, query: SparseVector, k: int, explain: int = 5, *,
+                      words: WordFilter | None = None) -> list[Hit]:
         def run(state: Structures) -> list[Hit]:
+            if words:
+                columns = self._query_columns(query)
+                return self._hits(state, *self._filtered_sparse_top(state, columns, k, words), columns, explain)
             # the words in the same call only when _hits.c builds the hits from it
             top = self._query_top(state, query, k, explain if kernels._c_hits is not None else 0)
             if top is None:
@@ -926,10 +986,14 @@ class LocalBackend:
 
     @_db_errors
     def two_phase_search(
-        self, first: SparseVector, full: SparseVector, k: int, window: int, explain: int = 5
+        self, first: SparseVector, full: SparseVector, k: int, window: int, explain: int = 5, *,
+        words: WordFilter | None = None,
     ) -> list[Hit]:
         def run(state: Structures) -> list[Hit]:
-            rows, _ = self._sparse_top(state, first, max(window, k))
+            if words:
+                rows, _ = self._filtered_sparse_top(state, first, max(window, k), words)
+            else:
+                rows, _ = self._sparse_top(state, first, max(window, k))
             if rows.size == 0:
                 return []
             columns = self._query_columns(full)
@@ -967,7 +1031,8 @@ class LocalBackend:
 
     @_db_errors
     def dense_search(
-        self, vector: np.ndarray, k: int, explain_with: SparseVector | None = None, explain: int = 5
+        self, vector: np.ndarray, k: int, explain_with: SparseVector | None = None, explain: int = 5, *,
+        words: WordFilter | None = None,
     ) -> list[Hit]:
         query = np.asarray(vector, dtype=np.float32).reshape(-1)
 
@@ -976,13 +1041,17 @@ class LocalBackend:
                 return []
             if query.shape[0] != state.dim:
                 raise QueryError(f"query vector has {query.shape[0]} dims, the index {state.dim}")
-            rows, scores = self._dense_top(state, query, k)
+            if words:
+                rows, scores = self._filtered_dense_top(state, query, k, words)
+            else:
+                rows, scores = self._dense_top(state, query, k)
             return self._hits(state, rows, scores, explain_with or {}, explain)
 
         return self._searching(run)
 
     @_db_errors
-    def hybrid_search(self, sparse: SparseVector, vector: np.ndarray, options) -> list[Hit]:
+    def hybrid_search(self, sparse: SparseVector, vector: np.ndarray, options, *,
+                      words: WordFilter | None = None) -> list[Hit]:
         """Sparse + dense fused here on arrays (the definitions of :func:`search.fuse_minmax` and
         :func:`search.fuse_rrf`, same float64 sums, ties by document id), hits and explanations
         built for the k fused rows only. ``Hit.parts`` holds each run's score."""
@@ -992,15 +1061,17 @@ class LocalBackend:
         def run(state: Structures) -> list[Hit]:
             if state.size and query.shape[0] != state.dim:
                 raise QueryError(f"query vector has {query.shape[0]} dims, the index {state.dim}")
-            top = self._query_top(state, sparse, n)
+            top = None if words else self._query_top(state, sparse, n)
             if top is None:
                 columns = self._query_columns(sparse)
-                runs = [("sparse", *self._sparse_top(state, columns, n))]
+                runs = [("sparse", *(self._filtered_sparse_top(state, columns, n, words) if words
+                                     else self._sparse_top(state, columns, n)))]
             else:
                 rows, scores, cols, weights = top.results()
                 columns = QueryColumns(cols, weights)
                 runs = [("sparse", rows, scores)]
-            runs.append(("dense", *(self._dense_top(state, query, n) if state.size else (np.zeros(0, np.int64),) * 2)))
+            dense_top = functools.partial(self._filtered_dense_top, words=words) if words else self._dense_top
+            runs.append(("dense", *(dense_top(state, query, n) if state.size else (np.zeros(0, np.int64),) * 2)))
             if options.fusion == "rrf":
                 weights = {name: 1.0 / (int(options.rrf_k) + np.arange(1, rows.size + 1)) for name, rows, _ in runs}
             else:

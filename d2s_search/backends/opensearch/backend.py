@@ -26,7 +26,7 @@ import numpy as np
 from opensearchpy import helpers
 
 from d2s_search import redact
-from d2s_search.backends.base import Document, Hit, IndexIdentity, SparseVector
+from d2s_search.backends.base import Document, Hit, IndexIdentity, SparseVector, WordFilter
 from d2s_search.backends.engine.bulk import ChunkLimits, item_reason, send_bulk
 from d2s_search.backends.engine.index import EngineIndex
 from d2s_search.backends.opensearch import queries as q
@@ -378,17 +378,18 @@ class OpenSearchBackend(EngineIndex):
         *,
         offset: int = 0,
         path_prefix: str | None = None,
+        words: WordFilter | None = None,
         neural_sparse: bool = False,
     ) -> list[Hit]:
         if self.vocabulary is not None:
             body = q.seismic_search_body(self.vocabulary.to_ids(query), k, offset=offset, top_n=self.seismic_top_n,
-                                         heap_factor=self.seismic_heap_factor, filters=q.Filters(path_prefix))
+                                         heap_factor=self.seismic_heap_factor, filters=q.Filters(path_prefix, words))
             return self._hits(self._search(body), query, explain)
         if neural_sparse:
             self._check_query_tokens()
         body = q.sparse_search_body(
             query, k, offset=offset, max_clauses=self.max_clauses(),
-            filters=q.Filters(path_prefix), neural_sparse=neural_sparse,
+            filters=q.Filters(path_prefix, words), neural_sparse=neural_sparse,
         )
         return self._hits(self._search(body), query, explain)
 
@@ -409,12 +410,13 @@ class OpenSearchBackend(EngineIndex):
         *,
         offset: int = 0,
         path_prefix: str | None = None,
+        words: WordFilter | None = None,
     ) -> list[Hit]:
         if self.vocabulary is not None:
             raise QueryError("a SEISMIC index has no two-phase plan; use sparse (approximate) or hybrid")
         body = q.two_phase_body(
             first, full, k, window, offset=offset, max_clauses=self.max_clauses(),
-            filters=q.Filters(path_prefix),
+            filters=q.Filters(path_prefix, words),
         )
         return self._hits(self._search(body), full, explain)
 
@@ -427,18 +429,21 @@ class OpenSearchBackend(EngineIndex):
         *,
         offset: int = 0,
         path_prefix: str | None = None,
+        words: WordFilter | None = None,
     ) -> list[Hit]:
         explain = explain if explain_with else 0
+        if self.dense_index and words:  # the sibling index has no sparse field to filter on
+            raise QueryError("a SEISMIC index cannot require or exclude words (+word, -word); search without them")
         if self.dense_index:
             # A SEISMIC index's vectors are in its sibling; matched terms come from the index.
-            body = q.knn_search_body(vector, k, offset=offset, filters=q.Filters(path_prefix), source=["path", "url"])
+            body = q.knn_search_body(vector, k, offset=offset, filters=q.Filters(path_prefix, words), source=["path", "url"])
             raw = self._search(body, index=self.dense_index)
             if explain:
                 stored = {d["_id"]: d.get("_source", {}) for d in self._mget([h["_id"] for h in raw], q.SPARSE_FIELD)}
                 for h in raw:
                     h.setdefault("_source", {})[q.SPARSE_FIELD] = stored.get(h["_id"], {}).get(q.SPARSE_FIELD)
         else:
-            raw = self._search(q.knn_search_body(vector, k, offset=offset, filters=q.Filters(path_prefix)))
+            raw = self._search(q.knn_search_body(vector, k, offset=offset, filters=q.Filters(path_prefix, words)))
         hits = self._hits(raw, explain_with or {}, explain)
         for hit in hits:
             hit.score = knn_score_to_inner_product(hit.score)
@@ -457,6 +462,7 @@ class OpenSearchBackend(EngineIndex):
         explain: int = 5,
         offset: int = 0,
         path_prefix: str | None = None,
+        words: WordFilter | None = None,
         neural_sparse: bool = False,
     ) -> list[Hit]:
         """Sparse + dense fused by OpenSearch (``hybrid`` query through a search pipeline).
@@ -477,7 +483,7 @@ class OpenSearchBackend(EngineIndex):
         self.last_fusion = None
         if self.dense_index:
             return self._fused_here(sparse, vector, k, method, weights, rank_constant, window, explain, offset,
-                                    path_prefix)
+                                    path_prefix, words)
         if neural_sparse:
             self._check_query_tokens()
         pipeline = self.ensure_pipeline(method, weights, rank_constant)
@@ -486,10 +492,10 @@ class OpenSearchBackend(EngineIndex):
         if self.vocabulary is not None:
             depth = min(max(int(window or 0), offset + k), q.MAX_RESULT_WINDOW)
             seismic_clause = q.seismic_query(self.vocabulary.to_ids(sparse), depth, top_n=self.seismic_top_n,
-                                             heap_factor=self.seismic_heap_factor, filters=q.Filters(path_prefix))
+                                             heap_factor=self.seismic_heap_factor, filters=q.Filters(path_prefix, words))
         body = q.hybrid_search_body(
             sparse, vector, k, offset=offset, window=window, max_clauses=self.max_clauses(),
-            filters=q.Filters(path_prefix), neural_sparse=neural_sparse, dialect=dialect,
+            filters=q.Filters(path_prefix, words), neural_sparse=neural_sparse, dialect=dialect,
             sparse_clause=seismic_clause,
         )
         body["_source"] = [*q.HIT_SOURCE, q.DENSE_FIELD]
@@ -511,7 +517,7 @@ class OpenSearchBackend(EngineIndex):
 
     def _fused_here(self, sparse: SparseVector, vector: np.ndarray, k: int, method: str,
                     weights: tuple[float, float], rank_constant: int, window: int | None, explain: int,
-                    offset: int, path_prefix: str | None) -> list[Hit]:
+                    offset: int, path_prefix: str | None, words: WordFilter | None = None) -> list[Hit]:
         """Hybrid on a SEISMIC index: its sparse search and its sibling's dense search, fused
         here (one index cannot hold both, see seismic.py); ``last_fusion`` says so."""
         from d2s_search import search as plans
@@ -519,8 +525,9 @@ class OpenSearchBackend(EngineIndex):
         q.check_page(k, offset)
         depth = min(max(int(window or 0), offset + k), q.MAX_RESULT_WINDOW)
         runs = {
-            "sparse": self.sparse_search(sparse, depth, explain, path_prefix=path_prefix),
-            "dense": self.dense_search(vector, depth, explain_with=sparse, explain=explain, path_prefix=path_prefix),
+            "sparse": self.sparse_search(sparse, depth, explain, path_prefix=path_prefix, words=words),
+            "dense": self.dense_search(vector, depth, explain_with=sparse, explain=explain, path_prefix=path_prefix,
+                                       words=words),
         }
         if method == "rrf":
             fused = plans.fuse_rrf(runs, offset + k, rank_constant)

@@ -247,8 +247,8 @@ def sparse_query(
     neural_sparse: bool = False,
 ) -> dict[str, Any]:
     """``bool.should`` of ``rank_feature`` (or one ``neural_sparse`` with ``query_tokens``)."""
-    filter_clauses = filters.clauses()
-    weights = query_weights(query, clause_budget(max_clauses, len(filter_clauses)))
+    filter_clauses, exclusions = filters.clauses(), filters.exclusions()
+    weights = query_weights(query, clause_budget(max_clauses, filters.count()))
     if not weights:
         raise QueryError("the query has no terms with a positive weight")
     if neural_sparse:
@@ -258,8 +258,9 @@ def sparse_query(
                 f"neural_sparse accepts token weights up to {NEURAL_SPARSE_MAX_WEIGHT:g}, "
                 f"got {max(too_big):g}; use the rank_feature plan"
             )
-        return bodies.filtered({"neural_sparse": {SPARSE_FIELD: {"query_tokens": weights}}}, filter_clauses)
-    return bodies.should_query(bodies.rank_feature_clauses(weights), filter_clauses)
+        return bodies.filtered({"neural_sparse": {SPARSE_FIELD: {"query_tokens": weights}}}, filter_clauses,
+                               exclusions)
+    return bodies.should_query(bodies.rank_feature_clauses(weights), filter_clauses, exclusions)
 
 
 def search_body(
@@ -316,9 +317,9 @@ def knn_query(vector: np.ndarray, k: int, filters: Filters = NO_FILTERS) -> dict
     if not np.all(np.isfinite(vec)):
         raise QueryError("the dense query vector has NaN or infinite values")
     inner: dict[str, Any] = {"vector": [float(x) for x in vec], "k": int(k)}
-    clauses = filters.clauses()
-    if clauses:
-        inner["filter"] = clauses[0] if len(clauses) == 1 else {"bool": {"filter": clauses}}
+    restriction = filters.as_query()
+    if restriction is not None:
+        inner["filter"] = restriction  # k-NN's efficient filtering: k hits that pass, when k exist
     return {"knn": {DENSE_FIELD: inner}}
 
 
@@ -384,6 +385,9 @@ def seismic_query(ids: Mapping[str, float], k: int, *, top_n: int = 10, heap_fac
     ``k`` hits per shard (default 10), ``heap_factor`` (recall vs speed, default 1.0), ``filter``."""
     if not ids:
         raise QueryError("the query has no terms with a positive weight")
+    if filters.words:
+        raise QueryError("a SEISMIC index cannot require or exclude words (+word, -word): it keeps "
+                         "8-bit weights by vocabulary id; search without them")
     params: dict[str, Any] = {"top_n": int(top_n), "k": int(k), "heap_factor": float(heap_factor)}
     clauses = filters.clauses()
     if clauses:

@@ -193,7 +193,7 @@ function render(data, label) {
     el("span", { class: "count" }, `${data.results.length} result${data.results.length === 1 ? "" : "s"}`),
     ` for ${label} · `, el("span", { class: "mode-label" }, data.mode), ` · ${took}`,
   );
-  renderQueryTerms(data.query_terms, data.query.kind);
+  renderQueryTerms(data.query_terms, data.query.kind, data.query_edits);
   renderNotice(data.notice);
   if (!data.results.length) {
     grid.replaceChildren();
@@ -219,24 +219,77 @@ function renderNotice(text) {
   box.textContent = text || "";
 }
 
-function renderQueryTerms(terms, kind) {
+function renderQueryTerms(terms, kind, edits = null) {
   const shown = terms.slice(0, QUERY_TERMS_SHOWN);
   const box = $("#query-terms");
   box.classList.add("collapsed");
-  if (!shown.length) {
+  const excluded = (edits && edits.excluded) || [];
+  if (!shown.length && !excluded.length) {
     box.replaceChildren();
     return fitQueryTerms();
   }
   const top = Math.max(1e-9, ...shown.map((t) => t.weight));
+  // A text query's words can be edited in place: each edit rewrites the query text in its own
+  // syntax (-word, word^N) and searches again, so the box, the address and Back show it.
+  const editable = kind === "text";
   box.replaceChildren(
     el("span", { class: "label" }, kind === "text" ? "query words" : "its words"),
-    ...shown.map((t) => el("span", {
-      class: `chip q${t.own ? " own" : ""}`, title: `${t.term}: weight ${fmt(t.weight)}${t.own ? " (typed)" : " (expansion)"}`,
-      style: { "--w": (t.weight / top).toFixed(3) },
-    }, t.term)),
+    ...shown.map((t) => queryWord(t, top, editable)),
+    ...excluded.map((term) => el("span", { class: "qword", dataset: { term } },
+      el("span", { class: "chip q excluded", title: `${term}: removed, and pictures carrying it left out` }, term),
+      editable ? editButton(term, "restore", "↺", `put ${term} back`) : null)),
   );
   fitQueryTerms();
 }
+
+const EDITABLE_TERM = /^[\p{L}\p{N}]+$/u; // whole words: not word pieces (##s) or punctuation
+
+function queryWord(t, top, editable) {
+  const chip = el("span", {
+    class: `chip q${t.own ? " own" : ""}`, title: `${t.term}: weight ${fmt(t.weight)}${t.own ? " (typed)" : " (expansion)"}`,
+    style: { "--w": (t.weight / top).toFixed(3) },
+  }, t.term);
+  if (!editable || !EDITABLE_TERM.test(t.term)) return chip;
+  return el("span", { class: "qword", dataset: { term: t.term } }, chip,
+    editButton(t.term, 2, "+", `weigh ${t.term} up`),
+    editButton(t.term, 0.5, "−", `weigh ${t.term} down`),
+    editButton(t.term, "remove", "×", `remove ${t.term} and the pictures carrying it`));
+}
+
+function editButton(term, action, text, label) {
+  return el("button", {
+    type: "button", class: "act", "aria-label": label, title: label, dataset: { act: String(action) },
+    onclick: () => {
+      $("#q").value = editedQuery($("#q").value, term, action);
+      searchText(null, true);
+    },
+  }, text);
+}
+
+// The query text with one edit applied: "remove" drops +term and term^N and adds -term;
+// "restore" drops -term; a number multiplies the word's weight (term^N, added if untyped).
+function editedQuery(text, term, action) {
+  const escaped = term.replace(/[.*+?^$|()[\]{}\\]/g, "\\$&");
+  const pattern = new RegExp(`^([+-]?)${escaped}(?:\\^([0-9.]+))?$`, "iu");
+  const words = text.trim().split(/\s+/).filter(Boolean);
+  const match = (w) => w.match(pattern);
+  if (action === "restore") return words.filter((w) => !(match(w) && match(w)[1] === "-")).join(" ");
+  if (action === "remove") {
+    const kept = words.filter((w) => !(match(w) && (match(w)[1] === "+" || match(w)[2] !== undefined)));
+    return kept.some((w) => match(w) && match(w)[1] === "-") ? kept.join(" ") : [...kept, `-${term}`].join(" ");
+  }
+  let found = false;
+  const out = words.map((w) => {
+    const m = match(w);
+    if (!m || m[1] === "-" || found) return w;
+    found = true;
+    const weight = Math.min(100, Math.round((m[2] ? parseFloat(m[2]) : 1) * action * 100) / 100);
+    return `${m[1]}${term}${weight === 1 ? "" : `^${weight}`}`;
+  });
+  if (!found) out.push(`${term}^${Math.min(100, action)}`);
+  return out.join(" ");
+}
+window.d2s.editedQuery = editedQuery; // the browser tests check the rewriting rules directly
 
 // On a narrow screen the query's words keep to one row (the first pictures stay in view);
 // "more words" shows the rest.
