@@ -49,7 +49,7 @@ EXTRAS: dict[str, dict[str, str]] = {
     "aws": {"botocore": "botocore"},
     "ml": {"onnx": "onnx"},
     "faiss": {"faiss": "faiss-cpu"},
-    "ray": {"ray": "ray"},
+    "ray": {"ray": "ray", "pyarrow": "pyarrow"},
     "heif": {"pillow_heif": "pillow-heif"},  # read when a HEIC picture comes (images.py), no command needs it
 }
 

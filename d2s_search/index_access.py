@@ -66,9 +66,9 @@ def require_index(store) -> None:
 def missing_files(store) -> list[tuple[str, str]]:
     """(id, path) of every stored path that is no longer a regular file (a document with
     copies has one pair per path)."""
-    from d2s_search.pathtext import stored_path
+    from d2s_search.sources import exists
 
-    return [(doc_id, path) for doc_id, path in store.document_paths() if not stored_path(path).is_file()]
+    return [(doc_id, path) for doc_id, path in store.document_paths() if not exists(path)]
 
 
 def describe_index(store) -> dict:

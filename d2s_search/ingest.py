@@ -31,8 +31,9 @@ from .errors import (
     ImageRejected,
     NoInputError,
 )
-from .images import DEFAULT_MAX_PIXELS, DEFAULT_SKIP, Skip, content_id, decode, discover, read_bytes
-from .pathtext import path_to_text, stored_path
+from .images import DEFAULT_MAX_PIXELS, DEFAULT_SKIP, Skip, content_id, decode
+from .pathtext import path_to_text
+from .sources import Source, discover_sources, exists, is_uri, read
 
 
 @dataclass
@@ -92,7 +93,7 @@ class IngestReport:
 
 @dataclass
 class _Hashed:
-    path: Path
+    path: Source  # a local path, or a URI
     data: bytes
     id: str
 
@@ -125,7 +126,8 @@ def ingest(
     (e.g. for thumbnails in OpenSearch Dashboards); ``skip``: what folder walks leave out."""
     start = time.perf_counter()
     report = IngestReport()
-    files, problems, skipped = discover(paths, skip)
+    url_for = local_urls(url_for)
+    files, problems, skipped = discover_sources(paths, skip)
     report.skipped_hidden, report.skipped_excluded = skipped.hidden, skipped.excluded
     # Paths are kept as lossless text: names that are not UTF-8 show as \xNN escapes.
     report.rejected.extend((path_to_text(p), reason) for p, reason in problems)
@@ -220,8 +222,8 @@ def ingest(
     return report
 
 
-def _read_and_hash(path: Path) -> _Hashed:
-    data = read_bytes(path)
+def _read_and_hash(path: Source) -> _Hashed:
+    data = read(path)
     return _Hashed(path=path, data=data, id=content_id(data))
 
 
@@ -244,10 +246,19 @@ def _hashed_batches(
         yield len(batch), items
 
 
-def index_path(path: Path) -> str:
+def local_urls(url_for: Callable[[Path], str | None] | None) -> Callable[[Source], str | None] | None:
+    """``url_for`` for local files only: a picture read by URI keeps no URL of its own."""
+    if url_for is None:
+        return None
+    return lambda path: None if is_uri(path) else url_for(path)
+
+
+def index_path(path: Source) -> str:
     """The path an index stores: absolute, its folders resolved (no ``..``), the file's own
     name kept as found (a symlinked picture keeps the name it was found under), as text that
-    keeps undecodable bytes (``pathtext``)."""
+    keeps undecodable bytes (``pathtext``); a URI as it is."""
+    if is_uri(path):
+        return str(path)
     return path_to_text(path.parent.resolve() / path.name)
 
 
@@ -266,7 +277,7 @@ def _link_known(known: list[_Hashed], backend: Backend, url_for, report: IngestR
         if paths is None or here in paths or here in found:
             continue  # unchanged (most files), removed meanwhile, or listed twice
         found[here] = item.id
-        lost = [p for p in paths if not stored_path(p).is_file()]
+        lost = [p for p in paths if not exists(p)]
         if lost:
             gone.update(lost)
             moved.setdefault(item.id, item.path)

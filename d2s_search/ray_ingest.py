@@ -17,9 +17,10 @@ A worker that dies is restarted by Ray and its batch sent again (``max_task_retr
 picture that cannot be used is reported with its reason and the rest go on; a run killed and
 started again stores the rest with no duplicates, as a single-process run does.
 
-Every node must see the pictures and the bundle at the same paths (a shared filesystem), and
-reach the cluster index. Connection settings (``D2S_OPENSEARCH_*``, ``D2S_ELASTICSEARCH_*``,
-``AWS_*``) are passed to the workers in the job's runtime environment.
+Every node must see the bundle at the same path, and the pictures at the same paths or in an
+object store by URI (:mod:`d2s_search.sources`), and reach the cluster index. Connection
+settings (``D2S_OPENSEARCH_*``, ``D2S_ELASTICSEARCH_*``, ``AWS_*``, ``GOOGLE_*``) are passed to
+the workers in the job's runtime environment.
 """
 
 from __future__ import annotations
@@ -36,13 +37,22 @@ from typing import Any
 from . import redact
 from .backends.base import Backend, Document, PathListing
 from .errors import D2SError, DocumentsRejectedError, ImageRejected, NoInputError, WorkersError
-from .images import DEFAULT_MAX_PIXELS, DEFAULT_SKIP, Skip, content_id, decode, discover, read_bytes
-from .ingest import IngestReport, ProgressCallback, _Hashed, _link_known, _select_new, index_path
+from .images import DEFAULT_MAX_PIXELS, DEFAULT_SKIP, Skip, content_id, decode
+from .ingest import (
+    IngestReport,
+    ProgressCallback,
+    _Hashed,
+    _link_known,
+    _select_new,
+    index_path,
+    local_urls,
+)
 from .pathtext import path_to_text
+from .sources import Source, discover_sources, read
 
 # Variables a worker needs to reach the index the driver reaches (secrets included: the
 # runtime environment carries them to the job's workers only).
-FORWARDED_PREFIXES = ("D2S_OPENSEARCH_", "D2S_ELASTICSEARCH_", "AWS_")
+FORWARDED_PREFIXES = ("D2S_OPENSEARCH_", "D2S_ELASTICSEARCH_", "AWS_", "GOOGLE_")
 HASH_BATCHES_AHEAD = 4  # read-and-hash tasks in flight before the driver waits for the oldest
 BATCHES_PER_WORKER = 2  # encode batches queued at each actor: one running, one waiting
 START_TIMEOUT_S = 600.0  # workers that have not loaded the bundle by then will not
@@ -106,7 +116,7 @@ class EncodedBatch:
 class _Job:
     """One batch for the workers: (file, the path it is stored under, its id, its URL)."""
 
-    items: list[tuple[Path, str, str, str | None]]
+    items: list[tuple[Source, str, str, str | None]]
 
 
 class EncodeWorker:
@@ -131,11 +141,11 @@ class EncodeWorker:
         import numpy as np
 
         out = EncodedBatch(worker_pid=os.getpid())
-        ready: list[tuple[tuple[Path, str, str, str | None], Any, int, int, int]] = []
+        ready: list[tuple[tuple[Source, str, str, str | None], Any, int, int, int]] = []
         for item in job.items:
             path, stored, doc_id, _ = item
             try:
-                data = read_bytes(path)
+                data = read(path)
                 if content_id(data) != doc_id:  # changed since it was hashed: next run takes it
                     raise ImageRejected("the file changed while it was being ingested")
                 image, width, height = decode(data, max_pixels=self.max_pixels, draft_size=self.draft)
@@ -264,12 +274,12 @@ def result_of(ray, ref):
                            f"same command again ({_last_error(exc)})") from None
 
 
-def _hash_files(paths: list[Path]) -> list[tuple[Path, str | None, str]]:
+def _hash_files(paths: list[Source]) -> list[tuple[Source, str | None, str]]:
     """(file, id, "") or (file, None, why it cannot be read): a Ray task."""
-    out: list[tuple[Path, str | None, str]] = []
+    out: list[tuple[Source, str | None, str]] = []
     for path in paths:
         try:
-            out.append((path, content_id(read_bytes(path)), ""))
+            out.append((path, content_id(read(path)), ""))
         except ImageRejected as exc:
             out.append((path, None, str(exc)))
     return out
@@ -301,7 +311,8 @@ def ray_ingest(
 
     start = time.perf_counter()
     report = IngestReport()
-    files, problems, skipped = discover(paths, skip)
+    url_for = local_urls(url_for)
+    files, problems, skipped = discover_sources(paths, skip)
     report.skipped_hidden, report.skipped_excluded = skipped.hidden, skipped.excluded
     report.rejected.extend((path_to_text(p), reason) for p, reason in problems)
     report.found = len(files)
@@ -336,7 +347,7 @@ def ray_ingest(
     return report
 
 
-def _run(ray, files: list[Path], workers: list, backend: Backend, target: IndexTarget, report: IngestReport,
+def _run(ray, files: list[Source], workers: list, backend: Backend, target: IndexTarget, report: IngestReport,
          batch_size: int, on_progress: ProgressCallback | None, url_for) -> None:
     # No CPU reserved: reading and hashing is light, and the workers may hold every CPU.
     hash_task = ray.remote(_hash_files).options(num_cpus=0)

@@ -27,7 +27,7 @@ from d2s_search.cli.output import emit as _emit
 from d2s_search.cli.output import emit_json as _emit_json
 from d2s_search.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, D2SError, ImageRejected
 from d2s_search.index_access import describe_index, missing_files
-from d2s_search.pathtext import stored_path
+from d2s_search.sources import exists
 
 
 @click.group()
@@ -69,7 +69,7 @@ def _paths_per_document(store) -> tuple[dict[str, int], list[tuple[str, str]]]:
     missing = []
     for doc_id, path in store.document_paths():
         counts[doc_id] = counts.get(doc_id, 0) + 1
-        if not stored_path(path).is_file():
+        if not exists(path):  # a local file, or a URI (object store) read through pyarrow
             missing.append((doc_id, path))
     return counts, missing
 
@@ -250,7 +250,8 @@ def index_reindex(bundle, url, index_name, insecure, engine, shards, replicas, k
 def make_reencoder(bundle, device: str = "auto") -> Callable[[Document], Document | None]:
     """Document -> the same image encoded with ``bundle``; None when its file is gone or changed."""
     from d2s_search.encoder import Encoder
-    from d2s_search.images import content_id, decode, read_bytes
+    from d2s_search.images import content_id, decode
+    from d2s_search.sources import read as read_source
 
     encoder = Encoder(bundle, device=device)
     draft = int(bundle.image_settings["size"]) * 2
@@ -259,7 +260,7 @@ def make_reencoder(bundle, device: str = "auto") -> Callable[[Document], Documen
         """The document's bytes from the first of its paths that still holds them."""
         for path in doc.paths:
             try:
-                data = read_bytes(stored_path(path))
+                data = read_source(path)
             except (OSError, ImageRejected):
                 continue
             if content_id(data) == doc.id:  # else changed since ingest: `ingest` stores it anew
