@@ -13,18 +13,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import ImageRejected
-from .images import (
-    DEFAULT_MAX_BYTES,
-    IMAGE_SUFFIXES,
-    Discovery,
-    Skip,
-    Skipped,
-    discover,
-    read_bytes,
-)
 from .pathtext import stored_path
+
+if TYPE_CHECKING:
+    from .images import Skip, Skipped
+
+# images.py (and PIL with it) is imported where pictures are listed or read: `index stats`
+# asks exists() of every stored path and decodes nothing.
 
 # Schemes pyarrow.fs.FileSystem.from_uri opens (http(s) is not a file system).
 _URI = re.compile(r"^(s3|gs|gcs|hdfs|viewfs|abfs|abfss|file)://", re.IGNORECASE)
@@ -61,8 +59,12 @@ def exists(path: str) -> bool:
         return False
 
 
-def read(path: Source, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
-    """The bytes of a local path (a regular file) or of a URI; ImageRejected with the reason."""
+def read(path: Source, max_bytes: int | None = None) -> bytes:
+    """The bytes of a local path (a regular file) or of a URI, at most ``max_bytes`` (default:
+    ingest's limit); ImageRejected with the reason."""
+    from .images import DEFAULT_MAX_BYTES, read_bytes
+
+    max_bytes = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
     if not is_uri(path):
         return read_bytes(Path(path) if not isinstance(path, Path) else path, max_bytes)
     import pyarrow.fs as pafs
@@ -97,13 +99,15 @@ def discover_sources(paths: Iterable[str | Path], skip: Skip) -> tuple[list[Sour
     """:func:`~d2s_search.images.discover` for local paths, and the pictures under each URI
     (a URI of a file is taken whatever its suffix), with the same skip rules. Local files first,
     then each URI's pictures in name order."""
+    from .images import Skipped, discover
+
     given = list(paths)
     local = [p for p in given if not is_uri(p)]
     found: list[Source] = []
     problems: list[tuple[Source, str]] = []
     skipped = Skipped()
     if local or not given:
-        found_local: Discovery = discover(local, skip)
+        found_local = discover(local, skip)
         found += found_local[0]
         problems += found_local[1]
         skipped = found_local[2]
@@ -116,6 +120,8 @@ def discover_sources(paths: Iterable[str | Path], skip: Skip) -> tuple[list[Sour
 
 def _list_uri(uri: str, skip: Skip, skipped: Skipped) -> tuple[list[str], list[tuple[Source, str]]]:
     import pyarrow.fs as pafs
+
+    from .images import IMAGE_SUFFIXES
 
     try:
         fs, inner = _filesystem(uri)
