@@ -127,18 +127,9 @@ def ingest(
     start = time.perf_counter()
     report = IngestReport()
     url_for = local_urls(url_for)
-    files, problems, skipped = discover_sources(paths, skip)
-    report.skipped_hidden, report.skipped_excluded = skipped.hidden, skipped.excluded
-    # Paths are kept as lossless text: names that are not UTF-8 show as \xNN escapes.
-    report.rejected.extend((path_to_text(p), reason) for p, reason in problems)
-    report.found = len(files)
+    files = discovered(paths, skip, report)
     if not files:
-        where = ", ".join(path_to_text(p) for p in paths)
-        if problems:
-            return report
-        left_out = (f"; {skipped.total} hidden or excluded folder(s) and file(s) skipped (--include-hidden, --exclude)"
-                    if skipped.total else "")
-        raise NoInputError(f"no images found under {where} (looked for .jpg .png .webp .gif .bmp .tif){left_out}")
+        return report
     if on_start:
         on_start(len(files))
     settings = encoder.bundle.image_settings
@@ -188,17 +179,7 @@ def ingest(
                     )
                     for row, d in enumerate(ready)
                 ]
-                try:
-                    backend.upsert(docs)
-                    report.stored += len(docs)
-                except DocumentsRejectedError as exc:  # the backend refused some; the rest are stored
-                    by_id = {d.id: d for d in docs}
-                    for doc_id, reason in exc.failures.items():
-                        shown = by_id[doc_id].path if doc_id in by_id else doc_id  # already text
-                        report.rejected.append((shown, f"refused by the index: {reason}"))
-                        if doc_id in by_id:
-                            elsewhere[by_id[doc_id].path] = doc_id
-                    report.stored += len(docs) - len(exc.failures)
+                store_batch(backend, docs, report, elsewhere)
             done += len(batch)
             if on_progress:
                 on_progress(done, report.stored)
@@ -220,6 +201,44 @@ def ingest(
         backend.relink(elsewhere)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def discovered(paths: Sequence[str | Path], skip: Skip, report: IngestReport) -> list[Source]:
+    """The pictures under ``paths``; what was skipped or cannot be used goes into ``report``.
+    [] when every input was a problem (listed in the report); NoInputError when there was
+    nothing at all."""
+    files, problems, skipped = discover_sources(paths, skip)
+    report.skipped_hidden, report.skipped_excluded = skipped.hidden, skipped.excluded
+    # Paths are kept as lossless text: names that are not UTF-8 show as \xNN escapes.
+    report.rejected.extend((path_to_text(p), reason) for p, reason in problems)
+    report.found = len(files)
+    if not files and not problems:
+        where = ", ".join(path_to_text(p) for p in paths)
+        left_out = (f"; {skipped.total} hidden or excluded folder(s) and file(s) skipped (--include-hidden, --exclude)"
+                    if skipped.total else "")
+        raise NoInputError(f"no images found under {where} (looked for .jpg .png .webp .gif .bmp .tif){left_out}")
+    return files
+
+
+def refused(docs: Sequence[Document], failures: dict[str, str]) -> list[tuple[str, str, str | None]]:
+    """(shown path, reason, id of a document of this batch or None) of what the index refused."""
+    by_id = {d.id: d for d in docs}
+    return [(by_id[doc_id].path if doc_id in by_id else doc_id, f"refused by the index: {reason}",
+             doc_id if doc_id in by_id else None) for doc_id, reason in failures.items()]
+
+
+def store_batch(backend: Backend, docs: list[Document], report: IngestReport, elsewhere: dict[str, str]) -> None:
+    """Write one batch; what the index refuses is reported (its path kept for the document of
+    its bytes, see ``elsewhere`` in :func:`ingest`), the rest are stored."""
+    try:
+        backend.upsert(docs)
+        report.stored += len(docs)
+    except DocumentsRejectedError as exc:
+        for shown, reason, doc_id in refused(docs, exc.failures):
+            report.rejected.append((shown, reason))
+            if doc_id:
+                elsewhere[shown] = doc_id
+        report.stored += len(docs) - len(exc.failures)
 
 
 def _read_and_hash(path: Source) -> _Hashed:

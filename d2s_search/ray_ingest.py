@@ -36,7 +36,7 @@ from typing import Any
 
 from . import redact
 from .backends.base import Backend, Document, PathListing
-from .errors import D2SError, DocumentsRejectedError, ImageRejected, NoInputError, WorkersError
+from .errors import D2SError, DocumentsRejectedError, ImageRejected, WorkersError
 from .images import DEFAULT_MAX_PIXELS, DEFAULT_SKIP, Skip, content_id, decode
 from .ingest import (
     IngestReport,
@@ -44,11 +44,14 @@ from .ingest import (
     _Hashed,
     _link_known,
     _select_new,
+    discovered,
     index_path,
     local_urls,
+    refused,
+    store_batch,
 )
 from .pathtext import path_to_text
-from .sources import Source, discover_sources, read
+from .sources import Source, read
 
 # Variables a worker needs to reach the index the driver reaches (secrets included: the
 # runtime environment carries them to the job's workers only).
@@ -171,9 +174,7 @@ class EncodeWorker:
             self.backend.upsert(docs)
             out.stored = len(docs)
         except DocumentsRejectedError as exc:
-            by_id = {d.id: d for d in docs}
-            out.rejected += [(by_id[i].path if i in by_id else i, f"refused by the index: {reason}", i)
-                             for i, reason in exc.failures.items()]
+            out.rejected += refused(docs, exc.failures)
             out.stored = len(docs) - len(exc.failures)
         return out
 
@@ -312,15 +313,9 @@ def ray_ingest(
     start = time.perf_counter()
     report = IngestReport()
     url_for = local_urls(url_for)
-    files, problems, skipped = discover_sources(paths, skip)
-    report.skipped_hidden, report.skipped_excluded = skipped.hidden, skipped.excluded
-    report.rejected.extend((path_to_text(p), reason) for p, reason in problems)
-    report.found = len(files)
+    files = discovered(paths, skip, report)
     if not files:
-        if problems:
-            return report
-        where = ", ".join(path_to_text(p) for p in paths)
-        raise NoInputError(f"no images found under {where} (looked for .jpg .png .webp .gif .bmp .tif)")
+        return report
     ray_start = time.perf_counter()
     started_here = connect(ray, options)
     try:
@@ -375,17 +370,7 @@ def _run(ray, files: list[Source], workers: list, backend: Backend, target: Inde
                 if doc_id:
                     elsewhere[stored] = doc_id
             if result.docs:
-                try:
-                    backend.upsert(result.docs)
-                    report.stored += len(result.docs)
-                except DocumentsRejectedError as exc:
-                    by_id = {d.id: d for d in result.docs}
-                    for doc_id, reason in exc.failures.items():
-                        shown = by_id[doc_id].path if doc_id in by_id else doc_id
-                        report.rejected.append((shown, f"refused by the index: {reason}"))
-                        if doc_id in by_id:
-                            elsewhere[shown] = doc_id
-                    report.stored += len(result.docs) - len(exc.failures)
+                store_batch(backend, result.docs, report, elsewhere)
             report.stored += result.stored
             done += n
             if on_progress:
