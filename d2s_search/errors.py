@@ -56,6 +56,12 @@ class NoInputError(D2SError):
     """Nothing to do: no images under the given paths."""
 
 
+class MetadataError(D2SError):
+    """A metadata file (``ingest --metadata``) or a field that cannot be used as given."""
+
+    exit_code = EXIT_USAGE
+
+
 class WorkersError(D2SError):
     """Distributed ingest: the workers could not be started or kept running."""
 

@@ -20,6 +20,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from ..metadata import NO_METADATA, Metadata
+
 SparseVector = dict[str, float]
 
 # A picture carries a word when its stored weight for it is at least this: what `+word` keeps
@@ -73,6 +75,7 @@ class Document:
     url: str | None = None
     ingested_at: float = 0.0
     copies: tuple[str, ...] = ()  # the other paths that hold the same bytes
+    metadata: Metadata = NO_METADATA  # date taken, camera, place, the user's fields
 
     @property
     def paths(self) -> list[str]:
@@ -201,6 +204,33 @@ class Backend(Protocol):
         """Delete the whole index."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Narrowing(Protocol):
+    """Optional: metadata kept and searched by (``local``, ``opensearch``, ``elasticsearch``).
+    The searches of such a backend also take ``filters=SearchFilter(...)``
+    (:mod:`d2s_search.filters`), applied before the top k are taken."""
+
+    def field_types(self) -> dict[str, str]:
+        """Every field a filter may name, with its type (keyword, number, date, boolean): the
+        built-in ones (:data:`d2s_search.filters.BUILT_IN_FIELDS`) and the user's."""
+
+    def declare_fields(self, types: Mapping[str, str]) -> None:
+        """Make the user's fields known (name -> type) before documents carrying them are
+        stored; MetadataError when a name is already known with another type."""
+
+    def set_metadata(self, metadata: Mapping[str, Metadata]) -> int:
+        """Replace the metadata of stored documents (id -> metadata) without touching their
+        vectors; returns how many were stored. Unknown ids are left out."""
+
+    def browse(self, k: int, filters=None, offset: int = 0) -> list[Hit]:
+        """The library without a query: the most recently taken pictures first (those without
+        a date last, then by id), narrowed by ``filters``; ``Hit.score`` is 0."""
+
+    def facets(self, filters=None, size: int = 20) -> dict[str, list[tuple[str, int]]]:
+        """Counts of the documents passing ``filters`` by folder, camera and each keyword or
+        boolean field of the user's: the ``size`` commonest values of each, most first."""
 
 
 @runtime_checkable
