@@ -214,7 +214,7 @@ def test_the_backend_answers_through_it_with_the_same_hits(tmp_path, monkeypatch
     backend.upsert(docs)
     calls = []
     run = kernels.QueryTop.run
-    monkeypatch.setattr(kernels.QueryTop, "run", lambda self, *a: calls.append(1) or run(self, *a))
+    monkeypatch.setattr(kernels.QueryTop, "run", lambda self, *a, **kw: calls.append(1) or run(self, *a, **kw))
     queries = [{TERMS[w]: float(rng.choice([0.4, 1.0, 2.0])) for w in rng.choice(32, size=5, replace=False)}
                for _ in range(20)]
     for explain in (0, 3):
@@ -226,7 +226,7 @@ def test_the_backend_answers_through_it_with_the_same_hits(tmp_path, monkeypatch
             slow = [backend.sparse_search(q, k, explain=explain) for q in queries]
             monkeypatch.undo()
             monkeypatch.setattr(cache_mod, "SHARD_ROWS", 16)
-            monkeypatch.setattr(kernels.QueryTop, "run", lambda self, *a: calls.append(1) or run(self, *a))
+            monkeypatch.setattr(kernels.QueryTop, "run", lambda self, *a, **kw: calls.append(1) or run(self, *a, **kw))
             assert not calls
             for a, b in zip(fast, slow):
                 assert [(h.id, h.score, h.path, h.matched) for h in a] == [(h.id, h.score, h.path, h.matched) for h in b]
@@ -251,7 +251,7 @@ def test_the_backend_answers_through_it_with_the_same_hits(tmp_path, monkeypatch
     one = [[backend.sparse_search(q, k, explain=3) for q in queries] for k in (1, 7, 21, 150)]
     one_hybrid = [backend.hybrid_search(q, vector, options) for q in queries]
     monkeypatch.setattr(kernels.QueryTop, "run",
-                        lambda self, *a: calls.append(threading.current_thread().name) or run(self, *a))
+                        lambda self, *a, **kw: calls.append(threading.current_thread().name) or run(self, *a, **kw))
     for threads in (2, 3):
         backend.threads = threads
         calls.clear()

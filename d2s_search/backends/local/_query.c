@@ -107,7 +107,7 @@ done:
 static int64_t shards_top(const int64_t *table, Py_ssize_t n_shards, const int64_t *cols, const float *weights,
                           Py_ssize_t n_terms, Py_ssize_t k, int64_t *slots, float *scores, Py_ssize_t scores_len,
                           void *work, float *maxima, int32_t *tops_rows, float *tops_scores, int64_t *out_rows,
-                          float *out_scores, double *out_scores64) {
+                          float *out_scores, double *out_scores64, const uint8_t *allow, int64_t allow_len) {
     for (Py_ssize_t j = 0; j < n_shards; j++) {
         const int64_t *f = table + j * N_FIELDS;
         int64_t n_rows = f[F_N_ROWS], n_cols = f[F_N_COLS];
@@ -130,6 +130,12 @@ static int64_t shards_top(const int64_t *table, Py_ssize_t n_shards, const int64
                                  cols, weights, n_terms, slot_of ? slots : NULL, dense, f[F_N_DENSE], scores);
         }
         if (bad) return -2;
+        if (allow) { /* a filter: rows it leaves out score 0, and the top takes positive scores only */
+            int64_t start = f[F_START];
+            if (start < 0 || start + n_rows > allow_len) return -2;
+            const uint8_t *a = allow + start;
+            for (int64_t r = 0; r < n_rows; r++) scores[r] = a[r] ? scores[r] : 0.0f;
+        }
         int64_t kk = k < n_rows ? k : n_rows, got;
         if (kk > HEAP_K) {
             got = d2s_top_large(scores, n_rows, kk, work, maxima, tops_rows + j * k, tops_scores + j * k);
@@ -275,8 +281,11 @@ static PyObject *empty_lists(int64_t n) {
 /* search(query, term_ids, table_addr, n_shards, k, capacity, k_capacity, cols_addr, weights_addr,
  *        slots_addr, scores_addr, scores_len, work_addr, maxima_addr, tops_rows_addr,
  *        tops_scores_addr, out_rows_addr, out_scores_addr, out_scores64_addr,
- *        m, m_capacity, terms, slot_of_addr, member_addr, n_map, words_slots_addr, words_values_addr)
+ *        m, m_capacity, terms, slot_of_addr, member_addr, n_map, words_slots_addr, words_values_addr,
+ *        allow_addr, allow_len)
  * -> (n_terms, n, matched)
+ * allow_addr (0: none): one byte per global row, allow_len of them; a 0 leaves the row out (a
+ * search filter: its score is taken as 0, so the top k are the best k rows that pass).
  * The query's columns and weights (n_terms, capacity at most) and its top k: n rows (global,
  * int64) and scores (float32, and float64 for the hit builder), best first, ties by row; with
  * m > 0 each hit's m strongest words, matched = [[(word, value), ...] per hit] as
@@ -290,8 +299,8 @@ static PyObject *empty_lists(int64_t n) {
  * slot_of n_map int16, all -1, and member n_map / 64 + 1 uint64, all 0 (both left so), n_map
  * above every shard's columns; words_* k_capacity * m_capacity. */
 static PyObject *search(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 27) {
-        PyErr_SetString(PyExc_TypeError, "search() takes 27 arguments");
+    if (nargs != 29) {
+        PyErr_SetString(PyExc_TypeError, "search() takes 29 arguments");
         return NULL;
     }
     PyObject *query = args[0], *term_ids = args[1], *terms = args[21];
@@ -307,6 +316,8 @@ static PyObject *search(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
     Py_ssize_t n_map = PyLong_AsSsize_t(args[24]);
     int64_t *word_slots = PyLong_AsVoidPtr(args[25]);
     float *word_values = PyLong_AsVoidPtr(args[26]);
+    const uint8_t *allow = PyLong_AsVoidPtr(args[27]);
+    int64_t allow_len = PyLong_AsLongLong(args[28]);
     if (PyErr_Occurred()) return NULL;
     if (k > k_capacity || (k > HEAP_K && (k_capacity <= HEAP_K || p[6] == NULL)) || n_shards > MAX_SHARDS ||
         n_shards < 0 || capacity < 0 || m < 0 || m > m_capacity || capacity > INT16_MAX ||
@@ -321,7 +332,7 @@ static PyObject *search(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
     if (k > 0 && n_terms > 0) {
         Py_BEGIN_ALLOW_THREADS
         n = shards_top(table, n_shards, p[0], p[1], n_terms, k, p[2], p[3], scores_len, p[5], p[6], p[7], p[8], p[9],
-                       p[10], p[11]);
+                       p[10], p[11], allow, allow_len);
         if (n > 0 && m > 0) {
             bad = explain_hits(table, n_shards, p[9], n, p[0], p[1], n_terms, m < n_terms ? m : n_terms, slot_of,
                                member, n_map, word_slots, word_values);
@@ -384,8 +395,9 @@ static PyMethodDef methods[] = {
      "search(query, term_ids, table_addr, n_shards, k, capacity, k_capacity, cols_addr, weights_addr, slots_addr,\n"
      "       scores_addr, scores_len, work_addr, maxima_addr, tops_rows_addr, tops_scores_addr, out_rows_addr,\n"
      "       out_scores_addr, out_scores64_addr, m, m_capacity, terms, slot_of_addr, member_addr, n_map,\n"
-     "       words_slots_addr, words_values_addr) -> (n_terms, n, matched)\n\n"
-     "A sparse query's columns, exact top k over every shard and (m > 0) each hit's words; n_terms -1: not for this call,\n"
+     "       words_slots_addr, words_values_addr, allow_addr, allow_len) -> (n_terms, n, matched)\n\n"
+     "A sparse query's columns, exact top k over every shard (allow_addr: one byte per global row, 0 leaves the row\n"
+     "out; 0 for none) and (m > 0) each hit's words; n_terms -1: not for this call,\n"
      "n -2: postings out of bounds."},
     {"words", (PyCFunction)(void (*)(void))words, METH_FASTCALL,
      "words(table_addr, n_shards, rows_addr, n, cols_addr, weights_addr, n_terms, m, terms, slot_of_addr,\n"

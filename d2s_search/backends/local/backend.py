@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from ...errors import BundleMismatchError, DiskFullError, IndexStoreError, QueryError
+from ...filters import BUILT_IN_FIELDS, SearchFilter
+from ...metadata import Metadata
 from ...search import minmax_normalised
 from ..base import Document, Hit, IndexIdentity, SparseVector, WordFilter
 from . import cache as cache_mod
-from . import graph, kernels, store
+from . import graph, kernels, metadata_table, narrowing, store
 from . import identity as index_identity
 from . import paths as doc_paths
 from .cache import CacheUnusable, Shard, Structures
@@ -97,6 +99,8 @@ class LocalBackend:
         self._term_ids: dict[str, int] = {}
         self._structures_cache: Structures | None = None
         self._seen_version: tuple | None = None
+        self._columns: narrowing.FilterColumns | None = None  # the filter columns, once a filter asked
+        self._columns_seen: tuple | None = None  # _seen_version when they were last checked
         self._commits: store.CommitSignal | None = None  # the WAL-index header of self._db's database
         self._seen_header: bytes | None = None  # its bytes when _seen_version was read
         self._write_checked = False
@@ -311,6 +315,7 @@ class LocalBackend:
             self._db = None
         self._structures_cache = None
         self._seen_version = None
+        self._columns = self._columns_seen = None
 
     def drop(self) -> None:
         """Delete the files the index created; refuse (deleting nothing) when the folder
@@ -440,6 +445,8 @@ class LocalBackend:
                 rows,
             )
             doc_paths.set_copies(db, {d.id: d.copies for d in docs})
+            if any(d.metadata for d in docs) or metadata_table.has_table(db):
+                metadata_table.write(db, {d.id: d.metadata for d in docs})
             store.bump(db, mutation=bool(replaced) or taken)  # rows changed in place: the cache is rebuilt
             db.execute("INSERT OR REPLACE INTO meta VALUES ('last_ingest_at', ?)", (str(time.time()),))
 
@@ -455,6 +462,7 @@ class LocalBackend:
             for chunk in _chunks(ids, 500):
                 removed += db.execute(f"DELETE FROM docs WHERE id IN ({','.join('?' * len(chunk))})", chunk).rowcount
             doc_paths.forget(db, ids)
+            metadata_table.forget(db, ids)
             if removed:
                 store.bump(db, mutation=True)
         return removed
@@ -489,6 +497,8 @@ class LocalBackend:
                 )
         for doc_id, paths in doc_paths.paths_of(db, found).items():
             found[doc_id].copies = tuple(paths[1:])
+        for doc_id, metadata in metadata_table.read(db, found).items():
+            found[doc_id].metadata = metadata
         return [found[i] for i in ids if i in found]
 
     def _stored_sparse(self, term_blob: bytes, weight_blob: bytes) -> SparseVector:
@@ -501,6 +511,89 @@ class LocalBackend:
             for i, w in zip(term_ids[:n].tolist(), weights[:n].tolist())
             if 0 < i < len(terms) and terms[i]
         }
+
+    # -- metadata and filters (base.Narrowing) ----------------------------------------------------
+
+    @_db_errors
+    def field_types(self) -> dict[str, str]:
+        return {**BUILT_IN_FIELDS, **metadata_table.field_types(self._connect(False))}
+
+    @_db_errors
+    def declare_fields(self, types: Mapping[str, str]) -> None:
+        if not types:
+            return
+        db = self._connect(True)
+        self._check_writable(db)
+        with Transaction(db):
+            if metadata_table.declare(db, types):
+                metadata_table.bump_version(db)
+
+    @_db_errors
+    def set_metadata(self, metadata: Mapping[str, Metadata]) -> int:
+        """Metadata of stored documents replaced in one transaction; vectors and the search
+        cache untouched (only the filter columns are read again)."""
+        db = self._connect(False)
+        present = self.ids_present(metadata)
+        if not present:
+            return 0
+        self._check_writable(db)
+        with Transaction(db):
+            metadata_table.write(db, {i: m for i, m in metadata.items() if i in present})
+        return len(present)
+
+    @_db_errors
+    def browse(self, k: int, filters: SearchFilter | None = None, offset: int = 0, *,
+               words: WordFilter | None = None) -> list[Hit]:
+        if k < 1 or offset < 0:
+            raise QueryError("k must be at least 1 and the offset not negative")
+
+        def run(state: Structures) -> list[Hit]:
+            if state.size == 0:
+                return []
+            columns = self._filter_columns(state)
+            rows = columns.browse_order(self._allowed(state, words, filters), k, offset)
+            return self._hits(state, rows, np.zeros(rows.size, dtype=np.float32), {}, 0)
+
+        return self._searching(run)
+
+    @_db_errors
+    def facets(self, filters: SearchFilter | None = None, size: int = 20, *,
+               words: WordFilter | None = None) -> dict[str, list[tuple[str, int]]]:
+        def run(state: Structures) -> dict[str, list[tuple[str, int]]]:
+            return self._filter_columns(state).facets(self._allowed(state, words, filters), size)
+
+        return self._searching(run)
+
+    def _filter_columns(self, state: Structures) -> narrowing.FilterColumns:
+        """The filter columns of ``state``'s documents at the current metadata version."""
+        columns = self._columns
+        if (columns is not None and self._seen_version is not None and self._columns_seen == self._seen_version
+                and columns.key[:2] == (state.index_id, state.generation) and columns.rows == state.size):
+            return columns  # no commit seen since they were checked
+        db = self._connect(False)
+        db.execute("BEGIN")  # the metadata and the documents from one snapshot
+        try:
+            key = (state.index_id, state.generation, metadata_table.version(db))
+            if columns is None or columns.key != key or columns.rows != state.size:
+                seqs = (np.concatenate([np.asarray(s.arrays["seqs"], dtype=np.int64) for s in state.shards])
+                        if state.shards else np.zeros(0, np.int64))
+                columns = self._columns = narrowing.load(db, seqs, key)
+        finally:
+            db.execute("COMMIT")
+        self._columns_seen = self._seen_version
+        return columns
+
+    def _allowed(self, state: Structures, words: WordFilter | None,
+                 filters: SearchFilter | None) -> np.ndarray | None:
+        """One bool per row: the rows that pass ``words`` and ``filters`` (None: no restriction)."""
+        allowed = None
+        if filters:
+            allowed = self._filter_columns(state).mask(filters)
+        if words:
+            carrying = (np.concatenate([self._carrying(shard, words) for shard in state.shards])
+                        if state.shards else np.zeros(0, dtype=bool))
+            allowed = carrying if allowed is None else allowed & carrying
+        return allowed
 
     @_db_errors
     def count(self) -> int:
@@ -773,7 +866,8 @@ class LocalBackend:
 
         return kernels.merge_top(self._by_shard_groups(tops, len(state.shards), SPARSE_PARALLEL_FROM), k)
 
-    def _query_top(self, state: Structures, query: SparseVector, k: int, words: int = 0) -> kernels.QueryTop | None:
+    def _query_top(self, state: Structures, query: SparseVector, k: int, words: int = 0,
+                   allow: np.ndarray | None = None) -> kernels.QueryTop | None:
         """The exact sparse top k found by ``_query.c`` (kernels.QueryTop, this thread's, holding
         the result): what _query_columns and _sparse_top give, with each hit's ``words``
         strongest words (``matched``) as _explain gives them. One call for all shards, or, when
@@ -791,12 +885,13 @@ class LocalBackend:
         top = self._thread_top(state, table, len(query), k, words)
         try:
             if self._n_groups(n_shards, SPARSE_PARALLEL_FROM) <= 1:
-                return top if top.run(table, query, self._term_ids, k, words, self._terms) is not None else None
+                found = top.run(table, query, self._term_ids, k, words, self._terms, allow)
+                return top if found is not None else None
 
             def group_top(numbers: range) -> list:
                 part = table.part(numbers.start, numbers.stop)
                 mine = self._thread_top(state, part, len(query), k, 0)
-                if mine.run(part, query, self._term_ids, k) is None:
+                if mine.run(part, query, self._term_ids, k, allow=allow) is None:
                     return [None]
                 found = mine.found  # copied: this thread's buffers serve its next search
                 return [(mine.out_rows[:found].copy(), mine.out_scores[:found].copy())]
@@ -926,13 +1021,46 @@ class LocalBackend:
                 allowed &= carries if wanted else ~carries
         return allowed
 
-    def _filtered_sparse_top(self, state: Structures, query: SparseVector | QueryColumns, k: int,
-                             words: WordFilter) -> tuple[np.ndarray, np.ndarray]:
-        """The exact sparse top-k among the rows that pass ``words``: every shard scored whole,
-        the others zeroed before the top k are taken, so k hits come back when k pass."""
-        cols, weights = self._query_columns(query)
-        if cols.size == 0 or state.size == 0:
+    def _few_allowed(self, state: Structures, columns: QueryColumns, allowed: np.ndarray) -> np.ndarray | None:
+        """The allowed rows when scoring them one by one (their own postings) reads less than
+        scoring the query's posting lists (a narrow filter: 0.1% of the documents), else None."""
+        n_allowed = int(np.count_nonzero(allowed))
+        stored = sum(int(s.arrays["csr_indptr"][-1]) for s in state.shards)
+        row_reads = n_allowed * stored / max(state.size, 1)
+        posting_reads = 0
+        for shard in state.shards:
+            indptr = shard.arrays["csc_indptr"]
+            known = columns.cols[columns.cols < shard.n_cols]
+            posting_reads += int((indptr[known + 1] - indptr[known]).sum())
+        return np.flatnonzero(allowed) if row_reads < posting_reads else None
+
+    def _allowed_rows_top(self, state: Structures, columns: QueryColumns, k: int,
+                          rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The exact sparse top-k among ``rows`` (ascending), each scored alone."""
+        if rows.size == 0 or columns.cols.size == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        scores = self._rescore(state, rows, columns)
+        positive = np.flatnonzero(scores > 0)
+        order = positive[np.lexsort((rows[positive], -scores[positive]))][:k]  # ties by row, as merge_top
+        return rows[order].astype(np.int64), scores[order]
+
+    def _filtered_sparse_top(self, state: Structures, query: SparseVector | QueryColumns, k: int,
+                             allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The exact sparse top-k among the allowed rows, so k hits come back when k pass: the
+        rows scored one by one when few, else every shard scored whole with the others zeroed
+        before its top k are taken (in C, one call, when the compiled query path is built)."""
+        columns = self._query_columns(query)
+        if columns.cols.size == 0 or state.size == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        few = self._few_allowed(state, columns, allowed)
+        if few is not None:
+            return self._allowed_rows_top(state, columns, k, few)
+        if isinstance(query, dict):
+            top = self._query_top(state, query, k, 0, allow=allowed)
+            if top is not None:
+                rows, scores, _, _ = top.results()
+                return rows, scores
+        cols, weights = columns
         buffer = np.empty(state.shard_rows, dtype=np.float32)
         out = []
         for shard in state.shards:
@@ -944,34 +1072,53 @@ class LocalBackend:
             except kernels.DamagedArrays as exc:
                 self._damaged(exc)
             scores = buffer[: shard.rows]
-            scores[~self._carrying(shard, words)] = 0.0  # top_rows takes positive scores only
+            scores[~allowed[shard.start:shard.start + shard.rows]] = 0.0  # top_rows takes positive scores only
             rows = kernels.top_rows(scores, k)
             out.append((rows + shard.start, scores[rows].copy()))
         return kernels.merge_top(out, k)
 
     def _filtered_dense_top(self, state: Structures, query: np.ndarray, k: int,
-                            words: WordFilter) -> tuple[np.ndarray, np.ndarray]:
-        """The exact dense top-k among the rows that pass ``words`` (every allowed vector
-        scored: a graph search would return fewer than k after filtering)."""
+                            allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The exact dense top-k among the allowed rows (every allowed vector scored: a graph
+        search would return fewer than k after filtering); a narrow filter scores only its rows."""
         out = []
         for shard in state.shards:
             self._validated(shard)
-            allowed = self._carrying(shard, words)
+            mine = allowed[shard.start:shard.start + shard.rows]
+            n_allowed = int(np.count_nonzero(mine))
+            if n_allowed == 0:
+                continue
+            if n_allowed * 8 < shard.rows:
+                local = np.flatnonzero(mine)
+                scores = shard.arrays["dense"][local] @ query
+                top = kernels.top_rows_any_sign(scores, min(k, n_allowed))
+                out.append((local[top] + shard.start, scores[top]))
+                continue
             scores = shard.arrays["dense"] @ query  # in place: picking the allowed rows first copies them
-            scores[~allowed] = -np.inf
-            top = kernels.top_rows_any_sign(scores, min(k, int(allowed.sum())))
+            scores[~mine] = -np.inf
+            top = kernels.top_rows_any_sign(scores, min(k, n_allowed))
             out.append((top + shard.start, scores[top]))
+        if not out:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
         return kernels.merge_top(out, k)
 
     @_db_errors
     def sparse_search(self, query: SparseVector, k: int, explain: int = 5, *,
-                      words: WordFilter | None = None) -> list[Hit]:
+                      words: WordFilter | None = None, filters: SearchFilter | None = None) -> list[Hit]:
         def run(state: Structures) -> list[Hit]:
-            if words:
+            allowed = self._allowed(state, words, filters)
+            if allowed is not None:
                 columns = self._query_columns(query)
-                return self._hits(state, *self._filtered_sparse_top(state, columns, k, words), columns, explain)
+                few = self._few_allowed(state, columns, allowed) if state.size else None
+                if few is not None or type(query) is not dict:
+                    rows, scores = (self._allowed_rows_top(state, columns, k, few) if few is not None
+                                    else self._filtered_sparse_top(state, columns, k, allowed))
+                    return self._hits(state, rows, scores, columns, explain)
             # the words in the same call only when _hits.c builds the hits from it
-            top = self._query_top(state, query, k, explain if kernels._c_hits is not None else 0)
+            top = self._query_top(state, query, k, explain if kernels._c_hits is not None else 0, allow=allowed)
+            if top is None and allowed is not None:
+                columns = self._query_columns(query)
+                return self._hits(state, *self._filtered_sparse_top(state, columns, k, allowed), columns, explain)
             if top is None:
                 columns = self._query_columns(query)
                 rows, scores = self._sparse_top(state, columns, k)
@@ -987,11 +1134,12 @@ class LocalBackend:
     @_db_errors
     def two_phase_search(
         self, first: SparseVector, full: SparseVector, k: int, window: int, explain: int = 5, *,
-        words: WordFilter | None = None,
+        words: WordFilter | None = None, filters: SearchFilter | None = None,
     ) -> list[Hit]:
         def run(state: Structures) -> list[Hit]:
-            if words:
-                rows, _ = self._filtered_sparse_top(state, first, max(window, k), words)
+            allowed = self._allowed(state, words, filters)
+            if allowed is not None:
+                rows, _ = self._filtered_sparse_top(state, first, max(window, k), allowed)
             else:
                 rows, _ = self._sparse_top(state, first, max(window, k))
             if rows.size == 0:
@@ -1032,7 +1180,7 @@ class LocalBackend:
     @_db_errors
     def dense_search(
         self, vector: np.ndarray, k: int, explain_with: SparseVector | None = None, explain: int = 5, *,
-        words: WordFilter | None = None,
+        words: WordFilter | None = None, filters: SearchFilter | None = None,
     ) -> list[Hit]:
         query = np.asarray(vector, dtype=np.float32).reshape(-1)
 
@@ -1041,8 +1189,9 @@ class LocalBackend:
                 return []
             if query.shape[0] != state.dim:
                 raise QueryError(f"query vector has {query.shape[0]} dims, the index {state.dim}")
-            if words:
-                rows, scores = self._filtered_dense_top(state, query, k, words)
+            allowed = self._allowed(state, words, filters)
+            if allowed is not None:
+                rows, scores = self._filtered_dense_top(state, query, k, allowed)
             else:
                 rows, scores = self._dense_top(state, query, k)
             return self._hits(state, rows, scores, explain_with or {}, explain)
@@ -1051,7 +1200,7 @@ class LocalBackend:
 
     @_db_errors
     def hybrid_search(self, sparse: SparseVector, vector: np.ndarray, options, *,
-                      words: WordFilter | None = None) -> list[Hit]:
+                      words: WordFilter | None = None, filters: SearchFilter | None = None) -> list[Hit]:
         """Sparse + dense fused here on arrays (the definitions of :func:`search.fuse_minmax` and
         :func:`search.fuse_rrf`, same float64 sums, ties by document id), hits and explanations
         built for the k fused rows only. ``Hit.parts`` holds each run's score."""
@@ -1061,16 +1210,18 @@ class LocalBackend:
         def run(state: Structures) -> list[Hit]:
             if state.size and query.shape[0] != state.dim:
                 raise QueryError(f"query vector has {query.shape[0]} dims, the index {state.dim}")
-            top = None if words else self._query_top(state, sparse, n)
+            allowed = self._allowed(state, words, filters)
+            top = None if allowed is not None else self._query_top(state, sparse, n)
             if top is None:
                 columns = self._query_columns(sparse)
-                runs = [("sparse", *(self._filtered_sparse_top(state, columns, n, words) if words
+                runs = [("sparse", *(self._filtered_sparse_top(state, sparse, n, allowed) if allowed is not None
                                      else self._sparse_top(state, columns, n)))]
             else:
                 rows, scores, cols, weights = top.results()
                 columns = QueryColumns(cols, weights)
                 runs = [("sparse", rows, scores)]
-            dense_top = functools.partial(self._filtered_dense_top, words=words) if words else self._dense_top
+            dense_top = (functools.partial(self._filtered_dense_top, allowed=allowed) if allowed is not None
+                         else self._dense_top)
             runs.append(("dense", *(dense_top(state, query, n) if state.size else (np.zeros(0, np.int64),) * 2)))
             if options.fusion == "rrf":
                 weights = {name: 1.0 / (int(options.rrf_k) + np.arange(1, rows.size + 1)) for name, rows, _ in runs}

@@ -455,16 +455,21 @@ class QueryTop:
                 and k <= self.k and words <= self.words and (not words or table.n_cols <= self.slot_of.size))
 
     def run(self, table: ShardTable, query: dict, term_ids: dict, k: int, words: int = 0,
-            terms: list[str] | None = None) -> int | None:
+            terms: list[str] | None = None, allow: np.ndarray | None = None) -> int | None:
         """How many hits were found (``found``; with ``words``, each hit's words from ``terms``,
         the index's words by column, in ``matched``), or None when the C path does not take this
         query (not a dict of str to float, a weight infinite in float32, or more than the buffers
         hold): the Python path then.
-        DamagedArrays when a shard's postings or a hit's row point outside it."""
+        DamagedArrays when a shard's postings or a hit's row point outside it. ``allow``: one
+        bool per global row, False leaving the row out (a search filter)."""
         if not self.fits(table, len(query), k, words):
             return None
+        if allow is not None and (allow.dtype != np.bool_ or not allow.flags.c_contiguous):
+            return None
         n_terms, n, matched = _c_query.search(query, term_ids, table.address, table.n_shards, k, *self._args, words,
-                                              self.words, terms, *self._word_args)
+                                              self.words, terms, *self._word_args,
+                                              allow.ctypes.data if allow is not None else 0,
+                                              allow.size if allow is not None else 0)
         if n_terms < 0:
             return None
         if n == -2:
