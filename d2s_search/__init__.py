@@ -6,6 +6,8 @@ used, so ``import d2s_search`` loads neither numpy nor ONNX Runtime:
 - ``Encoder``, ``Encoding``: a model bundle's encoders, texts and pictures as sparse
   ``{word: weight}`` bags and dense vectors;
 - ``Index``, ``SearchResult``, ``Hit``, ``IngestReport``: open an index, search it, ingest into it;
+- ``SearchFilter``, ``Metadata``: what a search is narrowed to, and what a picture carries
+  (date taken, camera, place, the user's fields);
 - ``search_app``: the search page and its JSON API as an ASGI app to mount;
 - ``D2SError`` (and the classes in ``d2s_search.errors``): every failure a caller can act on.
 
@@ -28,15 +30,19 @@ _EXPORTS = {
     "Hit": "d2s_search.backends.base",
     "IngestReport": "d2s_search.ingest",
     "D2SError": "d2s_search.errors",
+    "SearchFilter": "d2s_search.filters",
+    "Metadata": "d2s_search.metadata",
 }
 
-__all__ = ["D2SError", "Encoder", "Encoding", "Hit", "Index", "IngestReport", "SearchResult", "search_app",
-           "__version__"]
+__all__ = ["D2SError", "Encoder", "Encoding", "Hit", "Index", "IngestReport", "Metadata", "SearchFilter",
+           "SearchResult", "search_app", "__version__"]
 
 if TYPE_CHECKING:  # what type checkers and editors see
     from d2s_search.backends.base import Hit
     from d2s_search.errors import D2SError
+    from d2s_search.filters import SearchFilter
     from d2s_search.ingest import IngestReport
+    from d2s_search.metadata import Metadata
     from d2s_search.python_api.encoding import Encoder, Encoding
     from d2s_search.python_api.index import Index
     from d2s_search.python_api.web import search_app

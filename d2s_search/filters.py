@@ -74,6 +74,25 @@ class SearchFilter:
             out["near"] = {"lat": self.near[0], "lon": self.near[1], "km": self.near[2]}
         return out
 
+    def describe(self) -> str:
+        """One line for people: ``taken 2019-06-01 to 2019-07-01, in /photos/trips, camera = Pixel 7``."""
+        from .metadata import iso_time
+
+        parts = []
+        if self.after is not None or self.before is not None:
+            low = iso_time(self.after).removesuffix("T00:00:00Z") if self.after is not None else "..."
+            high = iso_time(self.before).removesuffix("T00:00:00Z") if self.before is not None else "..."
+            parts.append(f"taken {low} to {high}" if self.after is not None and self.before is not None
+                         else f"taken from {low}" if self.after is not None else f"taken before {high}")
+        if self.folders:
+            parts.append("in " + " or ".join(self.folders))
+        for c in self.where:
+            value = iso_time(float(c.value)).removesuffix("T00:00:00Z") if c.field == "taken" else c.value
+            parts.append(f"{c.field} {c.op} {str(value).lower() if isinstance(value, bool) else value}")
+        if self.near is not None:
+            parts.append(f"within {self.near[2]:g} km of {self.near[0]:g},{self.near[1]:g}")
+        return ", ".join(parts)
+
     def alternatives(self) -> list[list[Condition]]:
         """The conditions as a conjunction of groups, each group any-of: the ``=`` conditions
         of one field share a group, every other condition is a group of its own."""

@@ -13,6 +13,7 @@ A file stored and unchanged costs one lookup of its id's paths, as before.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .backends.base import Backend, Document, PathListing
+from .backends.base import Backend, Document, Narrowing, PathListing
 from .encoder import Encoder
 from .errors import (
     EXIT_FAILED,
@@ -32,6 +33,7 @@ from .errors import (
     NoInputError,
 )
 from .images import DEFAULT_MAX_PIXELS, DEFAULT_SKIP, Skip, content_id, decode
+from .metadata import Metadata, Sidecar, read_metadata
 from .pathtext import path_to_text
 from .sources import Source, discover_sources, exists, is_uri, read
 
@@ -42,6 +44,7 @@ class IngestReport:
     stored: int = 0
     already_stored: int = 0
     duplicates: int = 0  # same bytes as another file in this run (its path joins that document)
+    metadata_updated: int = 0  # already stored: its metadata (date, camera, place, fields) changed
     moved: int = 0  # already stored, but the stored file was gone: its path now points here
     copies: int = 0  # already stored, and its stored file is still there: this path added to it
     rejected: list[tuple[str, str]] = field(default_factory=list)
@@ -79,6 +82,7 @@ class IngestReport:
             "stored": self.stored,
             "already_stored": self.already_stored,
             "duplicates": self.duplicates,
+            "metadata_updated": self.metadata_updated,
             "moved": self.moved,
             "copies": self.copies,
             "rejected": [{"path": p, "reason": r} for p, r in self.rejected],
@@ -96,6 +100,7 @@ class _Hashed:
     path: Source  # a local path, or a URI
     data: bytes
     id: str
+    mtime: float | None = None  # the file's modification time (the date of a picture without EXIF)
 
 
 @dataclass
@@ -104,6 +109,7 @@ class _Decoded:
     pixels: np.ndarray
     width: int
     height: int
+    metadata: Metadata
 
 
 ProgressCallback = Callable[[int, int], None]  # (files done, images stored so far)
@@ -121,15 +127,20 @@ def ingest(
     on_progress: ProgressCallback | None = None,
     url_for: Callable[[Path], str | None] | None = None,
     skip: Skip = DEFAULT_SKIP,
+    sidecar: Sidecar | None = None,
 ) -> IngestReport:
     """Ingest the images under ``paths``; ``url_for`` gives each stored image its URL
-    (e.g. for thumbnails in OpenSearch Dashboards); ``skip``: what folder walks leave out."""
+    (e.g. for thumbnails in OpenSearch Dashboards); ``skip``: what folder walks leave out;
+    ``sidecar``: the user's fields by path or file name (``ingest --metadata``). Every picture's
+    metadata is read from its EXIF; pictures already stored get theirs updated when it changed
+    (a new sidecar value, an index made before metadata was kept), without being encoded again."""
     start = time.perf_counter()
     report = IngestReport()
     url_for = local_urls(url_for)
     files = discovered(paths, skip, report)
     if not files:
         return report
+    declare_sidecar(backend, sidecar)
     if on_start:
         on_start(len(files))
     settings = encoder.bundle.image_settings
@@ -149,7 +160,7 @@ def ingest(
 
         def decode_one(item: _Hashed) -> _Decoded:
             image, width, height = decode(item.data, max_pixels=max_pixels, draft_size=draft)
-            return _Decoded(item, encoder.preprocess(image), width, height)
+            return _Decoded(item, encoder.preprocess(image), width, height, metadata_of(item, sidecar))
 
         def store(batch: list[tuple[_Hashed, Future]]) -> None:
             nonlocal done
@@ -176,6 +187,7 @@ def ingest(
                         sparse=encoder.to_terms(sparse[row], top_k=top_k),
                         dense=dense[row],
                         ingested_at=now,
+                        metadata=d.metadata,
                     )
                     for row, d in enumerate(ready)
                 ]
@@ -188,6 +200,7 @@ def ingest(
         for n_files, hashed in _hashed_batches(files, batch_size, pool, reject):
             new_items, known = _select_new(hashed, backend, seen, report, elsewhere)
             _link_known(known, backend, url_for, report)
+            update_metadata(known, backend, sidecar, report)
             done += n_files - len(new_items)  # skipped and rejected files count as done
             current = [(item, pool.submit(decode_one, item)) for item in new_items]
             if previous:
@@ -243,7 +256,45 @@ def store_batch(backend: Backend, docs: list[Document], report: IngestReport, el
 
 def _read_and_hash(path: Source) -> _Hashed:
     data = read(path)
-    return _Hashed(path=path, data=data, id=content_id(data))
+    mtime = None
+    if not is_uri(path):
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            mtime = None
+    return _Hashed(path=path, data=data, id=content_id(data), mtime=mtime)
+
+
+def declare_sidecar(backend: Backend, sidecar: Sidecar | None) -> None:
+    """The sidecar's fields made known to the index before anything is stored (a field the
+    index knows with another type stops the run here, with nothing written)."""
+    if sidecar is None or not sidecar.types:
+        return
+    if not isinstance(backend, Narrowing):
+        from .errors import MetadataError
+
+        raise MetadataError(f"--metadata: the {getattr(backend, 'name', 'chosen')} index keeps no fields of its own")
+    backend.declare_fields(sidecar.types)
+
+
+def metadata_of(item: _Hashed, sidecar: Sidecar | None) -> Metadata:
+    """What the picture says (EXIF; the file's time when it has no date) and the sidecar's
+    fields for its path."""
+    found = read_metadata(item.data, item.mtime)
+    fields = sidecar.fields_for(index_path(item.path)) if sidecar is not None else None
+    return found.with_fields(fields) if fields else found
+
+
+def update_metadata(known: list[_Hashed], backend: Backend, sidecar: Sidecar | None, report: IngestReport) -> None:
+    """Stored pictures found again: their metadata as it is now (the backend writes only what
+    changed: no vector is sent again)."""
+    if not known or not isinstance(backend, Narrowing):
+        return
+    fresh: dict[str, Metadata] = {}
+    for item in known:  # the same bytes at two paths: the first found speaks for them
+        if item.id not in fresh:
+            fresh[item.id] = metadata_of(item, sidecar)
+    report.metadata_updated += backend.set_metadata(fresh)
 
 
 def _hashed_batches(

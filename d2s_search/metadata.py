@@ -233,8 +233,8 @@ def read_sidecar(path: str | Path) -> Sidecar:
     base = Path(path).resolve().parent
     by_path: dict[str, dict[str, FieldValue]] = {}
     by_name: dict[str, dict[str, FieldValue]] = {}
-    for number, key, values in rows:
-        fields = {name: _typed(values[name], types[name], source, number, name)
+    for label, key, values in rows:
+        fields = {name: _typed(values[name], types[name], source, label, name)
                   for name in values if values[name] not in (None, "")}
         if "/" in key or "\\" in key or key.startswith("."):
             from .pathtext import path_to_text
@@ -245,15 +245,15 @@ def read_sidecar(path: str | Path) -> Sidecar:
     return Sidecar(source=source, types=types, by_path=by_path, by_name=by_name)
 
 
-Row = tuple[int, str, dict[str, Any]]
+Row = tuple[str, str, dict[str, Any]]  # where it is ("row 2", "line 1"), its key, its values
 
 
-def _key(values: dict[str, Any], source: str, number: int) -> str:
+def _key(values: dict[str, Any], source: str, label: str) -> str:
     key = values.pop("path", None)
     name = values.pop("file", None)
     key = key if key not in (None, "") else name
     if not isinstance(key, str) or not key.strip():
-        raise MetadataError(f"--metadata {source}, row {number}: no 'path' or 'file' to say which picture it is about")
+        raise MetadataError(f"--metadata {source}, {label}: no 'path' or 'file' to say which picture it is about")
     return key.strip()
 
 
@@ -287,7 +287,7 @@ def _csv_rows(text: str, source: str) -> tuple[list[Row], dict[str, str]]:
             if len(record) != len(names):
                 raise MetadataError(f"--metadata {source}, row {number}: {len(record)} values for {len(names)} columns")
             values: dict[str, Any] = {n: v.strip() for n, v in zip(names, record)}
-            rows.append((number, _key(values, source, number), values))
+            rows.append((f"row {number}", _key(values, source, f"row {number}"), values))
     except csv.Error as exc:
         raise MetadataError(f"--metadata {source}: not CSV ({exc})") from None
     return rows, declared
@@ -304,12 +304,12 @@ def _jsonl_rows(text: str, source: str) -> list[Row]:
             raise MetadataError(f"--metadata {source}, line {number}: not JSON") from None
         if not isinstance(values, dict):
             raise MetadataError(f"--metadata {source}, line {number}: not a JSON object")
-        key = _key(values, source, number)
+        key = _key(values, source, f"line {number}")
         for name, value in values.items():
             check_field_name(name, f"--metadata {source}, line {number}")
             if not (value is None or isinstance(value, (str, bool, int, float))):
                 raise MetadataError(f"--metadata {source}, line {number}: {name!r} is not a string, number or boolean")
-        rows.append((number, key, values))
+        rows.append((f"line {number}", key, values))
     return rows
 
 
@@ -344,8 +344,8 @@ def _number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _typed(value: Any, kind: str, source: str, number: int, name: str) -> FieldValue:
-    problem = f"--metadata {source}, row {number}: {name}={value!r} is not a {kind}"
+def _typed(value: Any, kind: str, source: str, label: str, name: str) -> FieldValue:
+    problem = f"--metadata {source}, {label}: {name}={value!r} is not a {kind}"
     if kind == "keyword":
         return str(value).lower() if isinstance(value, bool) else str(value)
     if kind == "boolean":

@@ -43,10 +43,13 @@ from .ingest import (
     ProgressCallback,
     _Hashed,
     _link_known,
+    _read_and_hash,
     _select_new,
+    declare_sidecar,
     discovered,
     index_path,
     local_urls,
+    metadata_of,
     refused,
     store_batch,
 )
@@ -127,7 +130,7 @@ class EncodeWorker:
     when it writes there."""
 
     def __init__(self, bundle_path: str, device: str, threads: int, target: IndexTarget,
-                 top_k: int | None, max_pixels: int) -> None:
+                 top_k: int | None, max_pixels: int, sidecar=None) -> None:
         from .bundle import Bundle
         from .encoder import Encoder
 
@@ -135,6 +138,7 @@ class EncodeWorker:
         self.encoder = Encoder(bundle, device=device, threads=max(1, threads))
         self.draft = int(bundle.image_settings["size"]) * 2
         self.top_k, self.max_pixels = top_k, max_pixels
+        self.sidecar = sidecar  # the user's fields (ingest --metadata), or None
         self.backend = target.open(bundle.identity()) if target.kind != "local" else None
 
     def pid(self) -> int:
@@ -144,15 +148,16 @@ class EncodeWorker:
         import numpy as np
 
         out = EncodedBatch(worker_pid=os.getpid())
-        ready: list[tuple[tuple[Source, str, str, str | None], Any, int, int, int]] = []
+        ready: list[tuple[tuple[Source, str, str, str | None], Any, int, int, int, Any]] = []
         for item in job.items:
             path, stored, doc_id, _ = item
             try:
-                data = read(path)
-                if content_id(data) != doc_id:  # changed since it was hashed: next run takes it
+                hashed = _read_and_hash(path)
+                if hashed.id != doc_id:  # changed since it was hashed: next run takes it
                     raise ImageRejected("the file changed while it was being ingested")
-                image, width, height = decode(data, max_pixels=self.max_pixels, draft_size=self.draft)
-                ready.append((item, self.encoder.preprocess(image), width, height, len(data)))
+                image, width, height = decode(hashed.data, max_pixels=self.max_pixels, draft_size=self.draft)
+                ready.append((item, self.encoder.preprocess(image), width, height, len(hashed.data),
+                              metadata_of(hashed, self.sidecar)))
             except ImageRejected as exc:
                 out.rejected.append((stored, str(exc), doc_id))
             except MemoryError:
@@ -164,8 +169,8 @@ class EncodeWorker:
         docs = [
             Document(id=doc_id, path=stored, url=url, size_bytes=size, width=width, height=height,
                      sparse=self.encoder.to_terms(sparse[row], top_k=self.top_k), dense=dense[row],
-                     ingested_at=now)
-            for row, ((_, stored, doc_id, url), _, width, height, size) in enumerate(ready)
+                     ingested_at=now, metadata=metadata)
+            for row, ((_, stored, doc_id, url), _, width, height, size, metadata) in enumerate(ready)
         ]
         if self.backend is None:
             out.docs = docs
@@ -301,10 +306,13 @@ def ray_ingest(
     on_ray_ready: Callable[[float], None] | None = None,
     url_for: Callable[[Path], str | None] | None = None,
     skip: Skip = DEFAULT_SKIP,
+    sidecar=None,
 ) -> IngestReport:
     """Ingest the images under ``paths`` with Ray workers; ``backend`` is the driver's own
     connection to the index (opened), ``target`` tells the workers how to reach it.
-    ``on_ray_ready`` gets the seconds Ray and the workers took to start (reported apart)."""
+    ``on_ray_ready`` gets the seconds Ray and the workers took to start (reported apart).
+    ``sidecar``: the user's fields, read by the workers with each new picture's EXIF (pictures
+    already stored keep their metadata: the driver does not read their bytes)."""
     from .extras import require
 
     require("ray", who="--engine ray")
@@ -316,6 +324,7 @@ def ray_ingest(
     files = discovered(paths, skip, report)
     if not files:
         return report
+    declare_sidecar(backend, sidecar)
     ray_start = time.perf_counter()
     started_here = connect(ray, options)
     try:
@@ -324,7 +333,7 @@ def ray_ingest(
             max_restarts=options.max_task_retries, max_task_retries=options.max_task_retries)
         worker_device = "cuda" if options.gpus_per_worker > 0 else device
         threads = max(1, int(options.cpus_per_worker))
-        workers = [actor.remote(str(bundle.path), worker_device, threads, target, top_k, max_pixels)
+        workers = [actor.remote(str(bundle.path), worker_device, threads, target, top_k, max_pixels, sidecar)
                    for _ in range(options.workers)]
         started(ray, workers, options)
         report.workers = len(workers)

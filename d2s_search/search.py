@@ -14,8 +14,9 @@ from operator import itemgetter
 
 import numpy as np
 
-from .backends.base import Backend, Hit, SparseVector, WordFilter
+from .backends.base import Backend, Hit, Narrowing, SparseVector, WordFilter
 from .errors import QueryError
+from .filters import SearchFilter
 from .query_edits import AppliedEdits, apply_edits, parse_query
 from .terms import recognised_words
 
@@ -53,6 +54,7 @@ class SearchOptions:
     alpha: float = 0.5  # weight of the dense run in min-max fusion
     rrf_k: int = 60
     explain: int = 5  # matched terms shown per hit
+    filters: SearchFilter | None = None  # date, folder, fields, place (d2s_search.filters)
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -80,6 +82,7 @@ class SearchResult:
     weak_query: bool = False
     unrecognised_words: list[str] = field(default_factory=list)
     edits: AppliedEdits | None = None
+    filters: SearchFilter | None = None
 
     @property
     def notice(self) -> str | None:
@@ -97,6 +100,7 @@ class SearchResult:
             "notice": self.notice,
             "query_terms": [{"term": t, "weight": w} for t, w in self.query_terms],
             **({"query_edits": self.edits.to_json()} if self.edits else {}),
+            **({"filters": self.filters.to_json()} if self.filters else {}),
             "results": [dict(rank=i + 1, **h.to_json()) for i, h in enumerate(self.hits)],
         }
 
@@ -231,10 +235,32 @@ class StrongestTerms(Sequence):
 # --- plans -----------------------------------------------------------------------------
 
 
+def restrictions(backend: Backend, query: QueryVectors | None, options: SearchOptions) -> dict:
+    """The keywords that narrow a search: ``words`` (+word / -word) and ``filters``, each passed
+    only when set, so a backend without the keyword still runs the rest."""
+    restrict: dict = {"words": query.words} if query is not None and query.words else {}
+    if options.filters:
+        if not isinstance(backend, Narrowing):
+            raise QueryError(f"the {getattr(backend, 'name', 'chosen')} index cannot be filtered by date, folder, "
+                             "field or place")
+        restrict["filters"] = options.filters
+    return restrict
+
+
+def browse_library(backend: Backend, options: SearchOptions, offset: int = 0) -> SearchResult:
+    """The library without a query: newest pictures first (by date taken), narrowed by the
+    options' filters."""
+    if not isinstance(backend, Narrowing):
+        raise QueryError(f"the {getattr(backend, 'name', 'chosen')} index cannot list pictures without a query")
+    start = time.perf_counter()
+    hits = backend.browse(options.k, options.filters or None, offset)
+    return SearchResult(mode="library", hits=hits, took_ms=(time.perf_counter() - start) * 1000,
+                        filters=options.filters or None)
+
+
 def run_query(backend: Backend, query: QueryVectors, options: SearchOptions) -> SearchResult:
     options.validate()
-    # +word / -word: passed only when typed, so a backend without the keyword still runs the rest
-    restrict = {"words": query.words} if query.words else {}
+    restrict = restrictions(backend, query, options)
     start = time.perf_counter()
     if options.mode == "sparse":
         hits = backend.sparse_search(query.full, options.k, explain=options.explain, **restrict)
@@ -253,11 +279,11 @@ def run_query(backend: Backend, query: QueryVectors, options: SearchOptions) -> 
         fusion = getattr(backend, "last_fusion", None) if native else f"client-{options.fusion}"
     return SearchResult(mode=options.mode, hits=hits, took_ms=took, query_terms=StrongestTerms(query.full, 50),
                         fusion=fusion, weak_query=query.weak, unrecognised_words=list(query.unrecognised),
-                        edits=query.edits)
+                        edits=query.edits, filters=options.filters or None)
 
 
 def hybrid(backend: Backend, query: QueryVectors, options: SearchOptions) -> list[Hit]:
-    restrict = {"words": query.words} if query.words else {}
+    restrict = restrictions(backend, query, options)
     native = getattr(backend, "hybrid_search", None)
     if native is not None:
         return native(query.full, query.dense, options, **restrict)

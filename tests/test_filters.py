@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from d2s_search.backends.base import Document, IndexIdentity, WordFilter
-from d2s_search.backends.local import LocalBackend
+from d2s_search.backends.local import LocalBackend, kernels
 from d2s_search.backends.local import cache as cache_mod
-from d2s_search.backends.local import kernels
 from d2s_search.errors import MetadataError, QueryError
 from d2s_search.filters import Condition, SearchFilter, build_filter
 from d2s_search.metadata import Metadata, parse_time

@@ -20,8 +20,11 @@ RESULT = {"rank": int, "id": str, "score": float, "path": str, "url": (str, None
           "parts": {"sparse": float, "dense": float}}
 QUERY = {"mode": str, "fusion": str, "took_ms": Number, "weak_query": bool, "unrecognised_words": [str],
          "notice": (str, NoneType), "query_terms": [{"term": str, "weight": float}], "results": [RESULT],
-         "note": str, "answered_by": str}
-INGEST = {"found": int, "stored": int, "already_stored": int, "duplicates": int, "moved": int, "copies": int,
+         "note": str, "answered_by": str, "filters": {"after": str, "before": str, "folders": [str],
+                                                     "where": [{"field": str, "op": str, "value": (str, float, bool)}],
+                                                     "near": {"lat": float, "lon": float, "km": float}}}
+INGEST = {"found": int, "stored": int, "already_stored": int, "duplicates": int, "metadata_updated": int,
+          "moved": int, "copies": int,
           "rejected": [{"path": str, "reason": str}], "skipped": {"hidden": int, "excluded": int},
           "seconds": Number, "images_per_second": Number, "search_structures_seconds": Number, "exit_code": int,
           "error": {"type": str, "message": str}}
@@ -31,7 +34,8 @@ STATS_LOCAL = {"backend": str, "location": str, "documents": int, "distinct_term
                "sparse_query": str, "dense_search": str, "bundle_path": str, "missing_files": int}
 # Keys that may be absent, per shape.
 OPTIONAL = {
-    id(QUERY): {"fusion", "note", "answered_by"},  # hybrid; two-phase on a local index; a serve answered
+    id(QUERY): {"fusion", "note", "answered_by", "filters"},  # hybrid; two-phase locally; a serve answered; filtered
+    id(QUERY["filters"]): {"after", "before", "folders", "where", "near"},  # those given
     id(RESULT): {"parts"},  # fused results
     id(INGEST): {"search_structures_seconds", "error"},  # built by this run; nothing stored
 }
@@ -97,6 +101,19 @@ def test_query_json_shape(shapes_index, mode, capsys):
     code, weak = run_cli_json(["query", "qwertyuiop", "--index", shapes_index, "--mode", mode, "--no-serve"], capsys)
     assert code == 0 and weak["weak_query"] is True and isinstance(weak["notice"], str)
     check(weak, QUERY)
+
+
+def test_filtered_query_and_library_json_shape(shapes_index, capsys):
+    narrow = ["--after", "2000-01-01", "--before", "2100-01-01", "--where", "width>=1", "--where", "camera!=x",
+              "--near", "0,0,20000"]
+    code, answer = run_cli_json(["query", "dogs in a car", "--index", shapes_index, *narrow, "--no-serve"], capsys)
+    assert code == 0 and answer["filters"]["where"] == [{"field": "width", "op": ">=", "value": 1.0},
+                                                        {"field": "camera", "op": "!=", "value": "x"}]
+    assert answer["results"] == []  # the pictures have no GPS position: --near keeps none
+    check(answer, QUERY)
+    code, library = run_cli_json(["query", "--index", shapes_index, "--after", "2000-01-01", "-k", "4"], capsys)
+    assert code == 0 and library["mode"] == "library" and len(library["results"]) == 4
+    check(library, QUERY)
 
 
 def test_index_stats_json_shape(shapes_index, capsys):

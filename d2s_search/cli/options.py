@@ -220,3 +220,30 @@ def ray_engine_options(what_ray_does: str):
             f = option(f)
         return f
     return decorate
+
+
+def filter_options(command):
+    """--after, --before, --folder, --where, --near: what a search (or the library) is narrowed to."""
+    for decorator in reversed([
+        click.option("--after", metavar="DATE", help="Only pictures taken on or after DATE (YYYY-MM-DD, or with "
+                     "a time: 2019-06-01T14:30; no zone: UTC). A picture without EXIF date counts its file's time."),
+        click.option("--before", metavar="DATE", help="Only pictures taken before DATE (--after 2019-06-01 "
+                     "--before 2019-07-01 is June)."),
+        click.option("--folder", "folders", multiple=True, metavar="PATH",
+                     help="Only pictures in PATH or below it (any of their paths). Repeatable: either folder."),
+        click.option("--where", "where", multiple=True, metavar="FIELD=VALUE",
+                     help="Only pictures whose FIELD (camera, width, height, size_bytes, taken, or a field of "
+                          "ingest --metadata) is =, !=, >=, >, <=, < VALUE. Repeatable: all hold, except that "
+                          "several FIELD=VALUE of one field are alternatives."),
+        click.option("--near", metavar="LAT,LON,KM", help="Only pictures whose GPS position is within KM "
+                     "kilometres of LAT,LON."),
+    ]):
+        command = decorator(command)
+    return command
+
+
+def given_filters(after, before, folders, where, near) -> dict | None:
+    """The filter options as Index.filter's keywords, or None when none was given."""
+    if not (after or before or folders or where or near):
+        return None
+    return {"after": after, "before": before, "folders": list(folders), "where": list(where), "near": near}

@@ -12,6 +12,8 @@ from d2s_search.cli.options import (
     bundle_option,
     console,
     device_option,
+    filter_options,
+    given_filters,
     json_option,
     load_bundle,
     make_backend,
@@ -46,9 +48,14 @@ from d2s_search.errors import EXIT_OK, D2SError
               help="Skip what matches GLOB, its path below the folder given (raw/*, */thumbs) or its name "
                    "(*.png); GLOB/ matches folders only. Repeatable; a config file's `exclude = [...]` is used "
                    "when none is given.")
+@click.option("--metadata", "metadata", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="The pictures' own fields from a CSV (first row: path or file, then field names, each "
+                   "optionally name:type) or JSON Lines file, by path or file name; searched with --where. "
+                   "Pictures already stored get the new values without being encoded again.")
 @json_option
 def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, workers, engine, ray_address,
-           cpus_per_worker, gpus_per_worker, top_k, max_pixels, url_base, include_hidden, exclude, as_json) -> int:
+           cpus_per_worker, gpus_per_worker, top_k, max_pixels, url_base, include_hidden, exclude, metadata,
+           as_json) -> int:
     """Encode the images under PATHS and store them in the index.
 
     Exit code 0: everything found is stored; 3: some files were rejected (listed), the rest
@@ -69,6 +76,10 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
 
     if url_base:
         url_builder(url_base, paths)  # a bad base fails before any index is opened
+    if metadata:
+        from d2s_search.metadata import read_sidecar
+
+        read_sidecar(metadata)  # a bad file fails before any index is opened
     opened = open_index(backend, index, url, index_name, bundle, create=True, verify=True)
     store = opened.store
     err = console(stderr=True)
@@ -97,7 +108,7 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
                 url_base=url_base, include_hidden=include_hidden, exclude=exclude, progress=on_progress,
                 prepare_search=False,  # prepared below, with a spinner on a terminal
                 engine=engine, ray_address=ray_address, cpus_per_worker=cpus_per_worker,
-                gpus_per_worker=gpus_per_worker)
+                gpus_per_worker=gpus_per_worker, metadata=metadata)
         if report.stored or report.moved:
             report.search_seconds = prepare_search(store)
     finally:
@@ -119,6 +130,8 @@ def _report_ingest(report, as_json: bool) -> int:
     for path, reason in report.rejected:
         echo_line(f"rejected {path}: {reason}", err=True)
     moved = f" ({report.moved} moved: path updated)" if report.moved else ""
+    if report.metadata_updated:
+        moved += f" ({report.metadata_updated} with new metadata)"
     click.echo(
         f"stored {report.stored} new image(s) of {report.found} found; {report.already_stored} already stored"
         f"{moved}, {report.duplicates} duplicate(s), {len(report.rejected)} rejected  "
@@ -168,15 +181,19 @@ LOCAL_TWO_PHASE_NOTE = ("on the local index two-phase misses most of the exact t
 @click.option("-0", "--print0", is_flag=True, help="Print only the hits' paths as their exact bytes, each ended by a "
               "NUL (for xargs -0; names with newlines stay whole).")
 @click.option("--no-serve", is_flag=True, help="Search in this process even when `d2s-search serve` runs on this index.")
+@filter_options
+@click.option("--offset", type=click.IntRange(0), default=0, help="The library (no TEXT, no --image): skip this many.")
 @bundle_option
 @backend_options
 @search_threads_option
 @device_option
 @json_option
 def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side, model_id, paths_only, print0, no_serve,
-          bundle, backend, index, url, index_name, search_threads, device, as_json) -> int:
+          after, before, folders, where, near, offset, bundle, backend, index, url, index_name, search_threads, device,
+          as_json) -> int:
     """Search the index by TEXT, by --image PATH (a file or an http(s) URL), or by both (the sum
-    of the two queries).
+    of the two queries). With neither: the library, newest pictures first (by date taken).
+    --after, --before, --folder, --where and --near narrow any of them.
 
     A text query on a local index that `d2s-search serve` is serving (on loopback, same
     bundle) is answered by that serve, which has everything loaded; the output says so.
@@ -184,8 +201,11 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
     """
     from d2s_search.search import SearchOptions
 
-    if text is None and image_path is None:
-        raise click.UsageError("give TEXT, --image PATH, or both")
+    narrowed = given_filters(after, before, folders, where, near)
+    if text is None and image_path is None and server_side:
+        raise click.UsageError("--server-side searches by TEXT")
+    if server_side and narrowed:
+        raise click.UsageError("--server-side searches the text alone: leave out the filters")
     if server_side and (image_path or mode != "sparse"):
         raise click.UsageError("--server-side searches by TEXT with the sparse plan")
     if (paths_only or print0) and as_json:
@@ -201,7 +221,8 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
     if server_side and text is not None and _edited(text):
         raise click.UsageError("--server-side encodes the text in the cluster: -word, +word and word^N need a "
                                "local model (leave out --server-side)")
-    if text is not None and picture is None and not server_side and not no_serve and local and not _edited(text):
+    if text is not None and picture is None and not server_side and not no_serve and local and not _edited(text) \
+            and not narrowed:
         answered = _ask_running_serve(text, options, index, bundle)
         if answered is not None:
             result, address = answered
@@ -222,8 +243,11 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
         return _show_result(result, as_json, paths_only)
     # The Python API's Index.search: one path for both. quick_start: one query per process.
     with Index(opened, device=device, quick_start=True) as searched:
+        filters = searched.filter(**narrowed) if narrowed else None
+        if text is None and picture is None:
+            return _show_result(searched.browse(k, filters=filters, offset=offset), as_json, paths_only)
         result = searched.search(text, image=picture, mode=mode, k=k, window=window, fusion=fusion, alpha=alpha,
-                                 explain=explain)
+                                 explain=explain, filters=filters)
     return _show_result(result, as_json, paths_only, note=note, words=text is not None and picture is not None)
 
 
@@ -357,6 +381,8 @@ def _print_hits(result, words: bool = False) -> None:
         echo_line(f"note: {result.notice}", err=True)
     if getattr(result, "edits", None):
         click.secho(shown(f"query edits: {result.edits.describe()}"), dim=True)
+    if getattr(result, "filters", None):
+        click.secho(shown(f"only: {result.filters.describe()}"), dim=True)
     if words:
         strongest = ", ".join(f"{t} {w:.2f}" for t, w in list(result.query_terms)[:SHOWN_QUERY_WORDS])
         click.secho(shown(f"query words (text + picture): {strongest}"), dim=True)
@@ -368,10 +394,12 @@ def _print_hits(result, words: bool = False) -> None:
     # (its import and layout were ~10% of a one-query process, docs/benchmarks.md).
     width = terminal_width()
     budget = max(20, width - 5 - 9 - 24 - 6)
-    rows = [(str(rank), f"{hit.score:.4f}", fit_path(shown(hit.path), budget))
+    library = result.mode == "library"  # no query: no score to show
+    rows = [(str(rank), "" if library else f"{hit.score:.4f}", fit_path(shown(hit.path), budget))
             for rank, hit in enumerate(result.hits, 1)]
     matched = [[shown(f"{t} {c:.2f}") for t, c in hit.matched] for hit in result.hits]
-    header, *lines = table_lines(("#", "score", "path", "matched terms"), rows, matched, right={0, 1}, width=width)
+    header, *lines = table_lines(("#", "" if library else "score", "path", "" if library else "matched terms"), rows,
+                                 matched, right={0, 1}, width=width)
     click.secho(header, bold=True)
     for line in lines:
         click.echo(line)

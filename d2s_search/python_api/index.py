@@ -19,6 +19,7 @@ from ..index_access import OpenedIndex, describe_index, index_location, open_ind
 if TYPE_CHECKING:
     from ..backends.base import Backend
     from ..encoder import Encoder as RuntimeEncoder
+    from ..filters import SearchFilter
     from ..ingest import IngestReport
     from ..search import SearchResult
     from .encoding import Encoder, ImageInput
@@ -93,8 +94,53 @@ class Index:
 
     # -- searching ---------------------------------------------------------------------
 
+    def filter(self, *, after: str | None = None, before: str | None = None,
+               folders: str | os.PathLike | Iterable[str | os.PathLike] = (), where: str | Iterable[str] = (),
+               near: str | None = None) -> SearchFilter:
+        """A filter for :meth:`search`, :meth:`browse` and :meth:`facets`, from what
+        ``d2s-search query`` takes: ``after``/``before`` dates (``"2019-06-01"``; after is
+        inclusive, before exclusive), ``folders`` (any path under one of them), ``where``
+        conditions (``"camera=Pixel 7"``, ``"rating>=4"``; the ``=`` of one field are
+        alternatives) and ``near`` (``"LAT,LON,KM"``). Field values are read as the index's
+        field types (:meth:`field_types`)."""
+        from ..filters import build_filter
+
+        folders = [folders] if isinstance(folders, (str, os.PathLike)) else list(folders)
+        where = [where] if isinstance(where, str) else list(where)
+        return build_filter(after=after, before=before, folders=[os.fspath(f) for f in folders], where=where,
+                            near=near, types=self.field_types())
+
+    def field_types(self) -> dict[str, str]:
+        """The fields a filter may name (name -> keyword, number, date or boolean)."""
+        from ..backends.base import Narrowing
+        from ..filters import BUILT_IN_FIELDS
+
+        backend = self._open_backend()
+        return backend.field_types() if isinstance(backend, Narrowing) else dict(BUILT_IN_FIELDS)
+
+    def browse(self, k: int = 50, *, filters: SearchFilter | None = None, offset: int = 0) -> SearchResult:
+        """The library without a query: the most recently taken pictures first (undated ones
+        last), narrowed by ``filters``; ``offset`` pages on."""
+        from ..search import SearchOptions, browse_library
+
+        _require_int("k", k, 1)
+        _require_int("offset", offset, 0)
+        return browse_library(self._open_backend(), SearchOptions(k=k, filters=filters), offset)
+
+    def facets(self, *, filters: SearchFilter | None = None, size: int = 20) -> dict[str, list[tuple[str, int]]]:
+        """How many pictures (passing ``filters``) are in each folder, by each camera and for
+        each value of the user's keyword and boolean fields: the ``size`` commonest, most first."""
+        from ..backends.base import Narrowing
+
+        _require_int("size", size, 1)
+        backend = self._open_backend()
+        if not isinstance(backend, Narrowing):
+            raise QueryError(f"the {self.backend_name} index keeps no metadata to count")
+        return backend.facets(filters or None, size)
+
     def search(self, text: str | None = None, *, image: ImageInput | None = None, mode: str = "sparse", k: int = 10,
-               window: int | None = None, fusion: str = "minmax", alpha: float = 0.5, explain: int = 5) -> SearchResult:
+               window: int | None = None, fusion: str = "minmax", alpha: float = 0.5, explain: int = 5,
+               filters: SearchFilter | None = None) -> SearchResult:
         """Search by ``text``, by a picture (``image``: a file path, an http(s) URL or a PIL
         image), or by both (the sum of the two queries). ``text`` may edit its words:
         ``-word`` leaves out pictures that carry the word, ``+word`` keeps only those that do,
@@ -103,7 +149,8 @@ class Index:
         ``mode``: "sparse" (exact, every term), "dense" (kNN), "hybrid" (both, fused by
         ``fusion`` "minmax" with ``alpha`` the dense weight, or "rrf"), or "two-phase" (the
         query's own words, then rescored; ``window`` candidates). ``explain``: matched
-        words kept per hit. Returns a :class:`~d2s_search.SearchResult`: ``.hits`` best
+        words kept per hit. ``filters`` (made by :meth:`filter`) narrows every plan before
+        the top ``k`` are taken. Returns a :class:`~d2s_search.SearchResult`: ``.hits`` best
         first, each with ``id``, ``score``, ``path``, ``url`` and ``matched``."""
         from ..search import (
             SearchOptions,
@@ -121,7 +168,8 @@ class Index:
         _require_int("explain", explain, 0)
         if window is not None:
             _require_int("window", window, 1)
-        options = SearchOptions(mode=mode, k=k, window=window, fusion=fusion, alpha=alpha, explain=explain)
+        options = SearchOptions(mode=mode, k=k, window=window, fusion=fusion, alpha=alpha, explain=explain,
+                                filters=filters or None)
         options.validate()
         query_picture = None
         if image is not None:  # checked before the models load; a text query never imports PIL
@@ -144,7 +192,8 @@ class Index:
                workers: int = 2, top_k: int | None = None, max_pixels: int | None = None, url_base: str | None = None,
                include_hidden: bool = False, exclude: Iterable[str] = (), progress: Progress | None = None,
                prepare_search: bool = True, engine: str = "process", ray_address: str | None = None,
-               cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0) -> IngestReport:
+               cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0,
+               metadata: str | os.PathLike | None = None) -> IngestReport:
         """Encode the pictures under ``paths`` (files or folders, walked as ``d2s-search
         ingest`` walks them) and store the new ones. Returns the report ``ingest --json``
         prints (``report.to_json()``; ``report.exit_code`` is the command's exit code).
@@ -157,7 +206,11 @@ class Index:
         ``engine="ray"``: the workers of a Ray cluster encode (``workers`` of them, each
         reserving ``cpus_per_worker`` CPUs and ``gpus_per_worker`` GPUs) and write to a cluster
         index themselves; ``ray_address`` names the cluster (None: ``RAY_ADDRESS``, else a Ray
-        instance on this machine for the call). See docs/ray.md."""
+        instance on this machine for the call). See docs/ray.md.
+
+        ``metadata``: a CSV or JSON Lines file of the user's own fields by path or file name
+        (docs/filters.md); pictures already stored get the new values without being encoded
+        again."""
         from ..images import DEFAULT_MAX_PIXELS, Skip
         from ..ingest import ingest as run_ingest
         from ..serve.image_urls import url_builder
@@ -171,6 +224,11 @@ class Index:
         if engine not in ("process", "ray"):
             raise SettingsError(f"unknown engine {engine!r}: use process or ray")
         url_for = url_builder(url_base, given) if url_base else None  # a bad base fails before any work
+        sidecar = None
+        if metadata is not None:
+            from ..metadata import read_sidecar
+
+            sidecar = read_sidecar(metadata)  # a bad file fails before any work
         backend = self._open_backend()
         counted = {"found": 0, "stored": 0}
 
@@ -195,13 +253,13 @@ class Index:
                 report = ray_ingest(
                     given, self._bundle, backend, index_target(backend), options, batch_size=batch_size,
                     device=self._device, top_k=top_k, max_pixels=max_pixels or DEFAULT_MAX_PIXELS, on_start=on_start,
-                    on_progress=on_progress, url_for=url_for, skip=skip,
+                    on_progress=on_progress, url_for=url_for, skip=skip, sidecar=sidecar,
                 )
             else:
                 report = run_ingest(
                     given, self._encoder(), backend, batch_size=batch_size, workers=workers, top_k=top_k,
                     max_pixels=max_pixels or DEFAULT_MAX_PIXELS, on_start=on_start, on_progress=on_progress,
-                    url_for=url_for, skip=skip,
+                    url_for=url_for, skip=skip, sidecar=sidecar,
                 )
             if prepare_search and (report.stored or report.moved):
                 report.search_seconds = self.prepare_search()

@@ -29,7 +29,7 @@ import numpy as np
 
 from ...errors import BundleMismatchError, DiskFullError, IndexStoreError, QueryError
 from ...filters import BUILT_IN_FIELDS, SearchFilter
-from ...metadata import Metadata
+from ...metadata import NO_METADATA, Metadata
 from ...search import minmax_normalised
 from ..base import Document, Hit, IndexIdentity, SparseVector, WordFilter
 from . import cache as cache_mod
@@ -530,16 +530,19 @@ class LocalBackend:
 
     @_db_errors
     def set_metadata(self, metadata: Mapping[str, Metadata]) -> int:
-        """Metadata of stored documents replaced in one transaction; vectors and the search
-        cache untouched (only the filter columns are read again)."""
+        """Metadata of stored documents replaced in one transaction, those whose metadata
+        changed only (returns how many); vectors and the search cache untouched (only the
+        filter columns are read again)."""
         db = self._connect(False)
         present = self.ids_present(metadata)
-        if not present:
+        stored = metadata_table.read(db, present)
+        changed = {i: m for i, m in metadata.items() if i in present and stored.get(i, NO_METADATA) != m}
+        if not changed:
             return 0
         self._check_writable(db)
         with Transaction(db):
-            metadata_table.write(db, {i: m for i, m in metadata.items() if i in present})
-        return len(present)
+            metadata_table.write(db, changed)
+        return len(changed)
 
     @_db_errors
     def browse(self, k: int, filters: SearchFilter | None = None, offset: int = 0, *,
