@@ -53,6 +53,10 @@ def test_the_examples_run_in_order(example_folder, capsys):
     assert "3 documents in " + str(example_folder / "d2s-index") in printed
     assert "IndexStoreError: no index at" in printed
     assert "/photos/api/documents/" in printed and "tiny-blip 16" in printed
+    assert namespace["library"].mode == "library" and [Path(h.path).name for h in namespace["library"].hits] == [
+        "beach.jpg"]
+    assert namespace["stored"].fields == {"trip": "seaside", "rating": 5.0}
+    assert "rating >= 4.0" in printed and "[('home', 1), ('seaside', 1)]" in printed
 
 
 def test_every_public_name_has_an_example():

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..encoder import Encoder as RuntimeEncoder
     from ..filters import SearchFilter
     from ..ingest import IngestReport
+    from ..metadata import Metadata
     from ..search import SearchResult
     from .encoding import Encoder, ImageInput
 
@@ -109,6 +110,12 @@ class Index:
         where = [where] if isinstance(where, str) else list(where)
         return build_filter(after=after, before=before, folders=[os.fspath(f) for f in folders], where=where,
                             near=near, types=self.field_types())
+
+    def metadata(self, ids: Iterable[str]) -> dict[str, Metadata]:
+        """The stored metadata (date taken, camera, place, the user's fields) of the given
+        document ids (``hit.id``); ids not stored are left out."""
+        ids = [ids] if isinstance(ids, str) else list(ids)
+        return {doc.id: doc.metadata for doc in self._open_backend().get(ids)}
 
     def field_types(self) -> dict[str, str]:
         """The fields a filter may name (name -> keyword, number, date or boolean)."""

@@ -22,6 +22,7 @@ from . import paths as doc_paths
 
 KEYWORD_KINDS = ("keyword",)
 NUMBER_KINDS = ("number", "date", "boolean")  # booleans as 0 / 1
+MASKS_KEPT = 16
 
 
 @dataclass
@@ -51,11 +52,23 @@ class FilterColumns:
     path_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # one entry per stored path
     path_folders: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # its parent folder's code
     folders: list[str] = field(default_factory=list)
+    _masks: dict = field(default_factory=dict, repr=False)  # SearchFilter -> its mask, oldest first
 
     # -- a filter as an allow mask --------------------------------------------------------------
 
     def mask(self, f: SearchFilter) -> np.ndarray:
-        """One bool per row: whether the document passes ``f`` (SearchFilter.allows)."""
+        """One bool per row: whether the document passes ``f`` (SearchFilter.allows). The last
+        few are kept: a page or a user refining the words searches with the same filter again
+        (a date range at 123k documents: 0.03 of a 0.3 ms search). Not to be written to."""
+        kept = self._masks.get(f)
+        if kept is None:
+            kept = self._masks[f] = self._mask(f)
+            kept.flags.writeable = False
+            while len(self._masks) > MASKS_KEPT:
+                self._masks.pop(next(iter(self._masks)))
+        return kept
+
+    def _mask(self, f: SearchFilter) -> np.ndarray:
         allowed = np.ones(self.rows, dtype=bool)
         with np.errstate(invalid="ignore"):  # NaN (no value) compares False, as intended
             if f.after is not None:
