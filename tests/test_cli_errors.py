@@ -19,7 +19,7 @@ USAGE_ERRORS = [
         "d2s-search query",
     ),
     (["query", "dogs", "--nope"], "No such option '--nope'.", "d2s-search query"),
-    (["query"], "give TEXT, --image PATH, or both", "d2s-search query"),
+    (["query", "--server-side"], "--server-side searches by TEXT", "d2s-search query"),
     (["serach", "dogs"], "No such command 'serach'.", "d2s-search"),
     (
         ["index", "stats", "--index"],

@@ -65,8 +65,8 @@ def test_help_is_the_text_of_an_eager_group_and_lists_every_command(tmp_path):
 
 
 def test_a_command_imports_its_own_module_only(tmp_path):
-    done, loaded = _run(tmp_path, "query")  # a usage error raised inside the command
-    assert done.returncode == 2 and "give TEXT, --image PATH, or both" in done.stderr
+    done, loaded = _run(tmp_path, "query", "--server-side")  # a usage error raised inside the command
+    assert done.returncode == 2 and "--server-side searches by TEXT" in done.stderr
     assert loaded == {"d2s_search.cli.search"}
     done, loaded = _run(tmp_path, "index", "stats", "--index", tmp_path / "none")
     assert done.returncode == 1 and done.stderr.startswith("error: ")

@@ -227,3 +227,9 @@ def test_an_index_made_before_metadata_gains_it_on_the_next_ingest(trip, tiny_bl
     code, again = run_cli_json(["ingest", str(trip / "photos"), "--index", str(index)], capsys)
     assert again["stored"] == 0 and again["metadata_updated"] == 6
     assert names(query(index, capsys, "--near", "48.8566,2.3522,5")) == ["p1", "p2", "p3"]
+
+
+def test_index_stats_say_what_the_filters_can_narrow_by(trip_index, capsys):
+    code, stats = run_cli_json(["index", "stats", "--index", str(trip_index)], capsys)
+    assert code == 0 and stats["metadata"] == {"taken": 6, "location": 5, "camera": 5,
+                                               "fields": {"rating": "number", "who": "keyword"}}

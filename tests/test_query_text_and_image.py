@@ -3,6 +3,8 @@ dense one the normalised sum of the normalised two; the CLI shows what the sum c
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -87,5 +89,5 @@ def test_the_cli_searches_both_and_shows_the_words(tmp_path, capsys, setup, tiny
     assert code == 0
     shown = ", ".join(f"{t['term']} {t['weight']:.2f}" for t in out["query_terms"][:8])
     assert f"query words (text + picture): {shown}" in text
-    code, _, err = run_cli(["query", "--index", index], capsys)
-    assert code == 2 and "give TEXT, --image PATH, or both" in err
+    code, out, _ = run_cli(["query", "--index", index, "--json"], capsys)  # neither: the library
+    assert code == 0 and json.loads(out)["mode"] == "library"

@@ -72,8 +72,8 @@ def test_settings_precedence_flag_env_config(tmp_path, tiny_blip_bundle, tiny_cl
 
 
 def test_usage_errors_exit_2(capsys, tmp_path):
-    code, _, err = run_cli(["query"], capsys)
-    assert code == 2 and "give TEXT, --image PATH, or both" in err
+    code, _, err = run_cli(["query", "--server-side"], capsys)
+    assert code == 2 and "--server-side searches by TEXT" in err
     code, _, err = run_cli(["query", "dog", "--mode", "fuzzy"], capsys)
     assert code == 2 and "fuzzy" in err
     code, _, err = run_cli(["ingest"], capsys)

@@ -90,3 +90,30 @@ def test_not_a_database_at_all(tmp_path, capsys):
     (index / "index.sqlite").write_bytes(b"this is not sqlite" * 100)
     code, _, err = run_cli(["index", "stats", "--index", index], capsys)
     assert code == 1 and err.startswith("error: ") and "Traceback" not in err
+
+
+def test_a_rewrite_keeps_the_copies_and_the_metadata(tmp_path):
+    """What a repair rewrites from the readable pages includes the tables a first write makes:
+    the further paths of documents and their metadata."""
+    import dataclasses
+    import sqlite3
+
+    from d2s_search.backends.local import store
+    from d2s_search.metadata import Metadata
+
+    docs = synthetic_docs(20, seed=4)
+    docs[3] = dataclasses.replace(docs[3], copies=("/elsewhere/copy.jpg",),
+                                  metadata=Metadata(taken_at=1.5e9, camera="Pixel 7", location=(48.8, 2.3),
+                                                    fields={"trip": "paris"}))
+    backend = filled_index(tmp_path / "idx", docs)
+    backend.declare_fields({"trip": "keyword"})
+    backend.close()
+    db = store.open_as_found(tmp_path / "idx" / "index.sqlite")
+    copied, unreadable, lost = store.salvage(db, tmp_path / "rewritten.sqlite")
+    db.close()
+    assert (copied, unreadable, lost) == (20, [], [])
+    new = sqlite3.connect(tmp_path / "rewritten.sqlite")
+    assert new.execute("SELECT path, id FROM copies").fetchall() == [("/elsewhere/copy.jpg", docs[3].id)]
+    assert new.execute("SELECT id, taken_at, camera, fields FROM metadata").fetchall() == [
+        (docs[3].id, 1.5e9, "Pixel 7", '{"trip": "paris"}')]
+    new.close()

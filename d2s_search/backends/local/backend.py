@@ -636,7 +636,18 @@ class LocalBackend:
             "sparse_query": "compiled" if kernels._c_query is not None and kernels.c_kernel_loaded() else "python",
             # "hnsw": dense search proposes candidates from graphs (approximate), see APPROXIMATE_DENSE_FROM
             "dense_search": "hnsw" if docs >= APPROXIMATE_DENSE_FROM and graph.available() else "exact",
+            "metadata": self._metadata_counts(db),
         }
+
+    def _metadata_counts(self, db: sqlite3.Connection) -> dict:
+        """How many documents have a date taken (from EXIF or their file), a GPS position, a
+        camera, and the user's fields with their types: what the filters can narrow by."""
+        counts = (0, 0, 0)
+        if metadata_table.has_table(db):
+            counts = db.execute("SELECT COUNT(taken_at), COUNT(lat), COUNT(camera) FROM metadata "
+                                "WHERE id IN (SELECT id FROM docs)").fetchone()
+        return {"taken": counts[0], "location": counts[1], "camera": counts[2],
+                "fields": metadata_table.field_types(db)}
 
     def generation(self) -> tuple[str, int]:
         """(index_id, generation): changes with every write by any process."""

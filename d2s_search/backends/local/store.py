@@ -259,8 +259,32 @@ def salvage(db: sqlite3.Connection, target: Path) -> tuple[int | None, list[str]
                 new.execute(f"INSERT INTO docs({columns}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", row)
                 copied += 1
         new.execute("INSERT OR REPLACE INTO sqlite_sequence(name, seq) VALUES ('docs', ?)", (max_seq,))
+        lost_tables += _salvage_optional(db, new)
     new.close()
     return copied, unreadable, lost_tables
+
+
+def _salvage_optional(db: sqlite3.Connection, new: sqlite3.Connection) -> list[str]:
+    """Inside the new database's transaction: the tables a first write makes (copies of
+    documents, metadata), whatever of them can be read; the names of those lost in part."""
+    from . import metadata_table
+    from . import paths as doc_paths
+
+    lost = []
+    present = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    for table, make, columns in (("copies", doc_paths.make, "path, id"),
+                                 ("metadata", metadata_table.make, "id, taken_at, camera, lat, lon, fields")):
+        if table not in present:
+            continue
+        make(new)
+        try:
+            rows = db.execute(f"SELECT {columns} FROM {table}").fetchall()
+        except sqlite3.DatabaseError:
+            lost.append(f"the {table} table")
+            continue
+        marks = ",".join("?" * len(columns.split(",")))
+        new.executemany(f"INSERT OR IGNORE INTO {table}({columns}) VALUES ({marks})", rows)
+    return lost
 
 
 def new_identity_rows() -> list[tuple[str, str]]:
