@@ -247,7 +247,7 @@ def test_nothing_stored_is_a_failure_and_leaves_no_index(tmp_path, tiny_blip_bun
 
 
 def test_errors_as_json_keep_their_exit_codes(tmp_path, tiny_blip_bundle, capsys):
-    code, out, err = run_cli(["query", "--index", tmp_path / "none", "--json"], capsys)  # no TEXT
+    code, out, err = run_cli(["query", "--index", tmp_path / "none", "--server-side", "--json"], capsys)  # no TEXT
     assert code == 2 and json_error(out)["type"] == "UsageError" and err == ""
     code, out, err = run_cli(["query", "dogs", "--bundle", tiny_blip_bundle, "--index", tmp_path / "none", "--json"],
                              capsys)
