@@ -6,6 +6,7 @@ used, so ``import d2s_search`` loads neither numpy nor ONNX Runtime:
 - ``Encoder``, ``Encoding``: a model bundle's encoders, texts and pictures as sparse
   ``{word: weight}`` bags and dense vectors;
 - ``Index``, ``SearchResult``, ``Hit``, ``IngestReport``: open an index, search it, ingest into it;
+- ``Watching``, ``WatchBatch``: ``Index.watch`` keeping an index in sync with folders;
 - ``search_app``: the search page and its JSON API as an ASGI app to mount;
 - ``D2SError`` (and the classes in ``d2s_search.errors``): every failure a caller can act on.
 
@@ -28,10 +29,12 @@ _EXPORTS = {
     "Hit": "d2s_search.backends.base",
     "IngestReport": "d2s_search.ingest",
     "D2SError": "d2s_search.errors",
+    "Watching": "d2s_search.watch",
+    "WatchBatch": "d2s_search.watch",
 }
 
-__all__ = ["D2SError", "Encoder", "Encoding", "Hit", "Index", "IngestReport", "SearchResult", "search_app",
-           "__version__"]
+__all__ = ["D2SError", "Encoder", "Encoding", "Hit", "Index", "IngestReport", "SearchResult", "WatchBatch",
+           "Watching", "search_app", "__version__"]
 
 if TYPE_CHECKING:  # what type checkers and editors see
     from d2s_search.backends.base import Hit
@@ -41,6 +44,7 @@ if TYPE_CHECKING:  # what type checkers and editors see
     from d2s_search.python_api.index import Index
     from d2s_search.python_api.web import search_app
     from d2s_search.search import SearchResult
+    from d2s_search.watch import WatchBatch, Watching
 
 
 def __getattr__(name: str):
