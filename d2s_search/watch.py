@@ -52,6 +52,7 @@ class Index(Protocol):
 
     def _open_backend(self): ...
 
+
 # A file is taken once it has been quiet this long (docs/design-decisions.md, "Watching folders").
 DEFAULT_DELAY = 1.0
 # Paths found gone wait for files still settling (a folder moved as a copy and a delete keeps its
