@@ -166,7 +166,7 @@ def _start_watching(service, paths, delay: float, where: tuple, device: str, thu
     def open_for_watching() -> Index:
         opened = open_index(backend, index, url, index_name, str(service.bundle.path), create=False, remember=False)
         watcher_index = Index(opened, device=device)
-        watcher_index._runtime = service.encoder  # ONNX Runtime sessions run from several threads
+        watcher_index._runtime = service.encoder  # ONNX Runtime runs a loaded model from several threads
         return watcher_index
 
     def on_batch(batch) -> None:

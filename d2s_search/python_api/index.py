@@ -275,7 +275,7 @@ class Index:
     def _for_another_thread(self) -> Index:
         """This index for the calling thread: a local index opened again (its connection belongs
         to a thread), a cluster index shared (its client is thread-safe; closed by this one).
-        The loaded models are shared (ONNX Runtime runs a session from several threads)."""
+        The loaded models are shared (ONNX Runtime runs a loaded model from several threads)."""
         from ..index_access import OpenedIndex, make_backend
 
         if self._backend.name == "local":
