@@ -8,6 +8,7 @@ used, so ``import d2s_search`` loads neither numpy nor ONNX Runtime:
 - ``Index``, ``SearchResult``, ``Hit``, ``IngestReport``: open an index, search it, ingest into it;
 - ``SearchFilter``, ``Metadata``: what a search is narrowed to, and what a picture carries
   (date taken, camera, place, the user's fields);
+- ``Watching``, ``WatchBatch``: ``Index.watch`` keeping an index in sync with folders;
 - ``search_app``: the search page and its JSON API as an ASGI app to mount;
 - ``D2SError`` (and the classes in ``d2s_search.errors``): every failure a caller can act on.
 
@@ -32,10 +33,12 @@ _EXPORTS = {
     "D2SError": "d2s_search.errors",
     "SearchFilter": "d2s_search.filters",
     "Metadata": "d2s_search.metadata",
+    "Watching": "d2s_search.watch",
+    "WatchBatch": "d2s_search.watch",
 }
 
 __all__ = ["D2SError", "Encoder", "Encoding", "Hit", "Index", "IngestReport", "Metadata", "SearchFilter",
-           "SearchResult", "search_app", "__version__"]
+           "SearchResult", "WatchBatch", "Watching", "search_app", "__version__"]
 
 if TYPE_CHECKING:  # what type checkers and editors see
     from d2s_search.backends.base import Hit
@@ -47,6 +50,7 @@ if TYPE_CHECKING:  # what type checkers and editors see
     from d2s_search.python_api.index import Index
     from d2s_search.python_api.web import search_app
     from d2s_search.search import SearchResult
+    from d2s_search.watch import WatchBatch, Watching
 
 
 def __getattr__(name: str):

@@ -50,7 +50,8 @@ EXTRAS: dict[str, dict[str, str]] = {
     "ml": {"onnx": "onnx"},
     "faiss": {"faiss": "faiss-cpu"},
     "ray": {"ray": "ray", "pyarrow": "pyarrow"},
-    "heif": {"pillow_heif": "pillow-heif"},  # read when a HEIC picture comes (images.py), no command needs it
+    "heif": {"pillow_heif": "pillow-heif"},
+    "watch": {"watchdog": "watchdog"},  # ingest --watch, serve --watch, Index.watch  # read when a HEIC picture comes (images.py), no command needs it
 }
 
 Params = Mapping[str, Any]
@@ -129,7 +130,8 @@ COMMAND_NEEDS: dict[str, tuple[Need, ...]] = {
             because="--model offline-mini",
         ),
     ),
-    "ingest": (_RUNTIME, *_BACKENDS, Need("ray", when=_option("engine", "ray"), because="--engine ray")),
+    "ingest": (_RUNTIME, *_BACKENDS, Need("ray", when=_option("engine", "ray"), because="--engine ray"),
+               Need("watch", when=_option("watch", True), because="--watch")),
     "query": (_RUNTIME, *_BACKENDS),
     "index": (),
     "index stats": _BACKENDS,
@@ -138,7 +140,8 @@ COMMAND_NEEDS: dict[str, tuple[Need, ...]] = {
     "index check": (),
     "index create": _BACKENDS,
     "index reindex": (_RUNTIME, *_BACKENDS),
-    "serve": (Need("serve"), _RUNTIME, *_BACKENDS),
+    "serve": (Need("serve"), _RUNTIME, *_BACKENDS,
+              Need("watch", when=lambda params: bool(params.get("watch")), because="--watch")),
     "serve-images": (),
     "dashboards": (),
     "dashboards install": (Need("opensearch"),),

@@ -143,6 +143,12 @@ CASES = {
             "{out}",
         ],
     ),
+    "ingest --watch without watchdog": (
+        ["watchdog"],
+        "watch",
+        "watchdog",
+        ["ingest", "{photos}", "--bundle", "{bundle}", "--index", "{out}", "--watch"],
+    ),
     "serve without fastapi": (
         ["fastapi", "uvicorn"],
         "serve",

@@ -50,6 +50,7 @@ def test_the_examples_run_in_order(example_folder, capsys):
     assert namespace["by_picture"].hits[0].path == str(example_folder / "photos" / "trip" / "beach.jpg")
     assert namespace["by_picture"].fusion == "client-minmax"
     assert len(namespace["pictures"][0].sparse) == 64
+    assert [(b.added, b.moved, b.removed) for b in namespace["batches"]] == [(1, 0, 0), (0, 0, 1)]
     assert "3 documents in " + str(example_folder / "d2s-index") in printed
     assert "IndexStoreError: no index at" in printed
     assert "/photos/api/documents/" in printed and "tiny-blip 16" in printed

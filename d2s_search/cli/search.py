@@ -22,9 +22,10 @@ from d2s_search.cli.options import (
     ray_engine_options,
     search_threads_option,
 )
+from d2s_search.cli.output import echo_line, fit_path, table_lines, terminal_width
 from d2s_search.cli.output import emit_json as _emit_json
-from d2s_search.cli.output import fit_path, table_lines, terminal_width
-from d2s_search.errors import EXIT_OK, D2SError
+from d2s_search.errors import EXIT_OK, D2SError, NoInputError
+from d2s_search.pathtext import path_to_text
 
 
 @click.command()
@@ -52,9 +53,16 @@ from d2s_search.errors import EXIT_OK, D2SError
               help="The pictures' own fields from a CSV (first row: path or file, then field names, each "
                    "optionally name:type) or JSON Lines file, by path or file name; searched with --where. "
                    "Pictures already stored get the new values without being encoded again.")
+@click.option("--watch", is_flag=True,
+              help="After ingesting, keep watching PATHS and apply each change until Ctrl-C: new and written "
+                   "pictures ingested, moved ones keep their documents, deleted ones removed (needs the watch extra).")
+@click.option("--watch-delay", type=click.FloatRange(0, 3600), default=1.0, show_default=True, metavar="SECONDS",
+              help="With --watch: a changed file is taken once it has been quiet this long (a picture still "
+                   "being copied is not read half-written).")
 @json_option
 def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, workers, engine, ray_address,
-           cpus_per_worker, gpus_per_worker, top_k, max_pixels, url_base, include_hidden, exclude, metadata,
+           cpus_per_worker, gpus_per_worker, top_k, max_pixels, url_base, include_hidden, exclude, metadata, watch,
+           watch_delay,
            as_json) -> int:
     """Encode the images under PATHS and store them in the index.
 
@@ -62,7 +70,14 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
     stored; 1: nothing could be stored. A known picture found at a new place (its old file
     gone) keeps its document and gets the new path. Inside the folders given, hidden and
     system folders and files are skipped (and counted); a path given is always taken.
+
+    With --watch, PATHS are then watched until Ctrl-C or SIGTERM (exit 0): one line per
+    applied batch (with --json, one JSON object per line).
     """
+    if watch:
+        _check_watchable(paths, engine)
+    elif watch_delay != 1.0:
+        raise click.UsageError("--watch-delay is for --watch")
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -103,27 +118,120 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
     target = Index(opened, device=device)
     try:
         with progress:
-            report = target.ingest(
-                paths, batch_size=batch_size, workers=workers, top_k=top_k, max_pixels=max_pixels,
-                url_base=url_base, include_hidden=include_hidden, exclude=exclude, progress=on_progress,
-                prepare_search=False,  # prepared below, with a spinner on a terminal
-                engine=engine, ray_address=ray_address, cpus_per_worker=cpus_per_worker,
-                gpus_per_worker=gpus_per_worker, metadata=metadata)
-        if report.stored or report.moved:
+            try:
+                report = target.ingest(
+                    paths, batch_size=batch_size, workers=workers, top_k=top_k, max_pixels=max_pixels,
+                    url_base=url_base, include_hidden=include_hidden, exclude=exclude, progress=on_progress,
+                    prepare_search=False,  # prepared below, with a spinner on a terminal
+                    engine=engine, ray_address=ray_address, cpus_per_worker=cpus_per_worker,
+                    gpus_per_worker=gpus_per_worker, metadata=metadata)
+            except NoInputError as exc:
+                if not watch:
+                    raise
+                report, nothing_yet = None, str(exc)  # an empty folder: watched for its first pictures
+        if report is not None and (report.stored or report.moved):
             report.search_seconds = prepare_search(store)
+        if not watch:
+            return _report_ingest(report, as_json)
+        if report is not None:
+            _report_ingest(report, as_json, one_line=True)
+        else:
+            echo_line(f"note: {nothing_yet}", err=True)
+        if target._closed:  # a new index left empty was removed: made again, to watch into
+            target = Index(open_index(backend, index, url, index_name, bundle, create=True, verify=False),
+                           device=device)
+        from d2s_search.watch import WatchOptions
+
+        options = WatchOptions(delay=watch_delay, include_hidden=include_hidden, exclude=tuple(exclude),
+                               batch_size=batch_size, workers=workers, top_k=top_k, max_pixels=max_pixels,
+                               url_base=url_base, metadata=metadata)
+        try:
+            return _watch(target, paths, options, as_json)
+        finally:
+            if opened.created:  # made by this run and still empty: removed, as a plain ingest does
+                target._discard_new_index()
     finally:
         target.close()
-    return _report_ingest(report, as_json)
 
 
-def _report_ingest(report, as_json: bool) -> int:
+def _check_watchable(paths, engine: str) -> None:
+    """--watch follows local folders and files in this process: one-line usage errors otherwise."""
+    from d2s_search.sources import is_uri
+
+    if engine == "ray":
+        raise click.UsageError("--watch ingests in this process: leave out --engine ray")
+    remote = [p for p in paths if is_uri(p)]
+    if remote:
+        raise click.UsageError(f"--watch follows local folders and files, not {remote[0]}")
+    from d2s_search.watch import roots_of
+
+    roots_of(paths)  # a missing folder fails before any index is opened
+
+
+def _watch(target, paths, options, as_json: bool) -> int:
+    """Watch PATHS until SIGINT or SIGTERM; each applied batch printed as it is done."""
+    import signal
+    import threading
+    from datetime import datetime
+
+    from d2s_search.cli.output import json_text
+    from d2s_search.watch import Watcher
+
+    stop = threading.Event()
+
+    def on_batch(batch) -> None:
+        at = datetime.now().astimezone().isoformat(timespec="seconds")
+        if as_json:
+            click.echo(json_text({"batch": batch.to_json(), "at": at}, indent=None))
+            return
+        for path, reason in batch.rejected:
+            echo_line(f"rejected {path}: {reason}", err=True)
+        click.echo(f"{at[11:19]} {batch.line()}")
+
+    def on_error(message: str) -> None:
+        if as_json:
+            click.echo(json_text({"error": {"type": "BatchFailed", "message": message}}, indent=None))
+        else:
+            echo_line(f"error: {message} (the watch goes on)", err=True)
+
+    def on_notice(message: str) -> None:
+        echo_line(f"note: {message}", err=True)
+
+    watcher = Watcher(target, paths, options, on_batch=on_batch, on_notice=on_notice, on_error=on_error)
+
+    def stopping(signum, frame) -> None:
+        if stop.is_set():  # a second Ctrl-C: at once (what is written stays written)
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = {name: signal.signal(getattr(signal, name), stopping) for name in ("SIGINT", "SIGTERM")}
+    try:
+        watcher.start()
+        shown = ", ".join(path_to_text(p) for p in paths)
+        echo_line(f"watching {shown} (changes applied after {options.delay:g}s of quiet; Ctrl-C stops)", err=True)
+        watcher.run(stop)
+    finally:
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
+    echo_line("stopped watching", err=True)
+    return EXIT_OK
+
+
+def _report_ingest(report, as_json: bool, one_line: bool = False) -> int:
+    """The report as the command's last words (``one_line``: JSON on one line, more follows)."""
     code = report.exit_code
     error = None
     if report.nothing_stored:
         error = {"type": "NothingStored",
                  "message": f"nothing stored: all {len(report.rejected)} input(s) were rejected"}
     if as_json:
-        _emit_json(report.to_json() | {"exit_code": code} | ({"error": error} if error else {}))
+        payload = report.to_json() | {"exit_code": code} | ({"error": error} if error else {})
+        if one_line:
+            from d2s_search.cli.output import json_text
+
+            click.echo(json_text(payload, indent=None))
+        else:
+            _emit_json(payload)
         return code
     from d2s_search.cli.output import echo_line  # file names and reasons: escaped
 

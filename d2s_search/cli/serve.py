@@ -63,9 +63,22 @@ def page_address(host: str, port: int) -> str:
 
 
 def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url, index_name, device,
-              as_json=False, search_threads=1) -> int:
-    """Serve the search page and the JSON API (docs at /docs)."""
+              as_json=False, search_threads=1, watch=(), watch_delay=1.0) -> int:
+    """Serve the search page and the JSON API (docs at /docs); with ``watch``, keep the index
+    in sync with those folders while serving."""
     extras.require("serve", who="`d2s-search serve`")
+    if watch:
+        extras.require("watch", who="`d2s-search serve --watch`")
+        from d2s_search.sources import is_uri
+
+        remote = [p for p in watch if is_uri(p)]
+        if remote:
+            raise click.UsageError(f"--watch follows local folders and files, not {remote[0]}")
+        from d2s_search.watch import roots_of
+
+        roots_of(watch)  # a missing folder fails before the models load
+    elif watch_delay != 1.0:
+        raise click.UsageError("--watch-delay is for --watch")
     import uvicorn
 
     from d2s_search.python_api.web import app_for
@@ -106,6 +119,14 @@ def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url,
         bound = sock.getsockname()
         discoverable = (store.path, bound[0], bound[1], bundle_obj.fingerprint,
                         app.state.serve_index_id, app.state.serve_token)
+    watching = None
+    if watch:
+        try:
+            watching = _start_watching(app.state.service, watch, watch_delay, (backend, index, url, index_name),
+                                       device, thumbnail_dir, as_json)
+        except BaseException:
+            sock.close()
+            raise
     _announce_when_ready(server, ready, as_json, discoverable)
     _stop_gracefully_on_term_and_hangup(server)
     # A fatal signal Python cannot turn into an exception (SIGBUS, SIGSEGV) still says where it
@@ -119,9 +140,56 @@ def run_serve(host, port, thumbnail_dir, log_level, bundle, backend, index, url,
     finally:
         if discoverable is not None:
             discovery.withdraw(store.path, app.state.serve_token)
+        if watching is not None:
+            with contextlib.suppress(Exception):  # an error that ended the watch was said when it did
+                watching.stop()  # the batch under way is finished first
     if not as_json:
         click.echo("d2s-search: stopped", err=True)
     return EXIT_OK
+
+
+def _start_watching(service, paths, delay: float, where: tuple, device: str, thumbnail_dir, as_json: bool):
+    """The watcher of ``serve --watch``: a thread of its own that writes through its own
+    connection to the index this server searches (a local index's searches see each new
+    generation; a cluster's, after its refresh), with the server's loaded models."""
+    from datetime import datetime
+    from pathlib import Path
+
+    from d2s_search.cli.output import json_text
+    from d2s_search.index_access import open_index
+    from d2s_search.python_api.index import Index
+    from d2s_search.serve.thumbnails import default_cache_dir
+    from d2s_search.watch import Watching, WatchOptions
+
+    backend, index, url, index_name = where
+
+    def open_for_watching() -> Index:
+        opened = open_index(backend, index, url, index_name, str(service.bundle.path), create=False, remember=False)
+        watcher_index = Index(opened, device=device)
+        watcher_index._runtime = service.encoder  # ONNX Runtime runs a loaded model from several threads
+        return watcher_index
+
+    def on_batch(batch) -> None:
+        at = datetime.now().astimezone().isoformat(timespec="seconds")
+        if as_json:
+            click.echo(json_text({"batch": batch.to_json(), "at": at}, indent=None))
+            return
+        for path, reason in batch.rejected:
+            echo_line(f"d2s-search: rejected {path}: {reason}", err=True)
+        echo_line(f"d2s-search: {at[11:19]} {batch.line()}", err=True)
+
+    def on_error(message: str) -> None:
+        echo_line(f"d2s-search: error: {message} (the watch goes on)", err=True)
+
+    # Thumbnails are pictures too: a cache inside a watched folder must not be ingested.
+    thumbnails = Path(thumbnail_dir) if thumbnail_dir else default_cache_dir()
+    options = WatchOptions(delay=delay, ignored=(str(thumbnails),))
+    watching = Watching(open_for_watching, paths, options, on_batch=on_batch, on_error=on_error,
+                        on_notice=lambda line: echo_line(f"d2s-search: note: {line}", err=True))
+    if not as_json:
+        shown = ", ".join(path_to_text(p) for p in paths)
+        echo_line(f"d2s-search: watching {shown} (changes applied after {delay:g}s of quiet)", err=True)
+    return watching
 
 
 class _Stopped(Exception):
@@ -177,6 +245,12 @@ def _announce_when_ready(server, ready: dict, as_json: bool, discoverable: tuple
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="warning", show_default=True,
               help="uvicorn's logging on stderr (info: its start-up lines; debug: every request).")
+@click.option("--watch", multiple=True, metavar="PATH", type=click.Path(),
+              help="Keep the index in sync with the pictures under PATH while serving (repeatable): new and "
+                   "written pictures ingested, moved ones keep their documents, deleted ones removed. Needs the "
+                   "watch extra; ingest PATH first, what is there already is not ingested.")
+@click.option("--watch-delay", type=click.FloatRange(0, 3600), default=1.0, show_default=True, metavar="SECONDS",
+              help="With --watch: a changed file is taken once it has been quiet this long.")
 @bundle_option
 @backend_options
 @search_threads_option
@@ -185,7 +259,8 @@ def _announce_when_ready(server, ready: dict, as_json: bool, discoverable: tuple
 def serve(as_json, **options) -> int:
     """Serve the search page and the JSON API (docs at /docs).
 
-    With --json, one line {"ready": true, "address": ...} on stdout says it is listening.
+    With --json, one line {"ready": true, "address": ...} on stdout says it is listening (and
+    with --watch, one JSON object per line per applied batch follows).
     """
     return run_serve(as_json=as_json, **options)
 

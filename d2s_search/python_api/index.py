@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ..ingest import IngestReport
     from ..metadata import Metadata
     from ..search import SearchResult
+    from ..watch import WatchBatch, Watching
     from .encoding import Encoder, ImageInput
 
 # progress(files done, files found, images stored so far); first called with done = 0.
@@ -40,6 +41,8 @@ class Index:
         self._device, self._quick_start = device, quick_start
         self._runtime: RuntimeEncoder | None = None
         self._closed = False
+        self._watching: list[Watching] = []
+        self._shares_backend = False  # a watcher's view of a cluster index: the owner closes it
         # A local index's SQLite connection belongs to the thread that opened it.
         self._thread = threading.get_ident() if self._backend.name == "local" else None
 
@@ -200,7 +203,8 @@ class Index:
                include_hidden: bool = False, exclude: Iterable[str] = (), progress: Progress | None = None,
                prepare_search: bool = True, engine: str = "process", ray_address: str | None = None,
                cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0,
-               metadata: str | os.PathLike | None = None) -> IngestReport:
+               metadata: str | os.PathLike | None = None,
+               url_roots: Iterable[str | os.PathLike] | None = None) -> IngestReport:
         """Encode the pictures under ``paths`` (files or folders, walked as ``d2s-search
         ingest`` walks them) and store the new ones. Returns the report ``ingest --json``
         prints (``report.to_json()``; ``report.exit_code`` is the command's exit code).
@@ -217,7 +221,8 @@ class Index:
 
         ``metadata``: a CSV or JSON Lines file of the user's own fields by path or file name
         (docs/filters.md); pictures already stored get the new values without being encoded
-        again."""
+        again. ``url_roots``: the folders ``url_base`` URLs are relative to (default: ``paths``;
+        a watcher gives its watched folders, since it ingests single files found under them)."""
         from ..images import DEFAULT_MAX_PIXELS, Skip
         from ..ingest import ingest as run_ingest
         from ..serve.image_urls import url_builder
@@ -230,7 +235,8 @@ class Index:
         _require_int("workers", workers, 1)
         if engine not in ("process", "ray"):
             raise SettingsError(f"unknown engine {engine!r}: use process or ray")
-        url_for = url_builder(url_base, given) if url_base else None  # a bad base fails before any work
+        url_for = url_builder(url_base, [os.fspath(p) for p in url_roots] if url_roots is not None else given) \
+            if url_base else None  # a bad base fails before any work
         sidecar = None
         if metadata is not None:
             from ..metadata import read_sidecar
@@ -294,12 +300,79 @@ class Index:
             return None
         return time.perf_counter() - start
 
+    # -- watching ----------------------------------------------------------------------
+
+    def watch(self, paths: str | os.PathLike | Iterable[str | os.PathLike], *, delay: float = 1.0,
+              include_hidden: bool = False, exclude: Iterable[str] = (), batch_size: int = 32, workers: int = 2,
+              top_k: int | None = None, max_pixels: int | None = None, url_base: str | None = None,
+              metadata: str | os.PathLike | None = None, on_batch: Callable[[WatchBatch], None] | None = None,
+              on_error: Callable[[str], None] | None = None) -> Watching:
+        """Keep this index in sync with the folders (or files) ``paths`` as their files change,
+        from a thread of its own, until the returned handle's ``stop()`` (or :meth:`close`).
+        What is there already is not ingested: call :meth:`ingest` first. Needs the ``watch``
+        extra.
+
+        A file is ingested once it has been quiet for ``delay`` seconds (a picture still being
+        copied is not read); a moved file keeps its document (not encoded again), a deleted
+        one gives up its path (a document left without one is removed). ``on_batch(batch)``
+        gets each applied batch (:class:`~d2s_search.watch.WatchBatch`: ``added``, ``moved``,
+        ``removed``, ``rejected``, ...), from the watching thread; ``on_error(message)`` a
+        batch that could not be written (without it, such an error ends the watch and
+        ``stop()`` raises it). The other arguments are :meth:`ingest`'s."""
+        from .. import extras
+        from ..watch import Watching, WatchOptions
+
+        extras.require("watch", who="Index.watch")
+        given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+        _require_int("batch_size", batch_size, 1)
+        _require_int("workers", workers, 1)
+        options = WatchOptions(delay=delay, include_hidden=include_hidden, exclude=tuple(exclude),
+                               batch_size=batch_size, workers=workers, top_k=top_k, max_pixels=max_pixels,
+                               url_base=url_base, metadata=os.fspath(metadata) if metadata is not None else None)
+        if metadata is not None:
+            from ..metadata import read_sidecar
+
+            read_sidecar(metadata)  # a bad file fails here, not in the first batch
+        self._open_backend()  # a closed index is refused here
+        watching = Watching(self._for_another_thread, given, options, on_batch=on_batch, on_error=on_error,
+                            on_notice=lambda line: warnings.warn(line, stacklevel=1))
+        self._watching.append(watching)
+        return watching
+
+    def _for_another_thread(self) -> Index:
+        """This index for the calling thread: a local index opened again (its connection belongs
+        to a thread), a cluster index shared (its client is thread-safe; closed by this one).
+        The loaded models are shared (ONNX Runtime runs a loaded model from several threads)."""
+        from ..index_access import OpenedIndex, make_backend
+
+        if self._backend.name == "local":
+            store = make_backend("local", self._backend.path, None, "")
+            store.open(self._bundle.identity(), create=False)
+        else:
+            store = self._backend
+        twin = Index(OpenedIndex(self._bundle, store, False), device=self._device)
+        twin._runtime = self._runtime
+        if store is self._backend:
+            twin._shares_backend = True
+        return twin
+
     # -- lifetime ----------------------------------------------------------------------
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
+        """Close the index (stopping its watchers first)."""
+        if self._closed:
+            return
+        failure = None
+        while self._watching:
+            try:
+                self._watching.pop().stop()
+            except BaseException as exc:  # raised once the index is closed
+                failure = failure or exc
+        self._closed = True
+        if not self._shares_backend:
             self._backend.close()
+        if failure is not None:
+            raise failure
 
     def __enter__(self) -> Index:
         return self
