@@ -384,5 +384,45 @@ def test_zz_every_request_matches_the_spec(spec, cluster, library, docs):
             spec.validate(seen.method, template, json.loads(seen.body))
     assert {("PUT", "/{index}/_mapping"), ("POST", "/_bulk"), ("POST", "/{index}/_search")} <= checked
     bodies = [s.body for s in cluster.log if s.path.split("?")[0].endswith("/_search")]
-    assert any(b'"aggs"' in b for b in bodies) and any(b'"geo_distance"' in b for b in bodies)
+    assert any(b'"aggregations"' in b for b in bodies) and any(b'"geo_distance"' in b for b in bodies)
     assert any(b'"hybrid"' in b and b'"geo_distance"' in b for b in bodies)
+
+
+def test_a_seismic_index_filters_its_sparse_and_dense_searches(osmem_url, make_backend, identity):
+    """The SEISMIC index takes the filter in its method parameters; its dense sibling carries the
+    metadata, so a dense search filters there, and a metadata update reaches both."""
+    proxy = FaultProxy(osmem_url, stub=PluginStandIn(osmem_url, "3.3.0"))
+    try:
+        b = make_backend(proxy.url)
+        b.create(identity, sparse_index="seismic", vocabulary=vocabulary())
+        b.open(identity)
+        b.declare_fields(USER_TYPES)
+        docs = metadata_docs(150, dim=8, seed=8)
+        b.upsert(docs)
+        f = F(where=(C("tag", "!=", "red"), C("rating", ">=", 2.0)), after=year(2016))
+        for query in queries(docs, f):
+            query = dict(sorted(query.items(), key=lambda kv: -kv[1])[:10])  # SEISMIC keeps top_n = 10 tokens
+            assert_ranking(b.sparse_search(query, 10, filters=f), filtered_ranking(query, docs, f)[:10])
+        target = next(d for d in docs if not f.allows(d.paths, d.metadata, d.width, d.height, d.size_bytes))
+        b.set_metadata({target.id: Metadata(year(2020), fields={"rating": 5.0})})
+        docs = [dataclasses.replace(d, metadata=Metadata(year(2020), fields={"rating": 5.0})) if d is target else d
+                for d in docs]
+        ips = sorted(((d.id, float(np.dot(d.dense.astype(np.float64), VEC.astype(np.float64)))) for d in passes(docs, f)),
+                     key=lambda x: (-x[1], x[0]))
+        hits = b.dense_search(VEC, 200, filters=f)
+        assert [h.id for h in hits] == [i for i, _ in ips] and target.id in {h.id for h in hits}
+    finally:
+        proxy.close()
+
+
+def test_reindex_keeps_the_metadata_and_the_user_fields(small):
+    b, docs = small
+    f = F(where=(C("event", "<", year(2021)), C("favourite", "=", False)))
+    before = [h.id for h in b.browse(50, f)]
+    assert before == library_order(docs, f) and before
+    b.reindex()  # server-side copy: the new generation maps the user's fields first
+    assert [h.id for h in b.browse(50, f)] == before
+    b.reindex(reencode=lambda d: d)  # through the client: read back and written with their metadata
+    assert [h.id for h in b.browse(50, f)] == before
+    assert b.field_types() == {**b.field_types(), **USER_TYPES}
+    assert {d.id: d.metadata for d in b.get([d.id for d in docs])} == {d.id: d.metadata for d in docs}

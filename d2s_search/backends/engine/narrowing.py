@@ -320,7 +320,7 @@ def facets_body(query: dict[str, Any] | None, types: Mapping[str, str], size: in
     """Counts of the documents matching ``query`` by each facet: most first, ties by value."""
     aggs = {name: {"terms": {"field": field, "size": int(size), "order": [{"_count": "desc"}, {"_key": "asc"}]}}
             for name, field in facet_fields(types).items()}
-    return {"query": query or {"match_all": {}}, "size": 0, "aggs": aggs, "track_total_hits": False}
+    return {"query": query or {"match_all": {}}, "size": 0, "aggregations": aggs, "track_total_hits": False}
 
 
 def facets_from_answer(answer: Mapping[str, Any], types: Mapping[str, str], size: int) -> dict[str, list[tuple[str, int]]]:
