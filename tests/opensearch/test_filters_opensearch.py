@@ -426,3 +426,13 @@ def test_reindex_keeps_the_metadata_and_the_user_fields(small):
     assert [h.id for h in b.browse(50, f)] == before
     assert b.field_types() == {**b.field_types(), **USER_TYPES}
     assert {d.id: d.metadata for d in b.get([d.id for d in docs])} == {d.id: d.metadata for d in docs}
+
+
+def test_stored_metadata_is_read_as_untrusted():
+    read = narrowing.document_metadata
+    assert read({"taken_at": "soon", "camera": 5, "location": {"lat": 200, "lon": 0},
+                 "fields": {"rating": "x", "tag": 3, "bad name": "a", "event": 1600000000000, "favourite": "yes",
+                            "extra": True}}, USER_TYPES) == Metadata(fields={"event": 1600000000.0, "extra": True})
+    assert read({"taken_at": 1500000000123, "location": {"lat": "48.5", "lon": 2}, "fields": []}, USER_TYPES) == \
+        Metadata(taken_at=1500000000.123, location=(48.5, 2.0))
+    assert read({"location": [2.0, 48.5], "taken_at": float("inf")}, {}) == Metadata()
