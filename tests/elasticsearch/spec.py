@@ -50,6 +50,10 @@ class ElasticsearchSpec:
         # The OpenAPI rendering turns types.ts' ``Metadata = Record<string, any>`` (UserDefinedValue)
         # into "values must be objects"; Elasticsearch takes any JSON value in ``_meta``.
         self.doc["components"]["schemas"]["_types.Metadata"] = {"type": "object"}
+        # types.ts' ``QueryDslGeoDistanceQuery`` is its keys ``& { [property: string]: GeoLocation |
+        # ... }``: the field and its point. The rendering keeps only the keys (as for ``terms``).
+        geo = self.doc["components"]["schemas"]["_types.query_dsl.GeoDistanceQuery"]["allOf"][1]
+        geo["additionalProperties"] = {"$ref": "#/components/schemas/_types.GeoLocation"}
         if strict:
             for schema in self.doc["components"]["schemas"].values():
                 self._close(schema, definition=True)

@@ -257,8 +257,10 @@ class OpenSearchSpec:
                 for item in value:
                     self._close(uri, item, in_all_of=True, definition=False)
             elif key in ("anyOf", "oneOf", "prefixItems") and isinstance(value, list):
+                # the branches of a mixin (an allOf member) are mixins too: TermsAggregationFields
+                # is allOf [its properties, anyOf [{field}, {script}]]
                 for item in value:
-                    self._close(uri, item, in_all_of=False, definition=False)
+                    self._close(uri, item, in_all_of=in_all_of and key != "prefixItems", definition=False)
             elif key == "properties" and isinstance(value, dict):
                 for item in value.values():
                     self._close(uri, item, in_all_of=False, definition=False)

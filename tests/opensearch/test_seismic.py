@@ -19,6 +19,7 @@ from d2s_os_plugins import CODEC_CONFLICT, PluginStandIn
 from d2s_os_reference import lucene_score, random_query, synthetic_docs, vocabulary
 from d2s_os_spec import OpenSearchSpec
 
+from d2s_search.backends.engine import narrowing
 from d2s_search.backends.opensearch import queries as q
 from d2s_search.backends.opensearch.cluster import Dialect
 from d2s_search.backends.opensearch.seismic import Vocabulary
@@ -118,7 +119,8 @@ def test_a_seismic_index_carries_no_knn_and_its_sibling_has_the_vectors():
     assert index["mappings"]["_meta"]["dense_vectors"] == q.DENSE_SIBLING
     sibling = q.dense_index_body(engine="lucene")
     assert sibling["settings"]["index"]["knn"] is True and "sparse" not in sibling["settings"]["index"]
-    assert set(sibling["mappings"]["properties"]) == {"dense", "path", "url"}
+    # the vectors, what a hit shows, and the metadata a dense search filters by
+    assert set(sibling["mappings"]["properties"]) == {"dense", "path", "url", *narrowing.metadata_properties()}
     s33.validate("PUT", "/{index}", index)
     s33.validate("PUT", "/{index}", sibling)
 

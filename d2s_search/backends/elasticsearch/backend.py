@@ -24,6 +24,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from d2s_search.backends.elasticsearch.features import decode_features
 from d2s_search.backends.engine.bulk import ChunkLimits, item_reason, send_bulk
 from d2s_search.backends.engine.index import EngineIndex
 from d2s_search.errors import BackendUnavailableError, IndexStoreError, QueryError
+from d2s_search.filters import SearchFilter
 
 log = logging.getLogger("d2s_search.elasticsearch")
 
@@ -371,7 +373,7 @@ class ElasticsearchBackend(EngineIndex):
     # A bulk item is its NDJSON lines: action and source to index, the action alone to delete.
 
     def _doc_source(self, doc: Document) -> dict[str, Any]:
-        return q.doc_source(doc, self.mapping)
+        return q.doc_source(doc, self.mapping, types=self._user_types)
 
     def _bulk_index_items(self, sources: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, ...]]:
         lines = q.bulk_index_lines(self.index_name, sources)
@@ -420,26 +422,32 @@ class ElasticsearchBackend(EngineIndex):
     # -- searches -------------------------------------------------------------------------
 
     def sparse_search(self, query: SparseVector, k: int, explain: int = 5, *, offset: int = 0,
-                      path_prefix: str | None = None, words: WordFilter | None = None) -> list[Hit]:
+                      path_prefix: str | None = None, words: WordFilter | None = None,
+                      filters: SearchFilter | None = None) -> list[Hit]:
         body = q.sparse_search_body(query, k, offset=offset, sparse_type=self._sparse_type(),
-                                    max_clauses=self.max_clauses, filters=self._filters(path_prefix, words))
+                                    max_clauses=self.max_clauses, filters=self._narrowed(path_prefix, words, filters))
         return self._hits(self._search(body), query, explain)
 
     def two_phase_search(self, first: SparseVector, full: SparseVector, k: int, window: int, explain: int = 5,
                          *, offset: int = 0, path_prefix: str | None = None,
-                         words: WordFilter | None = None) -> list[Hit]:
+                         words: WordFilter | None = None, filters: SearchFilter | None = None) -> list[Hit]:
         body = q.two_phase_body(first, full, k, window, offset=offset, sparse_type=self._sparse_type(),
-                                max_clauses=self.max_clauses, filters=self._filters(path_prefix, words))
+                                max_clauses=self.max_clauses, filters=self._narrowed(path_prefix, words, filters))
         return self._hits(self._search(body), full, explain)
 
-    def _filters(self, path_prefix: str | None, words: WordFilter | None) -> q.Filters:
+    def _narrowed(self, path_prefix: str | None, words: WordFilter | None,
+                  filters: SearchFilter | None) -> q.Filters:
         """The restrictions of a search; a word filter queries the sparse field as it is mapped."""
-        return q.Filters(path_prefix, words, sparse_vector=bool(words) and self._sparse_type() == "sparse_vector")
+        return replace(super()._narrowed(path_prefix, words, filters),
+                       sparse_vector=bool(words) and self._sparse_type() == "sparse_vector")
+
+    def _source_fields(self, fields: list[str]) -> Any:
+        return q.source_filter(fields)
 
     def dense_search(self, vector: np.ndarray, k: int, explain_with: SparseVector | None = None, explain: int = 5,
                      *, offset: int = 0, path_prefix: str | None = None,
-                     words: WordFilter | None = None) -> list[Hit]:
-        body = q.knn_search_body(vector, k, offset=offset, filters=self._filters(path_prefix, words))
+                     words: WordFilter | None = None, filters: SearchFilter | None = None) -> list[Hit]:
+        body = q.knn_search_body(vector, k, offset=offset, filters=self._narrowed(path_prefix, words, filters))
         hits = self._hits(self._search(body), explain_with or {}, explain if explain_with else 0)
         for hit in hits:
             hit.score = knn_score_to_inner_product(hit.score, self.mapping.similarity)
@@ -457,7 +465,7 @@ class ElasticsearchBackend(EngineIndex):
         return self._license in RRF_LICENSES
 
     def hybrid_search(self, sparse: SparseVector, vector: np.ndarray, options: Any, *,
-                      words: WordFilter | None = None) -> list[Hit]:
+                      words: WordFilter | None = None, filters: SearchFilter | None = None) -> list[Hit]:
         """Sparse + dense: the server's ``rrf`` retriever when it has one and RRF was asked for,
         else this project's fusion of the two runs (min-max or RRF). ``last_fusion`` tells which.
 
@@ -468,7 +476,7 @@ class ElasticsearchBackend(EngineIndex):
         if options.fusion == "rrf" and self.rrf_available():
             body = q.rrf_search_body(sparse, vector, int(options.k), window=int(options.candidates),
                                      rank_constant=int(options.rrf_k), sparse_type=self._sparse_type(),
-                                     max_clauses=self.max_clauses, filters=self._filters(None, words))
+                                     max_clauses=self.max_clauses, filters=self._narrowed(None, words, filters))
             body["_source"] = q.source_filter([*q.HIT_SOURCE, q.DENSE_FIELD])
             raw = self._search(body)
             hits = self._hits(raw, sparse, int(options.explain))
@@ -483,8 +491,9 @@ class ElasticsearchBackend(EngineIndex):
             return hits
         n = int(options.candidates)
         runs = {
-            "sparse": self.sparse_search(sparse, n, explain=int(options.explain), words=words),
-            "dense": self.dense_search(vector, n, explain_with=sparse, explain=int(options.explain), words=words),
+            "sparse": self.sparse_search(sparse, n, explain=int(options.explain), words=words, filters=filters),
+            "dense": self.dense_search(vector, n, explain_with=sparse, explain=int(options.explain), words=words,
+                                       filters=filters),
         }
         if options.fusion == "rrf":
             hits = plans.fuse_rrf(runs, int(options.k), int(options.rrf_k))

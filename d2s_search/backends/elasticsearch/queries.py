@@ -196,7 +196,8 @@ def meta_mapping(meta: Mapping[str, Any] | None, properties: Mapping[str, Any] |
 # -- documents ---------------------------------------------------------------------------
 
 
-def doc_source(doc: Document, mapping: VectorMapping = DEFAULT_MAPPING, top_terms: int = 20) -> dict[str, Any]:
+def doc_source(doc: Document, mapping: VectorMapping = DEFAULT_MAPPING, top_terms: int = 20,
+               types: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The ``_source`` stored for a document (escaped, float32, positive sparse weights).
 
     Raises ValueError for what Elasticsearch would refuse: non-finite values, and for
@@ -214,7 +215,7 @@ def doc_source(doc: Document, mapping: VectorMapping = DEFAULT_MAPPING, top_term
     sparse = sendable_weights(doc.sparse)
     for key in sparse:
         check_feature_key(key, mapping.sparse_type)
-    return source_from_document(doc, sparse, dense, top_terms)
+    return source_from_document(doc, sparse, dense, top_terms, types)
 
 
 def bulk_index_lines(index: str, docs: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:

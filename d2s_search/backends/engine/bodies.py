@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from d2s_search.backends.base import IndexIdentity, WordFilter
+from d2s_search.backends.engine import narrowing
 from d2s_search.backends.engine.documents import SPARSE_FIELD
 from d2s_search.backends.opensearch.features import escape_term
 from d2s_search.errors import QueryError
+from d2s_search.filters import SearchFilter
 
 MAPPING_VERSION = 1
 MAX_RESULT_WINDOW = 10_000  # index.max_result_window default (both engines)
@@ -19,13 +21,16 @@ SPARSE_KEYS = "vocabulary terms with '%' written as '%25' and '.' as '%2E'"
 
 @dataclass(frozen=True)
 class Filters:
-    """Restrictions applied to every query plan: a path prefix, and words a hit must carry or
+    """Restrictions applied to every query plan: a path prefix, words a hit must carry or
     must not (``words``; ``sparse_vector``: the index keeps the sparse field as Elasticsearch's
-    ``sparse_vector`` rather than ``rank_features``)."""
+    ``sparse_vector`` rather than ``rank_features``), and the metadata filter (``search``,
+    with ``types``, the user's fields: a date field's values are stored as epoch millis)."""
 
     path_prefix: str | None = None
     words: WordFilter | None = None
     sparse_vector: bool = False
+    search: SearchFilter | None = None
+    types: Mapping[str, str] = field(default_factory=dict)
 
     def clauses(self) -> list[dict[str, Any]]:
         """Filter clauses: what every hit must match."""
@@ -34,15 +39,20 @@ class Filters:
             out.append({"prefix": {"path": {"value": self.path_prefix}}})
         if self.words:
             out += [self._carries(t) for t in self.words.required]
+        if self.search:
+            out += narrowing.filter_clauses(self.search, self.types)[0]
         return out
 
     def exclusions(self) -> list[dict[str, Any]]:
         """``must_not`` clauses: what no hit may match."""
-        return [self._carries(t) for t in self.words.excluded] if self.words else []
+        out = [self._carries(t) for t in self.words.excluded] if self.words else []
+        if self.search:
+            out += narrowing.filter_clauses(self.search, self.types)[1]
+        return out
 
     def count(self) -> int:
         """Leaf clauses these add (Lucene counts them against ``max_clause_count``)."""
-        return len(self.clauses()) + len(self.exclusions())
+        return narrowing.leaves(self.clauses()) + narrowing.leaves(self.exclusions())
 
     def as_query(self) -> dict[str, Any] | None:
         """All of it as one query (a k-NN ``filter``), or None when there is nothing."""
@@ -95,6 +105,7 @@ def document_properties() -> dict[str, Any]:
         "height": {"type": "integer"},
         "size_bytes": {"type": "long"},
         "ingested_at": {"type": "date", "format": "epoch_millis"},
+        **narrowing.metadata_properties(),
     }
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from d2s_search.backends.base import Document
+from d2s_search.backends.engine.narrowing import document_metadata, metadata_source
 
 SPARSE_FIELD = "sparse"
 DENSE_FIELD = "dense"
@@ -42,8 +43,9 @@ def checked_dense(doc: Document) -> np.ndarray:
 
 
 def source_from_document(doc: Document, sparse: Mapping[str, float], dense: np.ndarray,
-                         top_terms: int = 20) -> dict[str, Any]:
-    """The ``_source`` stored for ``doc``: ``sparse`` and ``dense`` as the engine sends them."""
+                         top_terms: int = 20, types: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The ``_source`` stored for ``doc``: ``sparse`` and ``dense`` as the engine sends them,
+    its metadata (``types``: the user's fields the index knows; ValueError for another)."""
     src: dict[str, Any] = {
         PATH_FIELD: stored_paths(doc.paths),
         "size_bytes": int(doc.size_bytes),
@@ -57,12 +59,15 @@ def source_from_document(doc: Document, sparse: Mapping[str, float], dense: np.n
         src["url"] = doc.url
     if doc.ingested_at:
         src["ingested_at"] = int(round(doc.ingested_at * 1000))
+    src.update(metadata_source(doc.id, doc.paths, doc.metadata, types or {}))
     return src
 
 
 def document_from_source(doc_id: str, src: Mapping[str, Any],
-                         decode: Callable[[Mapping[str, float] | None], dict[str, float]]) -> Document:
-    """``decode`` turns the stored sparse field back into term weights (each engine escapes keys)."""
+                         decode: Callable[[Mapping[str, float] | None], dict[str, float]],
+                         types: Mapping[str, str] | None = None) -> Document:
+    """``decode`` turns the stored sparse field back into term weights (each engine escapes
+    keys); ``types``: the user's fields (a date's stored epoch millis become seconds)."""
     ingested = src.get("ingested_at")
     paths = paths_from_source(src.get(PATH_FIELD)) or [""]
     return Document(
@@ -76,4 +81,5 @@ def document_from_source(doc_id: str, src: Mapping[str, Any],
         dense=np.asarray(src.get(DENSE_FIELD, []), dtype=np.float32),
         url=src.get("url"),
         ingested_at=float(ingested) / 1000.0 if ingested is not None else 0.0,
+        metadata=document_metadata(src, types or {}),
     )

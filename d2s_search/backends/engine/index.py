@@ -18,10 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from d2s_search.backends.base import Document, Hit, IndexIdentity, relinked
+from d2s_search.backends.base import Document, Hit, IndexIdentity, WordFilter, relinked
+from d2s_search.backends.engine import narrowing
 from d2s_search.backends.engine.bodies import (
     HOLDERS_PER_REQUEST,
+    Filters,
     alias_swap_body,
+    check_page,
     holders_body,
     mget_body,
     reindex_body,
@@ -42,8 +45,11 @@ from d2s_search.errors import (
     BundleMismatchError,
     DocumentsRejectedError,
     IndexStoreError,
+    MetadataError,
     QueryError,
 )
+from d2s_search.filters import BUILT_IN_FIELDS, SearchFilter
+from d2s_search.metadata import Metadata
 
 log = logging.getLogger("d2s_search.engine")
 
@@ -75,6 +81,8 @@ class EngineIndex:
         self.refresh = refresh
         self.identity = None
         self._unsearchable_paths: set[str] = set()  # written by this process since its last refresh
+        self._user_types: dict[str, str] = {}  # the user's fields, as the mapping says
+        self._missing_fields: dict[str, Any] = {}  # built-in metadata fields the mapping lacks
 
     # -- what each engine provides ----------------------------------------------------------
 
@@ -247,6 +255,8 @@ class EngineIndex:
                 stored = identity
         self.identity = stored
         self._opened()
+        if create and self._missing_fields:
+            self._add_metadata_fields()
 
     def _mapping(self) -> dict:
         status, body = self._call("GET", f"/{self.index_name}/_mapping")
@@ -269,6 +279,7 @@ class EngineIndex:
                 f"index {self.index_name!r} at {self.url} was not made by d2s-search (no _meta.fingerprint)"
             )
         self._remember_mapping(first)
+        self._remember_fields(first)
         return ident
 
     def _check_identity(self, wanted: IndexIdentity, stored: IndexIdentity | None) -> None:
@@ -365,7 +376,7 @@ class EngineIndex:
         for start in range(0, len(ids), 500):
             for d in self._mget(list(ids[start : start + 500]), source=True):
                 if d.get("found"):
-                    out.append(document_from_source(d["_id"], d.get("_source", {}), self._decode))
+                    out.append(document_from_source(d["_id"], d.get("_source", {}), self._decode, self._user_types))
         return out
 
     # PathListing (index prune, the missing-file count of index stats, copies, moved and
@@ -484,6 +495,12 @@ class EngineIndex:
         status, body = self._create_generation(new_index, new_identity, target)
         if not 200 <= status < 300:
             raise IndexStoreError(f"cannot create index {new_index}: {self._reason(body, status)}")
+        if self._user_types:  # the copy carries the user's fields: map them first
+            status, body = self._call("PUT", f"/{new_index}/_mapping",
+                                      body=narrowing.declared_properties(self._user_types, {}))
+            if not 200 <= status < 300:
+                self._call("DELETE", f"/{new_index}")
+                raise IndexStoreError(f"cannot map the user's fields in {new_index}: {self._reason(body, status)}")
         before = self._count(old_index)
         lost: dict[str, str] = {}
         try:
@@ -531,4 +548,125 @@ class EngineIndex:
 
     def _scan(self, index: str, page: int) -> Iterator[list[Document]]:
         for hits in self._pages(index, page):
-            yield [document_from_source(self._hit_id(h), h.get("_source", {}), self._decode) for h in hits]
+            yield [document_from_source(self._hit_id(h), h.get("_source", {}), self._decode, self._user_types)
+                   for h in hits]
+
+    # -- metadata (the Narrowing protocol of d2s_search.backends.base) -----------------------
+
+    def _remember_fields(self, mapping: Mapping[str, Any]) -> None:
+        """The user's fields and the built-in metadata fields missing from a stored mapping."""
+        properties = mapping.get("properties") or {}
+        self._user_types = narrowing.user_field_types(properties)
+        self._missing_fields = narrowing.missing_properties(properties)
+
+    def _mapping_targets(self) -> list[str]:
+        """The indices whose mapping carries the metadata fields (a SEISMIC index's sibling too)."""
+        return [self.index_name]
+
+    def _put_mapping(self, body: Mapping[str, Any]) -> tuple[int, Any]:
+        return self._call("PUT", f"/{','.join(self._mapping_targets())}/_mapping", body=body)
+
+    def _add_metadata_fields(self) -> None:
+        """Map the built-in metadata fields in an index made before them (adding fields is
+        allowed on both engines; existing documents simply lack them)."""
+        status, body = self._put_mapping({"properties": self._missing_fields})
+        if not 200 <= status < 300:
+            raise IndexStoreError(
+                f"{self.label} refused to add the metadata fields ({', '.join(self._missing_fields)}) to "
+                f"{self.index_name!r}: {self._reason(body, status)}; reindex it into a new index to filter by them"
+            )
+        log.info("added the metadata fields %s to %s", ", ".join(self._missing_fields), self.index_name)
+        self._missing_fields = {}
+
+    def _read_fields(self) -> dict[str, str]:
+        """The user's fields as the index's mapping says now (another process may declare some)."""
+        mapping = self._mapping()
+        if not mapping:
+            raise IndexStoreError(self._missing())
+        self._remember_fields(next(iter(mapping.values())).get("mappings", {}))
+        return self._user_types
+
+    def field_types(self) -> dict[str, str]:
+        return {**BUILT_IN_FIELDS, **self._read_fields()}
+
+    def declare_fields(self, types: Mapping[str, str]) -> None:
+        if not types:
+            return
+        body = narrowing.declared_properties(types, self._read_fields())
+        if not body:
+            return
+        status, answer = self._put_mapping(body)
+        if not 200 <= status < 300:
+            reason = self._reason(answer, status)
+            if "cannot be changed" in reason or "mapper_parsing" in reason:  # declared meanwhile with another type
+                raise MetadataError(f"cannot declare the fields {', '.join(sorted(types))}: {reason}")
+            raise IndexStoreError(f"{self.label} could not declare the fields {', '.join(sorted(types))}: {reason}")
+        self._user_types.update({name: kind for name, kind in types.items()})
+
+    def set_metadata(self, metadata: Mapping[str, Metadata]) -> int:
+        """Partial updates of the metadata fields of the stored documents whose metadata
+        changes (vectors are not sent); returns how many changed."""
+        if not metadata:
+            return 0
+        types = self._read_fields()
+        for doc_id, meta in metadata.items():
+            try:
+                narrowing.check_fields(meta, types)
+            except ValueError as exc:
+                raise MetadataError(f"document {doc_id[:12]}: {exc}") from None
+        stored: dict[str, tuple[list[str], Metadata]] = {}
+        ids = list(metadata)
+        wanted = ",".join([PATH_FIELD, "taken_at", "camera", "location", narrowing.USER_FIELDS])
+        for start in range(0, len(ids), 1000):
+            for d in self._mget(ids[start : start + 1000], source=wanted):
+                if d.get("found"):
+                    src = d.get("_source") or {}
+                    stored[d["_id"]] = (paths_from_source(src.get(PATH_FIELD)),
+                                        narrowing.document_metadata(src, types))
+        updates = [(doc_id, narrowing.metadata_source(doc_id, stored[doc_id][0], meta, types, update=True))
+                   for doc_id, meta in metadata.items() if doc_id in stored and stored[doc_id][1] != meta]
+        if not updates:
+            return 0
+        self._writing()
+        failures, _ = self._bulk(self._bulk_update_items(updates))
+        if failures:
+            raise IndexStoreError(f"cannot change the metadata of {len(failures)} document(s): "
+                                  f"{next(iter(failures.values()))}")
+        self._written()
+        return len(updates)
+
+    def _narrowed(self, path_prefix: str | None, words: WordFilter | None,
+                  filters: SearchFilter | None) -> Filters:
+        """The restrictions of a search as this index stores its fields."""
+        return Filters(path_prefix, words, search=filters or None, types=dict(self._user_types))
+
+    def _source_fields(self, fields: list[str]) -> Any:
+        """``_source`` naming these fields, in the form the engine's specification takes."""
+        return fields
+
+    def _search_answer(self, body: dict[str, Any], what: str) -> dict[str, Any]:
+        self.settle()
+        status, answer = self._call("POST", f"/{self.index_name}/_search", body=body)
+        answer = self._check(status, answer, what)
+        return answer if isinstance(answer, dict) else {}
+
+    def browse(self, k: int, filters: SearchFilter | None = None, offset: int = 0, *,
+               words: WordFilter | None = None) -> list[Hit]:
+        check_page(k, offset)
+        query = self._narrowed(None, words, filters).as_query()
+        fields = [PATH_FIELD, "url", *([narrowing.CONTENT_ID] if self._id_source() else [])]
+        body = narrowing.browse_body(k, offset, query, [])
+        body["_source"] = self._source_fields(fields)
+        hits = self._hits(self._search_answer(body, "list the library").get("hits", {}).get("hits", []), {}, 0)
+        for hit in hits:
+            hit.score = 0.0
+        return hits
+
+    def facets(self, filters: SearchFilter | None = None, size: int = 20, *,
+               words: WordFilter | None = None) -> dict[str, list[tuple[str, int]]]:
+        if size < 1:
+            raise QueryError("the facet size must be at least 1")
+        types = dict(self._user_types)
+        query = self._narrowed(None, words, filters).as_query()
+        answer = self._search_answer(narrowing.facets_body(query, types, size), "count the facets")
+        return narrowing.facets_from_answer(answer, types, size)

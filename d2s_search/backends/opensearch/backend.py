@@ -54,6 +54,7 @@ from d2s_search.errors import (
     IndexStoreError,
     QueryError,
 )
+from d2s_search.filters import SearchFilter
 
 log = logging.getLogger("d2s_search.opensearch")
 
@@ -279,7 +280,7 @@ class OpenSearchBackend(EngineIndex):
     # -- writes (upsert and delete: EngineIndex) -------------------------------------------
 
     def _doc_source(self, doc: Document) -> dict[str, Any]:
-        source = q.doc_source(doc)
+        source = q.doc_source(doc, types=self._user_types)
         if self.vocabulary is not None:
             source[q.SPARSE_FIELD] = self.vocabulary.to_ids(doc.sparse)
         return source
@@ -320,6 +321,10 @@ class OpenSearchBackend(EngineIndex):
 
     def _id_source(self) -> bool | list[str]:
         return [q.CONTENT_ID] if self.content_ids else False
+
+    def _mapping_targets(self) -> list[str]:
+        # a SEISMIC index's sibling is searched by dense queries: it carries the metadata too
+        return [self.index_name, *([self.dense_index] if self.dense_index else [])]
 
     def _bulk(self, actions: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
         """Send ``actions`` with ``opensearchpy.helpers.streaming_bulk`` (which chunks them and
@@ -380,16 +385,18 @@ class OpenSearchBackend(EngineIndex):
         path_prefix: str | None = None,
         words: WordFilter | None = None,
         neural_sparse: bool = False,
+        filters: SearchFilter | None = None,
     ) -> list[Hit]:
+        narrowed = self._narrowed(path_prefix, words, filters)
         if self.vocabulary is not None:
             body = q.seismic_search_body(self.vocabulary.to_ids(query), k, offset=offset, top_n=self.seismic_top_n,
-                                         heap_factor=self.seismic_heap_factor, filters=q.Filters(path_prefix, words))
+                                         heap_factor=self.seismic_heap_factor, filters=narrowed)
             return self._hits(self._search(body), query, explain)
         if neural_sparse:
             self._check_query_tokens()
         body = q.sparse_search_body(
             query, k, offset=offset, max_clauses=self.max_clauses(),
-            filters=q.Filters(path_prefix, words), neural_sparse=neural_sparse,
+            filters=narrowed, neural_sparse=neural_sparse,
         )
         return self._hits(self._search(body), query, explain)
 
@@ -411,12 +418,13 @@ class OpenSearchBackend(EngineIndex):
         offset: int = 0,
         path_prefix: str | None = None,
         words: WordFilter | None = None,
+        filters: SearchFilter | None = None,
     ) -> list[Hit]:
         if self.vocabulary is not None:
             raise QueryError("a SEISMIC index has no two-phase plan; use sparse (approximate) or hybrid")
         body = q.two_phase_body(
             first, full, k, window, offset=offset, max_clauses=self.max_clauses(),
-            filters=q.Filters(path_prefix, words),
+            filters=self._narrowed(path_prefix, words, filters),
         )
         return self._hits(self._search(body), full, explain)
 
@@ -430,20 +438,22 @@ class OpenSearchBackend(EngineIndex):
         offset: int = 0,
         path_prefix: str | None = None,
         words: WordFilter | None = None,
+        filters: SearchFilter | None = None,
     ) -> list[Hit]:
         explain = explain if explain_with else 0
         if self.dense_index and words:  # the sibling index has no sparse field to filter on
             raise QueryError("a SEISMIC index cannot require or exclude words (+word, -word); search without them")
+        narrowed = self._narrowed(path_prefix, words, filters)
         if self.dense_index:
             # A SEISMIC index's vectors are in its sibling; matched terms come from the index.
-            body = q.knn_search_body(vector, k, offset=offset, filters=q.Filters(path_prefix, words), source=["path", "url"])
+            body = q.knn_search_body(vector, k, offset=offset, filters=narrowed, source=["path", "url"])
             raw = self._search(body, index=self.dense_index)
             if explain:
                 stored = {d["_id"]: d.get("_source", {}) for d in self._mget([h["_id"] for h in raw], q.SPARSE_FIELD)}
                 for h in raw:
                     h.setdefault("_source", {})[q.SPARSE_FIELD] = stored.get(h["_id"], {}).get(q.SPARSE_FIELD)
         else:
-            raw = self._search(q.knn_search_body(vector, k, offset=offset, filters=q.Filters(path_prefix, words)))
+            raw = self._search(q.knn_search_body(vector, k, offset=offset, filters=narrowed))
         hits = self._hits(raw, explain_with or {}, explain)
         for hit in hits:
             hit.score = knn_score_to_inner_product(hit.score)
@@ -464,6 +474,7 @@ class OpenSearchBackend(EngineIndex):
         path_prefix: str | None = None,
         words: WordFilter | None = None,
         neural_sparse: bool = False,
+        filters: SearchFilter | None = None,
     ) -> list[Hit]:
         """Sparse + dense fused by OpenSearch (``hybrid`` query through a search pipeline).
 
@@ -483,19 +494,20 @@ class OpenSearchBackend(EngineIndex):
         self.last_fusion = None
         if self.dense_index:
             return self._fused_here(sparse, vector, k, method, weights, rank_constant, window, explain, offset,
-                                    path_prefix, words)
+                                    path_prefix, words, filters)
         if neural_sparse:
             self._check_query_tokens()
         pipeline = self.ensure_pipeline(method, weights, rank_constant)
         dialect = self.dialect()
         seismic_clause = None
+        narrowed = self._narrowed(path_prefix, words, filters)
         if self.vocabulary is not None:
             depth = min(max(int(window or 0), offset + k), q.MAX_RESULT_WINDOW)
             seismic_clause = q.seismic_query(self.vocabulary.to_ids(sparse), depth, top_n=self.seismic_top_n,
-                                             heap_factor=self.seismic_heap_factor, filters=q.Filters(path_prefix, words))
+                                             heap_factor=self.seismic_heap_factor, filters=narrowed)
         body = q.hybrid_search_body(
             sparse, vector, k, offset=offset, window=window, max_clauses=self.max_clauses(),
-            filters=q.Filters(path_prefix, words), neural_sparse=neural_sparse, dialect=dialect,
+            filters=narrowed, neural_sparse=neural_sparse, dialect=dialect,
             sparse_clause=seismic_clause,
         )
         body["_source"] = [*q.HIT_SOURCE, q.DENSE_FIELD]
@@ -517,7 +529,8 @@ class OpenSearchBackend(EngineIndex):
 
     def _fused_here(self, sparse: SparseVector, vector: np.ndarray, k: int, method: str,
                     weights: tuple[float, float], rank_constant: int, window: int | None, explain: int,
-                    offset: int, path_prefix: str | None, words: WordFilter | None = None) -> list[Hit]:
+                    offset: int, path_prefix: str | None, words: WordFilter | None = None,
+                    filters: SearchFilter | None = None) -> list[Hit]:
         """Hybrid on a SEISMIC index: its sparse search and its sibling's dense search, fused
         here (one index cannot hold both, see seismic.py); ``last_fusion`` says so."""
         from d2s_search import search as plans
@@ -525,9 +538,10 @@ class OpenSearchBackend(EngineIndex):
         q.check_page(k, offset)
         depth = min(max(int(window or 0), offset + k), q.MAX_RESULT_WINDOW)
         runs = {
-            "sparse": self.sparse_search(sparse, depth, explain, path_prefix=path_prefix, words=words),
+            "sparse": self.sparse_search(sparse, depth, explain, path_prefix=path_prefix, words=words,
+                                         filters=filters),
             "dense": self.dense_search(vector, depth, explain_with=sparse, explain=explain, path_prefix=path_prefix,
-                                       words=words),
+                                       words=words, filters=filters),
         }
         if method == "rrf":
             fused = plans.fuse_rrf(runs, offset + k, rank_constant)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from d2s_search.backends.base import Document, IndexIdentity, SparseVector
-from d2s_search.backends.engine import bodies
+from d2s_search.backends.engine import bodies, narrowing
 from d2s_search.backends.engine.bodies import MAX_RESULT_WINDOW, NO_FILTERS, Filters, check_page
 from d2s_search.backends.engine.documents import (
     DENSE_FIELD,
@@ -146,6 +146,7 @@ def dense_index_body(identity: IndexIdentity | None = None, *, engine: str = "fa
                 DENSE_FIELD: knn_vector(dim, engine, m, ef_construction),
                 "path": {"type": "keyword"},
                 "url": {"type": "keyword"},
+                **narrowing.metadata_properties(),  # a dense search filters here
             },
         },
     }
@@ -155,9 +156,11 @@ def dense_index_body(identity: IndexIdentity | None = None, *, engine: str = "fa
 # -- documents ---------------------------------------------------------------------------
 
 
-def doc_source(doc: Document, top_terms: int = 20) -> dict[str, Any]:
-    """The ``_source`` stored for a document (escaped, float32, positive sparse weights)."""
-    return source_from_document(doc, sendable_weights(doc.sparse), checked_dense(doc), top_terms)
+def doc_source(doc: Document, top_terms: int = 20, types: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The ``_source`` stored for a document (escaped, float32, positive sparse weights, its
+    metadata; ``types``: the user's fields the index knows)."""
+    return source_from_document(doc, sparse=sendable_weights(doc.sparse), dense=checked_dense(doc),
+                                top_terms=top_terms, types=types)
 
 
 def bulk_index_actions(index: str, docs: Iterable[tuple[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
@@ -389,9 +392,9 @@ def seismic_query(ids: Mapping[str, float], k: int, *, top_n: int = 10, heap_fac
         raise QueryError("a SEISMIC index cannot require or exclude words (+word, -word): it keeps "
                          "8-bit weights by vocabulary id; search without them")
     params: dict[str, Any] = {"top_n": int(top_n), "k": int(k), "heap_factor": float(heap_factor)}
-    clauses = filters.clauses()
-    if clauses:
-        params["filter"] = clauses[0] if len(clauses) == 1 else {"bool": {"filter": clauses}}
+    restriction = filters.as_query()
+    if restriction is not None:
+        params["filter"] = restriction  # applied while the k hits are collected
     return {"neural_sparse": {SPARSE_FIELD: {"query_tokens": dict(ids), "method_parameters": params}}}
 
 

@@ -44,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from d2s_search.backends.engine.documents import DENSE_FIELD
+from d2s_search.backends.engine.narrowing import METADATA_KEYS
 from d2s_search.backends.opensearch.features import FLOAT32_MAX, FLOAT32_MIN_NORMAL, as_float32
 from d2s_search.errors import IndexStoreError
 
@@ -60,9 +61,10 @@ def dense_index(index_name: str) -> str:
 
 
 def split_source(source: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A document's ``_source`` -> (the SEISMIC index's part, the dense sibling's part)."""
+    """A document's ``_source`` -> (the SEISMIC index's part, the dense sibling's part: the
+    vector, what a hit shows, and the metadata a dense search is filtered by)."""
     main = {k: v for k, v in source.items() if k != DENSE_FIELD}
-    sibling = {k: source[k] for k in (DENSE_FIELD, "path", "url") if k in source}
+    sibling = {k: source[k] for k in (DENSE_FIELD, "path", "url", *METADATA_KEYS) if k in source}
     return main, sibling
 
 
