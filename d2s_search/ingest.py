@@ -281,8 +281,13 @@ def metadata_of(item: _Hashed, sidecar: Sidecar | None) -> Metadata:
     """What the picture says (EXIF; the file's time when it has no date) and the sidecar's
     fields for its path."""
     found = read_metadata(item.data, item.mtime)
-    fields = sidecar.fields_for(index_path(item.path)) if sidecar is not None else None
+    fields = sidecar_fields(item, sidecar)
     return found.with_fields(fields) if fields else found
+
+
+def sidecar_fields(item: _Hashed, sidecar: Sidecar | None) -> dict | None:
+    """The sidecar's row for the picture (None: no sidecar, or no row for it)."""
+    return sidecar.fields_for(index_path(item.path)) if sidecar is not None else None
 
 
 def update_metadata(known: list[_Hashed], backend: Backend, sidecar: Sidecar | None, report: IngestReport) -> None:
@@ -291,10 +296,13 @@ def update_metadata(known: list[_Hashed], backend: Backend, sidecar: Sidecar | N
     if not known or not isinstance(backend, Narrowing):
         return
     fresh: dict[str, Metadata] = {}
+    keep: set[str] = set()  # no sidecar row: the fields stored before stay (a plain re-ingest keeps them)
     for item in known:  # the same bytes at two paths: the first found speaks for them
         if item.id not in fresh:
             fresh[item.id] = metadata_of(item, sidecar)
-    report.metadata_updated += backend.set_metadata(fresh)
+            if sidecar_fields(item, sidecar) is None:
+                keep.add(item.id)
+    report.metadata_updated += backend.set_metadata(fresh, keep_fields=keep)
 
 
 def _hashed_batches(

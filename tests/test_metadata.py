@@ -203,6 +203,9 @@ def test_reingest_updates_changed_metadata_without_encoding(trip, tiny_blip_bund
                                 capsys)
     assert code == 0 and second["stored"] == 0 and second["already_stored"] == 6 and second["metadata_updated"] == 2
     assert names(query(index, capsys, "a photo", "--where", "rating>=2")) == ["p3"]
+    code, plain = run_cli_json(["ingest", str(trip / "photos"), "--index", str(index)], capsys)
+    assert plain["metadata_updated"] == 0  # no sidecar: the fields stay
+    assert names(query(index, capsys, "a photo", "--where", "rating>=2")) == ["p3"]
     code, third = run_cli_json(["ingest", str(trip / "photos"), "--index", str(index), "--metadata", str(side)],
                                capsys)
     assert third["metadata_updated"] == 0  # nothing changed: nothing written

@@ -14,7 +14,7 @@ before (a file overwritten in place), and a document left without a path is remo
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -220,9 +220,12 @@ class Narrowing(Protocol):
         """Make the user's fields known (name -> type) before documents carrying them are
         stored; MetadataError when a name is already known with another type."""
 
-    def set_metadata(self, metadata: Mapping[str, Metadata]) -> int:
+    def set_metadata(self, metadata: Mapping[str, Metadata], keep_fields: Collection[str] = ()) -> int:
         """Replace the metadata of stored documents (id -> metadata) without touching their
-        vectors; returns how many were stored. Unknown ids are left out."""
+        vectors; only documents whose metadata changed are written, and their number is
+        returned. Unknown ids are left out. ``keep_fields``: ids whose stored user fields stay
+        as they are (only what the picture says of itself is replaced: a re-ingest without a
+        sidecar row for them)."""
 
     def browse(self, k: int, filters=None, offset: int = 0) -> list[Hit]:
         """The library without a query: the most recently taken pictures first (those without

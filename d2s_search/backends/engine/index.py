@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -603,7 +603,7 @@ class EngineIndex:
             raise IndexStoreError(f"{self.label} could not declare the fields {', '.join(sorted(types))}: {reason}")
         self._user_types.update({name: kind for name, kind in types.items()})
 
-    def set_metadata(self, metadata: Mapping[str, Metadata]) -> int:
+    def set_metadata(self, metadata: Mapping[str, Metadata], keep_fields: Collection[str] = ()) -> int:
         """Partial updates of the metadata fields of the stored documents whose metadata
         changes (vectors are not sent); returns how many changed."""
         if not metadata:
@@ -623,6 +623,9 @@ class EngineIndex:
                     src = d.get("_source") or {}
                     stored[d["_id"]] = (paths_from_source(src.get(PATH_FIELD)),
                                         narrowing.document_metadata(src, types))
+        keep = set(keep_fields)  # their stored user fields stay: only what the pictures say is replaced
+        metadata = {i: m.with_fields(stored[i][1].fields) if i in keep and i in stored else m
+                    for i, m in metadata.items()}
         updates = [(doc_id, narrowing.metadata_source(doc_id, stored[doc_id][0], meta, types, update=True))
                    for doc_id, meta in metadata.items() if doc_id in stored and stored[doc_id][1] != meta]
         if not updates:

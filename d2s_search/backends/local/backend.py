@@ -21,7 +21,7 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -538,13 +538,15 @@ class LocalBackend:
                 metadata_table.bump_version(db)
 
     @_db_errors
-    def set_metadata(self, metadata: Mapping[str, Metadata]) -> int:
+    def set_metadata(self, metadata: Mapping[str, Metadata], keep_fields: Collection[str] = ()) -> int:
         """Metadata of stored documents replaced in one transaction, those whose metadata
         changed only (returns how many); vectors and the search cache untouched (only the
         filter columns are read again)."""
         db = self._connect(False)
         present = self.ids_present(metadata)
         stored = metadata_table.read(db, present)
+        keep = set(keep_fields)
+        metadata = {i: m.with_fields(stored.get(i, NO_METADATA).fields) if i in keep else m for i, m in metadata.items()}
         changed = {i: m for i, m in metadata.items() if i in present and stored.get(i, NO_METADATA) != m}
         if not changed:
             return 0
