@@ -82,9 +82,12 @@ class Condition(BaseModel):
                                       "`query --json` says it).")
 
 
-class Place(BaseModel):
+class Position(BaseModel):
     lat: float
     lon: float
+
+
+class Place(Position):
     km: float
 
 
@@ -141,6 +144,11 @@ class DocumentDetail(BaseModel):
     ingested_at: str | None
     term_count: int
     terms: list[Term] = Field(description="The document's whole sparse vector, strongest first.")
+    taken: str | None = Field(None, description="When the picture was taken (EXIF, else the file's time), ISO 8601 UTC.")
+    camera: str | None = None
+    location: Position | None = Field(None, description="Where it was taken (EXIF GPS).")
+    fields: dict[str, bool | float | str] = Field(default_factory=dict, description="The user's own fields "
+                                                  "(ingest --metadata); dates as seconds since 1970, UTC.")
     thumbnail: str
     preview: str
 
@@ -198,7 +206,7 @@ def search_response(searched: Searched, query: QueryInfo, k: int, root: str = ""
         weak_query=res.weak_query, unrecognised_words=res.unrecognised_words, notice=res.notice,
         query_edits=QueryEdits(**res.edits.to_json()) if getattr(res, "edits", None) else None,
         filters=filters(res.filters), offset=offset,
-        results=[result(i, hit, root, taken.get(hit.id)) for i, hit in enumerate(res.hits, start=1)],
+        results=[result(i, hit, root, taken.get(hit.id)) for i, hit in enumerate(res.hits, start=1 + (offset or 0))],
     )
 
 
@@ -216,10 +224,14 @@ def facets(counted: dict, applied: SearchFilter | None) -> Facets:
 
 def document_detail(doc: Document, root: str = "") -> DocumentDetail:
     terms = sorted(doc.sparse.items(), key=lambda kv: (-kv[1], kv[0]))
+    meta = doc.metadata
     return DocumentDetail(
         id=doc.id, path=doc.path, name=os.path.basename(doc.path) or doc.id[:12], url=doc.url, width=doc.width,
         height=doc.height, size_bytes=doc.size_bytes, ingested_at=_iso(doc.ingested_at), term_count=len(terms),
-        terms=[Term(term=t, weight=w) for t, w in terms], **picture_urls(doc.id, root),
+        terms=[Term(term=t, weight=w) for t, w in terms],
+        taken=iso_time(meta.taken_at) if meta.taken_at is not None else None, camera=meta.camera,
+        location=Position(lat=meta.location[0], lon=meta.location[1]) if meta.location else None,
+        fields=dict(meta.fields), **picture_urls(doc.id, root),
     )
 
 

@@ -140,11 +140,23 @@ def test_library_pages_and_filters_as_browse(client, index, photos, params, k, o
     want = index.browse(k, filters=python_filter(index, params) or None, offset=offset)
     assert [r["id"] for r in body["results"]] == [h.id for h in want.hits]
     assert body["k"] == k and body["offset"] == offset
+    assert [r["rank"] for r in body["results"]] == list(range(offset + 1, offset + 1 + len(want.hits)))
 
 
 def test_the_library_pages_in_order(client):
     pages = [stems(ok(client.get("/api/library", params={"k": 3, "offset": n}))["results"]) for n in (0, 3, 6)]
     assert sum(pages, []) == NEWEST_FIRST
+
+
+def test_a_documents_detail_has_its_metadata(client, index, photos):
+    ids = {Path(h.path).stem: h.id for h in index.browse(8).hits}
+    body = ok(client.get(f"/api/documents/{ids['p1']}"))
+    assert body["taken"] == "2019-06-02T09:00:00Z" and body["camera"] == "Canon EOS 5D"
+    assert body["location"] == pytest.approx({"lat": 48.8566, "lon": 2.3522}, abs=1e-5)
+    assert body["fields"] == {"rating": 5, "who": "ann", "favourite": True}
+    scan = ok(client.get(f"/api/documents/{ids['scan']}"))
+    assert scan["taken"] == "2010-01-01T00:00:00Z" and scan["camera"] is None and scan["location"] is None
+    assert scan["fields"] == {}
 
 
 def counts(body: dict, field: str) -> dict[str, int]:
