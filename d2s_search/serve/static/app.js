@@ -234,14 +234,21 @@ function readFilters(params) {
   };
 }
 
-function filterParams(params = new URLSearchParams()) {
+// ``leaveOut``: a field whose own choices are left out ("folder", or a field's = conditions).
+function filterParams(params = new URLSearchParams(), leaveOut = null) {
   const f = state.filters;
   if (f.after) params.set("after", f.after);
   if (f.before) params.set("before", f.before);
-  for (const folder of f.folders) params.append("folder", folder);
-  for (const condition of f.where) params.append("where", condition);
+  if (leaveOut !== "folder") for (const folder of f.folders) params.append("folder", folder);
+  for (const condition of f.where) if (!leaveOut || chosenField(condition) !== leaveOut) params.append("where", condition);
   if (f.near) params.set("near", f.near);
   return params;
+}
+
+// The field a facet choice (field=value) is about, else null.
+function chosenField(condition) {
+  const m = condition.match(CONDITION);
+  return m && m[2] === "=" ? m[1] : null;
 }
 
 const shiftDay = (day, by) => new Date(Date.parse(`${day}T00:00:00Z`) + by * DAY_MS).toISOString().slice(0, 10);
@@ -325,6 +332,8 @@ function toggleFacet(field, value) {
 }
 
 // Counts of the pictures that pass the filters, by folder, camera and each field of the user's.
+// A field with values chosen is counted without its own choices, as the alternatives they are
+// (camera=A and camera=B: either), so its other values stay there to add.
 async function loadFacets() {
   const status = await state.status;
   if (!status || !status.filters) return;
@@ -335,8 +344,17 @@ async function loadFacets() {
   state.facetsKey = key;
   if (state.facetsController) state.facetsController.abort();
   const controller = (state.facetsController = new AbortController());
+  const chosen = new Set([...(state.filters.folders.length ? ["folder"] : []),
+                          ...state.filters.where.map(chosenField).filter(Boolean)]);
+  const counted = (params) => {
+    params.set("size", String(FACET_SIZE));
+    return api(`api/facets?${params}`, { signal: controller.signal });
+  };
   try {
-    renderFacets(await api(`api/facets?${query}`, { signal: controller.signal }));
+    const [data, ...alone] = await Promise.all([counted(filterParams()),
+      ...[...chosen].map((field) => counted(filterParams(new URLSearchParams(), field)))]);
+    [...chosen].forEach((field, i) => { if (field in alone[i].fields) data.fields[field] = alone[i].fields[field]; });
+    renderFacets(data);
   } catch (err) {
     if (err.name === "AbortError") return;
     state.facetsKey = null;
