@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
+import numpy as np
 from PIL import Image
 
 from ..backends.base import Backend, Document, Hit, Narrowing
@@ -40,9 +41,7 @@ from ..sources import is_uri
 
 T = TypeVar("T")
 OWN_TERMS_OF_A_DOCUMENT = 8  # a document has no "own words": its strongest play that part (two-phase)
-
-
-WHOLE_EARTH_KM = 20_016.0  # more than half the Earth's circumference: every position is this near any point
+WHOLE_EARTH_KM = 20_016.0  # over half the Earth's circumference: every position is this near any point
 
 
 class DocumentNotFound(LookupError):
@@ -249,7 +248,7 @@ class SearchService:
             raise FilterRefused(f"the {self.backend.name} index cannot list pictures without a query: "
                                 "search by words or a picture", None)
         result = browse_library(self.backend, options, offset)
-        return Searched(result, QueryVectors(full={}, own={}, dense=None), 0.0, set())
+        return Searched(result, QueryVectors(full={}, own={}, dense=np.zeros(0, dtype=np.float32)), 0.0, set())
 
     def facets(self, applied: SearchFilter | None, size: int) -> dict[str, Any]:
         """Counts of the pictures passing the filter by folder, camera and each keyword or
