@@ -132,3 +132,31 @@ def edit_docs(dim: int = 8) -> list:
         docs.append(Document(id=f"{i:064x}", path=f"photos/{name}.jpg", size_bytes=1000 + i, width=64, height=48,
                              sparse=sparse, dense=dense, ingested_at=time.time()))
     return docs
+
+
+def dms(value: float) -> tuple[float, float, float]:
+    value = abs(value)
+    d = int(value)
+    m = int((value - d) * 60)
+    return float(d), float(m), round((value - d - m / 60) * 3600, 4)
+
+
+def exif_jpeg(path: Path, seed: int, taken: str | None = None, place: tuple[float, float] | None = None,
+              make: str | None = None, model: str | None = None, offset: str | None = None) -> Path:
+    """A JPEG whose EXIF says when (``YYYY:MM:DD HH:MM:SS``), where and with what camera."""
+    exif = Image.Exif()
+    if make:
+        exif[0x010F] = make
+    if model:
+        exif[0x0110] = model
+    if taken:
+        exif.get_ifd(0x8769)[0x9003] = taken
+        if offset:
+            exif.get_ifd(0x8769)[0x9011] = offset
+    if place:
+        gps = exif.get_ifd(0x8825)
+        gps[1], gps[2] = ("N" if place[0] >= 0 else "S"), dms(place[0])
+        gps[3], gps[4] = ("E" if place[1] >= 0 else "W"), dms(place[1])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pattern_image(seed).save(path, "JPEG", quality=90, exif=exif)
+    return path

@@ -14,10 +14,13 @@ from ..images import QUERY_MAX_BYTES, QUERY_MAX_PIXELS, decode
 from ..search import SearchOptions
 from . import discovery, schemas
 from .problems import BadRequest
-from .service import DocumentNotFound, SearchService
+from .service import DocumentNotFound, FilterParams, SearchService
 from .thumbnails import DOC_ID, PictureCache
 
 K_MAX = 200  # results per page: a grid of pictures, not a bulk export (the CLI has no limit)
+FILTER_VALUES_MAX = 50  # folder= and where= values per request
+FACET_SIZE_MAX = 200
+OFFSET_MAX = 10_000_000
 QUERY_MAX_CHARS = 1000
 UPLOAD_MAX_BYTES = QUERY_MAX_BYTES  # the caps of query --image URL too
 UPLOAD_MAX_PIXELS = QUERY_MAX_PIXELS  # a query picture is shrunk to the model's input anyway
@@ -55,6 +58,28 @@ def search_options(
     return SearchOptions(mode=mode, k=k, fusion=fusion, alpha=alpha, window=window, explain=explain)
 
 
+def filter_params(
+    after: Annotated[str | None, Query(max_length=64, description="Taken at or after this date: YYYY-MM-DD (its "
+                                       "midnight, UTC) or YYYY-MM-DDTHH:MM[:SS][zone]")] = None,
+    before: Annotated[str | None, Query(max_length=64, description="Taken before this date (same forms): "
+                                        "after=2019-06-01&before=2019-07-01 is June")] = None,
+    folder: Annotated[list[str], Query(description="Only pictures with a path under this folder, absolute as the "
+                                       "index stores it (repeat for any of several)")] = [],  # noqa: B006
+    where: Annotated[list[str], Query(description="A field condition: field=value, field!=value, or field>=, >, "
+                                      "<=, < a number or date (repeat: all hold; the = of one field are any of "
+                                      "them). Fields: /api/facets 'types'")] = [],  # noqa: B006
+    near: Annotated[str | None, Query(max_length=100, description="LAT,LON,KM: within KM kilometres of the "
+                                      "point (pictures with a GPS position)")] = None,
+) -> FilterParams:
+    for name, values in (("folder", folder), ("where", where)):
+        if len(values) > FILTER_VALUES_MAX:
+            raise BadRequest(f"{name}: at most {FILTER_VALUES_MAX} values", field=name)
+        if any(len(v) > 4096 for v in values):
+            raise BadRequest(f"{name}: a value is over 4096 characters", field=name)
+    return FilterParams(after=after or None, before=before or None, folders=tuple(f for f in folder if f),
+                        where=tuple(w for w in where if w), near=near or None)
+
+
 def document_id(doc_id: Annotated[str, Path(description="The document id: SHA-256 of the image file, 64 hex digits")]) -> str:
     doc_id = doc_id.strip().lower()
     if not DOC_ID.match(doc_id):
@@ -70,6 +95,7 @@ def mounted_at(request: Request) -> str:
 
 Service = Annotated[SearchService, Depends(service)]
 Options = Annotated[SearchOptions, Depends(search_options)]
+Narrowed = Annotated[FilterParams, Depends(filter_params)]
 DocId = Annotated[str, Depends(document_id)]
 
 
@@ -79,7 +105,9 @@ async def search_text(
     svc: Service,
     options: Options,
     q: Annotated[str, Query(max_length=QUERY_MAX_CHARS, description="What to look for, in words")],
+    narrowed: Narrowed,
 ) -> schemas.SearchResponse | Response:
+    options.filters = await svc.run(svc.narrowing, narrowed)
     searched = await svc.run(svc.search_text, q, options)
     answer = schemas.search_response(searched, schemas.QueryInfo(kind="text", text=q), options.k, mounted_at(request))
     return _proven(request, answer) or answer
@@ -114,7 +142,9 @@ async def search_image(
     svc: Service,
     options: Options,
     image: Annotated[UploadFile, File(description="A JPEG, PNG, WebP, GIF, BMP or TIFF picture")],
+    narrowed: Narrowed,
 ) -> schemas.SearchResponse:
+    options.filters = await svc.run(svc.narrowing, narrowed)  # a bad filter is refused before the upload is read
     data = await image.read(UPLOAD_MAX_BYTES + 1)
     if len(data) > UPLOAD_MAX_BYTES:
         raise BadRequest(f"the picture is over {UPLOAD_MAX_BYTES // 2**20} MiB; send a smaller one", 413, "image")
@@ -131,11 +161,41 @@ async def search_image(
 
 @router.get("/documents/{doc_id}/similar", response_model=schemas.SearchResponse, summary="More like this",
             responses={404: ERRORS[404]})
-async def similar(request: Request, svc: Service, options: Options, doc_id: DocId) -> schemas.SearchResponse:
+async def similar(request: Request, svc: Service, options: Options, doc_id: DocId,
+                  narrowed: Narrowed) -> schemas.SearchResponse:
     """Search with a stored document's own sparse and dense vectors; the document itself is left out."""
+    options.filters = await svc.run(svc.narrowing, narrowed)
     doc, searched = await svc.run(svc.similar, doc_id, options)
     info = schemas.QueryInfo(kind="document", id=doc.id, filename=os.path.basename(doc.path) or None)
     return schemas.search_response(searched, info, options.k, mounted_at(request))
+
+
+@router.get("/library", response_model=schemas.SearchResponse, summary="The pictures, most recently taken first")
+async def library(
+    request: Request,
+    svc: Service,
+    narrowed: Narrowed,
+    k: Annotated[int, Query(ge=1, le=K_MAX, description="Number of pictures")] = 50,
+    offset: Annotated[int, Query(ge=0, le=OFFSET_MAX, description="Pictures skipped (the next page)")] = 0,
+) -> schemas.SearchResponse:
+    """No query: the pictures passing the filters by the date they were taken, newest first
+    (those without a date last). The answer has the shape of a search's, with
+    ``query.kind = "library"``, ``mode = "library"`` and score 0."""
+    searched = await svc.run(svc.library, k, offset, await svc.run(svc.narrowing, narrowed))
+    return schemas.search_response(searched, schemas.QueryInfo(kind="library"), k, mounted_at(request),
+                                   await svc.run(svc.taken, searched.result.hits), offset)
+
+
+@router.get("/facets", response_model=schemas.Facets, summary="Counts by folder, camera and field")
+async def facets(
+    svc: Service,
+    narrowed: Narrowed,
+    size: Annotated[int, Query(ge=1, le=FACET_SIZE_MAX, description="Values listed per field, commonest first")] = 20,
+) -> schemas.Facets:
+    """How many pictures passing the filters are in each folder, by each camera and for each
+    value of the keyword and boolean fields, with every field's type."""
+    applied = await svc.run(svc.narrowing, narrowed)
+    return schemas.facets(await svc.run(svc.facets, applied, size), applied)
 
 
 @router.get("/documents/{doc_id}", response_model=schemas.DocumentDetail, summary="A document and its words",
@@ -174,7 +234,7 @@ async def status(svc: Service) -> schemas.Status:
         bundle=schemas.BundleInfo(**{k: bundle[k] for k in schemas.BundleInfo.model_fields if k in bundle}),
         created_at=stats.get("created_at"), last_ingest_at=stats.get("last_ingest_at"),
         disk_bytes=stats.get("disk_bytes"), modes=["sparse", "two-phase", "dense", "hybrid"],
-        k_max=K_MAX, upload_max_bytes=UPLOAD_MAX_BYTES,
+        k_max=K_MAX, upload_max_bytes=UPLOAD_MAX_BYTES, filters=svc.can_filter,
     )
 
 

@@ -19,7 +19,7 @@ from ..errors import (
     IndexStoreError,
     QueryError,
 )
-from .service import DocumentNotFound
+from .service import DocumentNotFound, FilterRefused
 from .thumbnails import PictureUnavailable
 
 log = logging.getLogger("d2s_search.serve")
@@ -66,6 +66,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(BadRequest)
     async def bad_request(_: Request, exc: BadRequest) -> JSONResponse:
         return problem(exc.status, str(exc), exc.field)
+
+    @app.exception_handler(FilterRefused)
+    async def filter_refused(_: Request, exc: FilterRefused) -> JSONResponse:
+        return problem(400, str(exc), exc.field)
 
     @app.exception_handler(QueryError)
     async def query_error(_: Request, exc: QueryError) -> JSONResponse:

@@ -9,10 +9,14 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from ..backends.base import Document, Hit
+from ..filters import SearchFilter
+from ..metadata import iso_time
 from .service import Searched
 
 Mode = Literal["sparse", "two-phase", "dense", "hybrid"]
+AnswerMode = Literal["sparse", "two-phase", "dense", "hybrid", "library"]  # library: no query, newest first
 Fusion = Literal["minmax", "rrf"]
+FieldType = Literal["keyword", "number", "date", "boolean"]
 
 
 class Problem(BaseModel):
@@ -46,12 +50,15 @@ class Result(BaseModel):
     url: str | None = None
     matched: list[Match] = Field(description="The words that contributed most, largest first.")
     parts: dict[str, float] | None = Field(None, description="Per-run scores of a fused (hybrid) hit.")
+    taken: str | None = Field(None, description="The library: when the picture was taken (EXIF, else the file's "
+                              "time), ISO 8601 UTC; null when unknown, and in searches.")
     thumbnail: str
     preview: str
 
 
 class QueryInfo(BaseModel):
-    kind: Literal["text", "image", "document"]
+    kind: Literal["text", "image", "document", "library"] = Field(
+        description="library: no query, the pictures most recently taken first.")
     text: str | None = None
     filename: str | None = None
     id: str | None = Field(None, description="The document a 'more like this' query started from.")
@@ -68,9 +75,36 @@ class QueryEdits(BaseModel):
     weighted: list[WeightedTerm] = Field(description="word^N: these words' weights multiplied by N.")
 
 
+class Condition(BaseModel):
+    field: str
+    op: Literal["=", "!=", ">=", "<=", ">", "<"]
+    value: bool | float | str = Field(description="Typed by the field; a date as seconds since 1970, UTC (as "
+                                      "`query --json` says it).")
+
+
+class Position(BaseModel):
+    lat: float
+    lon: float
+
+
+class Place(Position):
+    km: float
+
+
+class Filters(BaseModel):
+    """The filter applied, as the server read it (dates in UTC, folders as the index stores paths)."""
+
+    after: str | None = Field(None, description="Taken at or after (ISO 8601 UTC).")
+    before: str | None = Field(None, description="Taken before (ISO 8601 UTC).")
+    folders: list[str] = Field(default_factory=list, description="Any path under one of these.")
+    where: list[Condition] = Field(default_factory=list, description="All hold; several = of one field: any of them.")
+    near: Place | None = None
+    description: str = Field(description="The filter in a line, e.g. 'taken 2019-06-01 to 2019-07-01, camera = X'.")
+
+
 class SearchResponse(BaseModel):
     query: QueryInfo
-    mode: Mode
+    mode: AnswerMode
     k: int
     encode_ms: float = Field(description="Time to encode the query (0 for 'more like this').")
     search_ms: float = Field(description="Time in the backend, fusion included.")
@@ -81,7 +115,22 @@ class SearchResponse(BaseModel):
     notice: str | None = Field(None, description="A sentence for the user when the query is weak or has a word "
                                 "the model does not know.")
     query_edits: QueryEdits | None = Field(None, description="What -word, +word and word^N in the text asked for.")
+    filters: Filters | None = Field(None, description="The filter the results passed (null: none).")
+    offset: int | None = Field(None, description="The library: how many pictures came before these.")
     results: list[Result]
+
+
+class FacetValue(BaseModel):
+    value: str
+    count: int
+
+
+class Facets(BaseModel):
+    fields: dict[str, list[FacetValue]] = Field(description="Pictures passing the filter by folder (a picture's own "
+                                                "folder), camera and each keyword or boolean field, most first.")
+    types: dict[str, FieldType] = Field(description="Every field a where= filter may name, with its type.")
+    located: bool = Field(description="Whether any picture of the index has a GPS position (near= can find it).")
+    filters: Filters | None = Field(None, description="The filter counted under (null: none).")
 
 
 class DocumentDetail(BaseModel):
@@ -95,6 +144,11 @@ class DocumentDetail(BaseModel):
     ingested_at: str | None
     term_count: int
     terms: list[Term] = Field(description="The document's whole sparse vector, strongest first.")
+    taken: str | None = Field(None, description="When the picture was taken (EXIF, else the file's time), ISO 8601 UTC.")
+    camera: str | None = None
+    location: Position | None = Field(None, description="Where it was taken (EXIF GPS).")
+    fields: dict[str, bool | float | str] = Field(default_factory=dict, description="The user's own fields "
+                                                  "(ingest --metadata); dates as seconds since 1970, UTC.")
     thumbnail: str
     preview: str
 
@@ -121,6 +175,8 @@ class Status(BaseModel):
     modes: list[str]
     k_max: int
     upload_max_bytes: int
+    filters: bool = Field(description="Whether the index keeps dates, cameras, places and fields: filters, "
+                          "/api/library and /api/facets.")
 
 
 # --- builders ----------------------------------------------------------------------------
@@ -131,33 +187,54 @@ def picture_urls(doc_id: str, root: str = "") -> dict[str, str]:
     return {"thumbnail": f"{root}/api/documents/{doc_id}/thumbnail", "preview": f"{root}/api/documents/{doc_id}/preview"}
 
 
-def result(rank: int, hit: Hit, root: str = "") -> Result:
+def result(rank: int, hit: Hit, root: str = "", taken: float | None = None) -> Result:
     return Result(
         rank=rank, id=hit.id, score=hit.score, path=hit.path, name=os.path.basename(hit.path) or hit.id[:12],
         url=hit.url, matched=[Match(term=t, contribution=c) for t, c in hit.matched], parts=hit.parts or None,
-        **picture_urls(hit.id, root),
+        taken=iso_time(taken) if taken is not None else None, **picture_urls(hit.id, root),
     )
 
 
-def search_response(searched: Searched, query: QueryInfo, k: int, root: str = "") -> SearchResponse:
+def search_response(searched: Searched, query: QueryInfo, k: int, root: str = "",
+                    taken: dict[str, float] | None = None, offset: int | None = None) -> SearchResponse:
+    """``taken``: id -> when the picture was taken, for the hits that have a date."""
     res = searched.result
+    taken = taken or {}
     return SearchResponse(
         query=query, mode=res.mode, k=k, encode_ms=round(searched.encode_ms, 3), search_ms=round(res.took_ms, 3), fusion=res.fusion,
         query_terms=[QueryTerm(term=t, weight=w, own=t in searched.own_terms) for t, w in res.query_terms],
         weak_query=res.weak_query, unrecognised_words=res.unrecognised_words, notice=res.notice,
         query_edits=QueryEdits(**res.edits.to_json()) if getattr(res, "edits", None) else None,
-        results=[result(i, hit, root) for i, hit in enumerate(res.hits, start=1)],
+        filters=filters(res.filters), offset=offset,
+        results=[result(i, hit, root, taken.get(hit.id)) for i, hit in enumerate(res.hits, start=1 + (offset or 0))],
     )
+
+
+def filters(applied: SearchFilter | None) -> Filters | None:
+    if not applied:
+        return None
+    return Filters(**applied.to_json(), description=applied.describe())
+
+
+def facets(counted: dict, applied: SearchFilter | None) -> Facets:
+    return Facets(fields={name: [FacetValue(value=v, count=c) for v, c in values]
+                          for name, values in counted["fields"].items()},
+                  types=counted["types"], located=counted["located"], filters=filters(applied))
 
 
 def document_detail(doc: Document, root: str = "") -> DocumentDetail:
     terms = sorted(doc.sparse.items(), key=lambda kv: (-kv[1], kv[0]))
+    meta = doc.metadata
     return DocumentDetail(
         id=doc.id, path=doc.path, name=os.path.basename(doc.path) or doc.id[:12], url=doc.url, width=doc.width,
         height=doc.height, size_bytes=doc.size_bytes, ingested_at=_iso(doc.ingested_at), term_count=len(terms),
-        terms=[Term(term=t, weight=w) for t, w in terms], **picture_urls(doc.id, root),
+        terms=[Term(term=t, weight=w) for t, w in terms],
+        taken=iso_time(meta.taken_at) if meta.taken_at is not None else None, camera=meta.camera,
+        location=Position(lat=meta.location[0], lon=meta.location[1]) if meta.location else None,
+        fields=dict(meta.fields), **picture_urls(doc.id, root),
     )
 
 
 def _iso(epoch: float) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)) if epoch else None
+

@@ -47,6 +47,44 @@ def make_index(root: Path, bundle_path: Path, images: list[Path] | Path, top_k: 
     return root
 
 
+PARIS, NYC = (48.8566, 2.3522), (40.7128, -74.006)
+# (path under the photos folder, seed, EXIF date, place, make, model) of make_library's photos
+LIBRARY = [
+    ("trips/paris/p1.jpg", 11, "2019:06:02 09:00:00", PARIS, "Canon", "Canon EOS 5D"),
+    ("trips/paris/p2.jpg", 12, "2019:06:20 18:00:00", (48.8606, 2.3376), "Canon", "Canon EOS 5D"),
+    ("trips/paris/p3.jpg", 13, "2019:07:01 08:00:00", (48.85, 2.29), "Google", "Pixel 7"),
+    ("trips/nyc/n1.jpg", 14, "2021:03:03 12:00:00", NYC, "Google", "Pixel 7"),
+    ("trips/nyc/n2.jpg", 15, "2021:03:04 12:00:00", (40.73, -73.99), "Google", "Pixel 7"),
+    ("home/h1.jpg", 16, "2022:12:24 19:30:00", None, "FUJIFILM", "X-T3"),
+    ("home/h2.jpg", 17, "2023:01:01 00:10:00", None, None, None),
+]
+LIBRARY_SIDECAR = ("path,rating,who,favourite\nphotos/trips/paris/p1.jpg,5,ann,true\n"
+                   "photos/trips/paris/p2.jpg,3,<b>bob</b>,false\nn1.jpg,4,ann,true\nh1.jpg,2,cat,false\n")
+
+
+def make_library(root: Path, bundle_path: Path) -> Path:
+    """An index of eight photos with metadata: three taken in Paris in June and July 2019 (two
+    with a Canon), two in New York in 2021 (a Pixel), two at home (one with a Fujifilm, one
+    without a camera, neither placed) and a PNG without EXIF dated by its file (2010); a sidecar
+    gives four of them a rating (number), a person (keyword; one is markup, which the page must
+    show as text) and a favourite flag (boolean). Returns the index folder."""
+    import d2s_search
+    from d2s_search.metadata import parse_time
+    from tests.helpers import exif_jpeg, pattern_image
+
+    photos = root / "photos"
+    for name, seed, taken, place, make, model in LIBRARY:
+        exif_jpeg(photos / name, seed, taken, place, make, model)
+    plain = photos / "home" / "scan.png"
+    pattern_image(18).save(plain, "PNG")
+    os.utime(plain, (parse_time("2010-01-01"), parse_time("2010-01-01")))
+    (root / "fields.csv").write_text(LIBRARY_SIDECAR)
+    with d2s_search.Index.open(root / "index", bundle=bundle_path, create=True) as index:
+        report = index.ingest(photos, metadata=root / "fields.csv")
+    assert report.exit_code == 0 and report.stored == 8, report.to_json()
+    return root / "index"
+
+
 def make_app(bundle_path: Path, index: Path, thumbnails: Path, **options):
     from d2s_search.backends.local import LocalBackend
     from d2s_search.bundle import Bundle

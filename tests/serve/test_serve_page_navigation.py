@@ -1,5 +1,5 @@
 """Moving around the search page in a real browser (Chromium, headless): Back and Forward step
-through searches, "/" goes to the search box, ← and → step through results in the picture view,
+through searches (back to the library the page opened on), "/" goes to the search box, ← and → step through results in the picture view,
 which links the full picture; on a phone the query's words keep to one row; file names wrap
 between words; a word the model does not know is said beside the results.
 
@@ -103,11 +103,12 @@ def test_back_and_forward_step_through_searches(page, live_server, image_folder)
     assert page.input_value("#q") == "a red car"
     back_or_forward(page.go_forward)
     assert "the picture" in page.inner_text("#summary") and shown(page) == by_picture
-    # Back to the start page: no results, the welcome text again
+    # Back to where the page opened: the library again (newest first), the search box empty
     for _ in range(4):
         page.go_back()
-    page.wait_for_function("!document.querySelector('#hello').hidden")
-    assert page.locator(".card").count() == 0 and page.input_value("#q") == ""
+    page.wait_for_function("document.querySelector('#grid').dataset.mode === 'library'")
+    assert page.input_value("#q") == "" and page.is_hidden("#hello")
+    assert shown(page) == [r["id"] for r in api(live_server, "/api/library", k=20)["results"]]
     shot(page, "10-back-to-start")
 
 

@@ -6,6 +6,10 @@ const $ = (sel) => document.querySelector(sel);
 const BARS_SHOWN = 40; // words in the detail bar chart before "show more"
 const BARS_MAX = 500; // a cap for untrained heads that give thousands of words
 const QUERY_TERMS_SHOWN = 24;
+const FACET_SIZE = 12; // values listed per facet
+const DAY_MS = 86400000;
+const PLAIN_DAY = /^\d{4}-\d{2}-\d{2}$/;
+const CONDITION = /^\s*([A-Za-z][A-Za-z0-9_]*)\s*(!=|>=|<=|=|>|<)(.*)$/s;
 
 // Everything goes through el(): text is always set as text, never parsed as HTML.
 function el(tag, attrs = {}, ...children) {
@@ -29,7 +33,13 @@ const bytes = (n) => (n == null ? "—" : n > 1e9 ? `${(n / 1e9).toFixed(2)} GB`
 
 // --- state ----------------------------------------------------------------------------
 
-const state = { controller: null, last: null, picture: null, pictures: [], queryTerms: [], searches: 0 };
+const state = {
+  controller: null, last: null, picture: null, pictures: [], queryTerms: [], searches: 0,
+  actions: 0, // user actions that show something: a pending start view gives way to them
+  status: null, // the promise of the first /api/status answer (null when it failed)
+  canFilter: false, // the index keeps dates, cameras, places and fields
+  filters: noFilters(), facetsKey: null, facetsController: null, facetLoads: 0,
+};
 window.d2s = { timings: [] }; // read by the browser tests and the benchmark
 
 function options() {
@@ -41,7 +51,7 @@ function options() {
     params.set("fusion", $("#fusion").value);
     params.set("alpha", $("#alpha").value);
   }
-  return params;
+  return filterParams(params);
 }
 
 function setOptions(params) {
@@ -87,6 +97,7 @@ async function run(kind, url, init = {}, label = "") {
   grid.dataset.images = "pending";
   grid.setAttribute("aria-busy", "true");
   showMessage("");
+  let superseded = false;
   try {
     const data = await api(url, { ...init, signal: controller.signal });
     const answered = performance.now();
@@ -98,7 +109,10 @@ async function run(kind, url, init = {}, label = "") {
     window.d2s.timings.push(timing);
     imagesLoaded(grid).then(() => { timing.images_ms = performance.now() - started; grid.dataset.images = "loaded"; });
   } catch (err) {
-    if (err.name === "AbortError") return;
+    if (err.name === "AbortError") {
+      superseded = true; // a newer search took its place: that one is counted when it ends
+      return;
+    }
     grid.dataset.state = "error";
     showMessage(err.message, "error");
   } finally {
@@ -106,8 +120,10 @@ async function run(kind, url, init = {}, label = "") {
       state.controller = null;
       grid.removeAttribute("aria-busy");
     }
-    state.searches += 1;
-    document.body.dataset.searches = String(state.searches);
+    if (!superseded) {
+      state.searches += 1;
+      document.body.dataset.searches = String(state.searches);
+    }
   }
 }
 
@@ -128,6 +144,7 @@ function go(url, push, entry = null) {
 
 function searchText(event, push = true) {
   if (event) event.preventDefault();
+  state.actions += 1;
   const q = $("#q").value.trim();
   if (!q) {
     $("#grid").dataset.state = "empty";
@@ -138,7 +155,7 @@ function searchText(event, push = true) {
   const params = options();
   params.set("q", q);
   go(`./?${params}`, push);
-  run("text", `api/search?${params}`, {}, `“${q}”`);
+  return run("text", `api/search?${params}`, {}, `“${q}”`);
 }
 
 function searchPicture(file, push = true) {
@@ -147,6 +164,7 @@ function searchPicture(file, push = true) {
     showMessage(`${file.name} is not a picture: drop a JPEG, PNG, WebP or GIF file.`, "error");
     return;
   }
+  state.actions += 1;
   const body = new FormData();
   body.append("image", file, file.name || "picture");
   state.picture = file; // kept so a mode switch can search by it again
@@ -156,15 +174,229 @@ function searchPicture(file, push = true) {
   if (n < 0) n = state.pictures.push(file) - 1;
   go(`./?${options()}`, push, { picture: n });
 
-  run("image", `api/search/image?${options()}`, { method: "POST", body }, `the picture ${file.name || ""}`);
+  return run("image", `api/search/image?${options()}`, { method: "POST", body }, `the picture ${file.name || ""}`);
 }
 
 function searchSimilar(id, name, push = true) {
+  state.actions += 1;
   const params = options();
   $("#q").value = "";
   go(`./?like=${encodeURIComponent(id)}&${params}`, push);
-  run("similar", `api/documents/${encodeURIComponent(id)}/similar?${params}`, {}, `more like ${name}`);
+  return run("similar", `api/documents/${encodeURIComponent(id)}/similar?${params}`, {}, `more like ${name}`);
 }
+
+// The library: no query, the pictures that pass the filters, the most recently taken first.
+function showLibrary(push = true) {
+  state.actions += 1;
+  state.picture = null;
+  $("#q").value = "";
+  go(`./?${options()}`, push);
+  const query = filterParams();
+  query.set("k", $("#k").value.trim());
+  return run("library", `api/library?${query}`, {}, "the library");
+}
+
+async function moreOfTheLibrary() {
+  const last = state.last;
+  if (!last || last.query.kind !== "library") return;
+  const query = filterParams();
+  query.set("k", String(last.k));
+  query.set("offset", String((last.offset || 0) + last.results.length));
+  const button = $("#more");
+  button.disabled = true;
+  try {
+    const data = await api(`api/library?${query}`);
+    if (state.last !== last) return; // another search replaced the grid meanwhile
+    last.results.push(...data.results);
+    $("#grid").append(...data.results.map((r) => card(r, 1, true)));
+    button.hidden = data.results.length < last.k;
+    $("#summary .count").textContent = pictures(last.results.length);
+  } catch (err) {
+    showMessage(err.message, "error");
+  } finally {
+    button.disabled = false;
+  }
+}
+
+// --- filters ------------------------------------------------------------------------------
+// after / before are dates as the API takes them (before is exclusive); the "to" box shows the
+// last day included, so "from 2019-06-01 to 2019-06-30" is June.
+
+function noFilters() {
+  return { after: null, before: null, folders: [], where: [], near: null };
+}
+
+function readFilters(params) {
+  return {
+    after: params.get("after") || null, before: params.get("before") || null,
+    folders: params.getAll("folder").filter(Boolean), where: params.getAll("where").filter(Boolean),
+    near: params.get("near") || null,
+  };
+}
+
+// ``leaveOut``: a field whose own choices are left out ("folder", or a field's = conditions).
+function filterParams(params = new URLSearchParams(), leaveOut = null) {
+  const f = state.filters;
+  if (f.after) params.set("after", f.after);
+  if (f.before) params.set("before", f.before);
+  if (leaveOut !== "folder") for (const folder of f.folders) params.append("folder", folder);
+  for (const condition of f.where) if (!leaveOut || chosenField(condition) !== leaveOut) params.append("where", condition);
+  if (f.near) params.set("near", f.near);
+  return params;
+}
+
+// The field a facet choice (field=value) is about, else null.
+function chosenField(condition) {
+  const m = condition.match(CONDITION);
+  return m && m[2] === "=" ? m[1] : null;
+}
+
+const shiftDay = (day, by) => new Date(Date.parse(`${day}T00:00:00Z`) + by * DAY_MS).toISOString().slice(0, 10);
+
+function syncFilterInputs() {
+  const f = state.filters;
+  $("#f-from").value = f.after && PLAIN_DAY.test(f.after) ? f.after : "";
+  $("#f-to").value = f.before && PLAIN_DAY.test(f.before) ? shiftDay(f.before, -1) : "";
+  $("#f-near").value = f.near || "";
+  if (f.near) $("#f-place").hidden = false;
+}
+
+// Every change of a filter re-runs what is on screen (a search, or the library) as a new step
+// in the history, and counts the facets again.
+function applyFilters() {
+  renderActiveFilters();
+  loadFacets();
+  rerun(true);
+}
+
+function conditionText(condition) {
+  const m = condition.match(CONDITION);
+  return m ? `${m[1]} ${m[2]} ${m[3].trim()}` : condition;
+}
+
+function takenText(f) {
+  const shown = (time) => time.replace("T", " ");
+  const last = f.before && PLAIN_DAY.test(f.before) ? shiftDay(f.before, -1) : null; // the last day included
+  const upper = f.before ? (last ? `to ${last}` : `before ${shown(f.before)}`) : "";
+  if (f.after) return `taken from ${shown(f.after)}${upper ? ` ${upper}` : ""}`;
+  return last ? `taken up to ${last}` : `taken ${upper}`;
+}
+
+// The active filters as (text, kind, how to remove it): the chips, and the summary's "only ...".
+function activeFilters() {
+  const f = state.filters;
+  const out = [];
+  if (f.after || f.before) out.push([takenText(f), "taken", () => { f.after = f.before = null; }]);
+  for (const folder of f.folders) out.push([`in ${folder}`, "folder", () => { f.folders = f.folders.filter((x) => x !== folder); }]);
+  for (const condition of f.where) {
+    out.push([conditionText(condition), "where", () => { f.where = f.where.filter((x) => x !== condition); }]);
+  }
+  if (f.near) {
+    const [lat, lon, km] = f.near.split(",").map((x) => x.trim());
+    out.push([km !== undefined ? `within ${km} km of ${lat},${lon}` : `near ${f.near}`, "near", () => { f.near = null; }]);
+  }
+  return out;
+}
+
+function renderActiveFilters() {
+  const chips = activeFilters().map(([text, kind, remove]) => filterChip(text, kind, remove));
+  if (chips.length > 1) {
+    chips.push(el("button", { type: "button", class: "button quiet clear-filters",
+      onclick: () => { state.filters = noFilters(); applyFilters(); } }, "clear all"));
+  }
+  $("#active-filters").replaceChildren(...chips);
+  syncFilterInputs();
+}
+
+// An active filter, like a query word: its text and a button that removes it.
+function filterChip(text, kind, remove) {
+  return el("span", { class: "qword filter", dataset: { kind } },
+    el("span", { class: "chip q" }, text),
+    el("button", { type: "button", class: "act", "aria-label": `remove the filter ${text}`, title: `remove: ${text}`,
+      onclick: () => { remove(); applyFilters(); } }, "×"));
+}
+
+function facetActive(field, value) {
+  return field === "folder" ? state.filters.folders.includes(value) : state.filters.where.includes(`${field}=${value}`);
+}
+
+function toggleFacet(field, value) {
+  const f = state.filters;
+  if (field === "folder") {
+    f.folders = facetActive(field, value) ? f.folders.filter((x) => x !== value) : [...f.folders, value];
+  } else {
+    const condition = `${field}=${value}`;
+    f.where = facetActive(field, value) ? f.where.filter((x) => x !== condition) : [...f.where, condition];
+  }
+  applyFilters();
+}
+
+// Counts of the pictures that pass the filters, by folder, camera and each field of the user's.
+// A field with values chosen is counted without its own choices, as the alternatives they are
+// (camera=A and camera=B: either), so its other values stay there to add.
+async function loadFacets() {
+  const status = await state.status;
+  if (!status || !status.filters) return;
+  const query = filterParams();
+  query.set("size", String(FACET_SIZE));
+  const key = query.toString();
+  if (key === state.facetsKey) return;
+  state.facetsKey = key;
+  if (state.facetsController) state.facetsController.abort();
+  const controller = (state.facetsController = new AbortController());
+  const chosen = new Set([...(state.filters.folders.length ? ["folder"] : []),
+                          ...state.filters.where.map(chosenField).filter(Boolean)]);
+  const counted = (params) => {
+    params.set("size", String(FACET_SIZE));
+    return api(`api/facets?${params}`, { signal: controller.signal });
+  };
+  try {
+    const [data, ...alone] = await Promise.all([counted(filterParams()),
+      ...[...chosen].map((field) => counted(filterParams(new URLSearchParams(), field)))]);
+    [...chosen].forEach((field, i) => { if (field in alone[i].fields) data.fields[field] = alone[i].fields[field]; });
+    renderFacets(data);
+  } catch (err) {
+    if (err.name === "AbortError") return;
+    state.facetsKey = null;
+    $("#facets").replaceChildren(); // a bad filter: the search beside says what is wrong
+  }
+  state.facetsController = null;
+  state.facetLoads += 1;
+  document.body.dataset.facets = String(state.facetLoads);
+}
+
+function renderFacets(data) {
+  $("#f-place").hidden = !(data.located || state.filters.near);
+  const fields = Object.keys(data.fields).filter((n) => n !== "folder" && n !== "camera").sort();
+  const names = ["folder", "camera", ...fields].filter((n) => (data.fields[n] || []).length);
+  $("#facets").replaceChildren(...names.map((name) => facetGroup(name, data.fields[name])));
+}
+
+function facetGroup(name, values) {
+  const id = `facet-${name}`;
+  const labels = name === "folder" ? folderLabels(values.map((v) => v.value)) : values.map((v) => v.value);
+  return el("div", { class: "facet", role: "group", "aria-labelledby": id, dataset: { field: name } },
+    el("span", { class: "facet-name", id }, name),
+    ...values.map((v, i) => el("button", {
+      type: "button", class: "facet-value", "aria-pressed": String(facetActive(name, v.value)), dataset: { value: v.value },
+      title: `${name === "folder" ? v.value : `${name} = ${v.value}`}: ${pictures(v.count)}`,
+      onclick: () => toggleFacet(name, v.value),
+    }, labels[i], " ", el("span", { class: "count" }, String(v.count)))));
+}
+
+// Folders by what tells them apart: the part after the folder they all share.
+function folderLabels(paths) {
+  const split = paths.map((p) => p.split("/"));
+  let common = 0;
+  if (paths.length > 1) {
+    while (split.every((s) => common < s.length - 1 && s[common] === split[0][common])) common += 1;
+  } else {
+    common = Math.max(0, split[0].length - 1);
+  }
+  return split.map((s, i) => s.slice(common).join("/") || paths[i]);
+}
+
+const pictures = (n) => `${n} picture${n === 1 ? "" : "s"}`;
 
 // --- rendering results --------------------------------------------------------------------
 
@@ -187,27 +419,33 @@ function render(data, label) {
   state.last = data;
   state.queryTerms = data.query_terms;
   const grid = $("#grid");
+  const library = data.query.kind === "library";
   const took = data.encode_ms ? `${fmt(data.encode_ms, 1)} ms encoding + ${fmt(data.search_ms, 1)} ms search`
-                              : `${fmt(data.search_ms, 1)} ms search`;
-  $("#summary").replaceChildren(
-    el("span", { class: "count" }, `${data.results.length} result${data.results.length === 1 ? "" : "s"}`),
-    ` for ${label} · `, el("span", { class: "mode-label" }, data.mode), ` · ${took}`,
-  );
+                              : `${fmt(data.search_ms, 1)} ms ${library ? "listing" : "search"}`;
+  $("#summary").replaceChildren(...[
+    el("span", { class: "count" }, library ? pictures(data.results.length)
+                                           : `${data.results.length} result${data.results.length === 1 ? "" : "s"}`),
+    library ? " · the library, newest first · " : ` for ${label} · `,
+    library ? null : el("span", { class: "mode-label" }, data.mode), library ? null : " · ",
+    data.filters ? el("span", { class: "only" }, `only ${activeFilters().map(([text]) => text).join(", ")} · `) : null, took,
+  ].filter((part) => part !== null));
   renderQueryTerms(data.query_terms, data.query.kind, data.query_edits);
   renderNotice(data.notice);
+  $("#more").hidden = !(library && data.results.length === data.k);
+  grid.dataset.mode = data.mode;
   if (!data.results.length) {
     grid.replaceChildren();
     grid.dataset.state = "done";
-    showMessage(data.mode === "two-phase"
-      ? "No picture has any of the query's own words. Try sparse or dense mode."
+    showMessage(library ? (data.filters ? "No picture passes these filters: remove one." : "The index has no pictures yet.")
+      : data.filters ? "No picture matched within these filters. Remove a filter, or try other words."
+      : data.mode === "two-phase" ? "No picture has any of the query's own words. Try sparse or dense mode."
       : "No picture matched. Try other words, or dense mode.", "info");
     return;
   }
   // Chip sizes share one scale over the page, so a big word means a big contribution anywhere.
   const top = Math.max(1e-9, ...data.results.flatMap((r) => r.matched.map((m) => m.contribution)));
-  grid.replaceChildren(...data.results.map((r) => card(r, top)));
+  grid.replaceChildren(...data.results.map((r) => card(r, top, library)));
   grid.dataset.state = "done";
-  grid.dataset.mode = data.mode;
 }
 
 // A query the model does not understand (no word it knows) still gets pictures: say that
@@ -313,14 +551,18 @@ function breakable(text) {
   return String(text).split(/(?<=[/\\_\-. ])/).flatMap((part, i) => (i ? [el("wbr"), part] : [part]));
 }
 
-function card(r, top) {
+// In the library a card shows the day its picture was taken where a search shows the score.
+function card(r, top, library = false) {
   const open = () => openDetail(r.id);
   return el("article", { class: "card", dataset: { id: r.id, rank: r.rank } },
     el("button", { class: "thumb", type: "button", onclick: open, title: `Open ${r.name}` },
       el("img", { src: r.thumbnail, alt: r.name, loading: "lazy", onerror: (e) => e.target.classList.add("broken") })),
     el("div", { class: "meta" },
       el("span", { class: "rank" }, `#${r.rank}`),
-      el("span", { class: "score", title: partsTitle(r) }, fmt(r.score)),
+      library
+        ? el("time", { class: "taken", datetime: r.taken || undefined, title: r.taken ? `taken ${when(r.taken)}` : "no date" },
+          r.taken ? r.taken.slice(0, 10) : "undated")
+        : el("span", { class: "score", title: partsTitle(r) }, fmt(r.score)),
       el("span", { class: "name", title: r.path }, r.name)),
     el("div", { class: "chips" }, r.matched.map((m) => chip(m, top))),
   );
@@ -333,6 +575,8 @@ function chip(m, top) {
     style: { "--w": w.toFixed(3), "font-size": `${(0.72 + 0.36 * w).toFixed(3)}rem` },
   }, m.term);
 }
+
+const when = (iso) => iso.replace("T", " ").replace(/(\.\d+)?Z$/, " UTC");
 
 function partsTitle(r) {
   if (!r.parts) return "score";
@@ -360,8 +604,11 @@ async function openDetail(id) {
   $("#d-prev").disabled = at <= 0;
   $("#d-next").disabled = at < 0 || at >= results.length - 1;
   $("#d-position").textContent = at < 0 ? "" : `${at + 1} of ${results.length}`;
-  $("#d-caption").textContent = `${doc.width} × ${doc.height} px · ${bytes(doc.size_bytes)}` +
-    (doc.ingested_at ? ` · indexed ${doc.ingested_at.replace("T", " ").replace("Z", " UTC")}` : "");
+  $("#d-caption").textContent = [
+    doc.taken ? `taken ${when(doc.taken)}` : null, doc.camera, `${doc.width} × ${doc.height} px`, bytes(doc.size_bytes),
+    doc.ingested_at ? `indexed ${when(doc.ingested_at)}` : null,
+    ...Object.entries(doc.fields || {}).map(([name, value]) => `${name}: ${value}`),
+  ].filter(Boolean).join(" · ");
   $("#d-more").onclick = () => { dialog.close(); searchSimilar(doc.id, doc.name); };
   dialog.dataset.id = doc.id;
 
@@ -405,6 +652,8 @@ async function loadStatus() {
   $("#footer").textContent = `${s.documents ?? "?"} pictures · ${s.bundle.model} · ${s.backend}` +
     (s.last_ingest_at ? ` · last ingest ${s.last_ingest_at.replace("T", " ").replace("Z", " UTC")}` : "");
   $("#k").max = s.k_max;
+  state.canFilter = Boolean(s.filters);
+  $("#filterbar").hidden = !state.canFilter;
   return s;
 }
 
@@ -453,7 +702,7 @@ function setUpDrop() {
 
 // --- start --------------------------------------------------------------------------------
 
-function start() {
+async function start() {
   const form = $("#search");
   form.addEventListener("submit", searchText);
   // Switching mode re-runs the search on screen, so the difference is visible at once.
@@ -474,25 +723,47 @@ function start() {
   for (const dialog of document.querySelectorAll("dialog")) {
     dialog.addEventListener("click", (e) => { if (e.target === dialog) dialog.close(); }); // click outside closes
   }
+  $("#f-from").addEventListener("change", (e) => { state.filters.after = e.target.value || null; applyFilters(); });
+  $("#f-to").addEventListener("change", (e) => {
+    state.filters.before = e.target.value ? shiftDay(e.target.value, 1) : null;
+    applyFilters();
+  });
+  $("#f-near").addEventListener("change", (e) => { state.filters.near = e.target.value.trim() || null; applyFilters(); });
+  $("#f-library").addEventListener("click", () => showLibrary(true));
+  $("#more").addEventListener("click", moreOfTheLibrary);
+  $("#filters").open = window.matchMedia("(min-width: 641px)").matches; // a phone: the pictures first
   setUpDrop();
-  loadStatus().catch((err) => showMessage(`The index cannot be read: ${err.message}`, "error"));
+  state.status = loadStatus().catch((err) => {
+    showMessage(`The index cannot be read: ${err.message}`, "error");
+    return null;
+  });
 
-  restore(new URLSearchParams(location.search), history.state);
+  // Ready once the first view (the address's search, or the library) is on screen.
+  await restore(new URLSearchParams(location.search), history.state);
   document.body.dataset.ready = "true";
 }
 
-// The search an address (and its history entry) stands for, run again without a new entry.
-function restore(params, entry) {
+// The search an address (and its history entry) stands for, run again without a new entry;
+// an address without a query stands for the library (with its filters).
+async function restore(params, entry) {
   setOptions(params);
+  state.filters = readFilters(params);
+  renderActiveFilters();
+  loadFacets();
   for (const dialog of document.querySelectorAll("dialog[open]")) dialog.close();
   if (params.get("q") !== null) {
     $("#q").value = params.get("q");
-    searchText(null, false);
+    return searchText(null, false);
   } else if (params.get("like")) {
-    searchSimilar(params.get("like"), "this picture", false);
+    return searchSimilar(params.get("like"), "this picture", false);
   } else if (entry && state.pictures[entry.picture]) {
-    searchPicture(state.pictures[entry.picture], false);
-  } else if (state.last || state.searches) {
+    return searchPicture(state.pictures[entry.picture], false);
+  }
+  const actions = state.actions;
+  const status = await state.status;
+  if (state.actions !== actions) return; // the user searched meanwhile
+  if (status && status.filters) return showLibrary(false);
+  if (state.last || state.searches) {
     // Back to the start page
     if (state.controller) state.controller.abort();
     state.last = null;
@@ -529,12 +800,13 @@ function onKey(e) {
   }
 }
 
-function rerun() {
+// What is on screen, again (a new mode or new filters); the library only when the filters changed.
+function rerun(filtersChanged = false) {
   const last = state.last;
   if ($("#q").value.trim()) searchText();
-  else if (!last) return;
-  else if (last.query.kind === "document") searchSimilar(last.query.id, last.query.filename || "this picture");
-  else if (last.query.kind === "image" && state.picture) searchPicture(state.picture);
+  else if (last && last.query.kind === "document") searchSimilar(last.query.id, last.query.filename || "this picture");
+  else if (last && last.query.kind === "image" && state.picture) searchPicture(state.picture);
+  else if (filtersChanged && state.canFilter) showLibrary(true);
 }
 
 document.addEventListener("DOMContentLoaded", start);
