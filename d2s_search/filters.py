@@ -82,7 +82,7 @@ class SearchFilter:
         if self.after is not None or self.before is not None:
             low = iso_time(self.after).removesuffix("T00:00:00Z") if self.after is not None else "..."
             high = iso_time(self.before).removesuffix("T00:00:00Z") if self.before is not None else "..."
-            parts.append(f"taken {low} to {high}" if self.after is not None and self.before is not None
+            parts.append(f"taken from {low}, before {high}" if self.after is not None and self.before is not None
                          else f"taken from {low}" if self.after is not None else f"taken before {high}")
         if self.folders:
             parts.append("in " + " or ".join(self.folders))

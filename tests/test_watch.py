@@ -145,7 +145,7 @@ def test_a_new_photo_is_added_and_found_by_a_search(watched):
 
 
 def test_a_new_photo_gets_its_exif_date_and_its_fields_from_the_metadata_file(tmp_path, tiny_blip_bundle):
-    from tests.test_metadata import exif_jpeg
+    from tests.helpers import exif_jpeg
 
     write_image(tmp_path / "photos" / "old.jpg", seed=330)
     (tmp_path / "fields.csv").write_text("file,trip\nnew.jpg,alps\n")

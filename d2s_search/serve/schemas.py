@@ -99,7 +99,7 @@ class Filters(BaseModel):
     folders: list[str] = Field(default_factory=list, description="Any path under one of these.")
     where: list[Condition] = Field(default_factory=list, description="All hold; several = of one field: any of them.")
     near: Place | None = None
-    description: str = Field(description="The filter in a line, e.g. 'taken 2019-06-01 to 2019-07-01, camera = X'.")
+    description: str = Field(description="The filter in a line, e.g. 'taken from 2019-06-01, before 2019-07-01, camera = X'.")
 
 
 class SearchResponse(BaseModel):
