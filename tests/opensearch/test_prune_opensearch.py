@@ -84,8 +84,10 @@ def test_ingest_follows_a_moved_file_reading_only_paths(osmem_url, tiny_blip_bun
         b.close()
     assert sorted(listed.values()) == sorted([str(moved), str(photos[1]), str(photos[2]),
                                               str(tmp_path / "new" / "fresh.jpg")])
-    # Which ids are stored, then their paths only, and those of the documents the move touches:
-    # never a whole document (its vectors).
+    # Which ids are stored, then their paths only, and those of the documents the move touches,
+    # then the metadata of the known picture (is it still what the file says?): never a whole
+    # document (its vectors).
     sources = [s.path.split("_source=")[1].split("&")[0] for s in mgets]
-    assert sources == ["false", "path", "path"]
-    assert json.loads(mgets[-1].body)["ids"] == [next(i for i, p in listed.items() if p == str(moved))]
+    assert sources == ["false", "path", "path", "path%2Ctaken_at%2Ccamera%2Clocation%2Cfields"]
+    moved_id = next(i for i, p in listed.items() if p == str(moved))
+    assert json.loads(mgets[2].body)["ids"] == json.loads(mgets[3].body)["ids"] == [moved_id]
