@@ -29,7 +29,7 @@ from d2s_search.pathtext import path_to_text
 
 
 @click.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, type=click.Path())
 @bundle_option
 @backend_options
 @device_option
@@ -59,12 +59,19 @@ from d2s_search.pathtext import path_to_text
 @click.option("--watch-delay", type=click.FloatRange(0, 3600), default=1.0, show_default=True, metavar="SECONDS",
               help="With --watch: a changed file is taken once it has been quiet this long (a picture still "
                    "being copied is not read half-written).")
+@click.option("--update-existing", "update_index", metavar="INDEX", default=None,
+              help="Add picture search to your own OpenSearch index INDEX (with --image-field): each document's "
+                   "picture is encoded and its words and vector added as a partial update; no PATHS.")
+@click.option("--image-field", default=None, metavar="FIELD",
+              help="With --update-existing: the field of INDEX that holds each picture's path or http(s) URL.")
+@click.option("--image-root", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="With --update-existing: the folder relative paths in --image-field are under.")
 @json_option
 def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, workers, engine, ray_address,
            cpus_per_worker, gpus_per_worker, top_k, max_pixels, url_base, include_hidden, exclude, metadata, watch,
-           watch_delay,
-           as_json) -> int:
-    """Encode the images under PATHS and store them in the index.
+           watch_delay, update_index, image_field, image_root, as_json) -> int:
+    """Encode the images under PATHS and store them in the index; or, with --update-existing
+    INDEX --image-field FIELD, add picture search to an OpenSearch index of your own.
 
     Exit code 0: everything found is stored; 3: some files were rejected (listed), the rest
     stored; 1: nothing could be stored. A known picture found at a new place (its old file
@@ -74,6 +81,15 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
     With --watch, PATHS are then watched until Ctrl-C or SIGTERM (exit 0): one line per
     applied batch (with --json, one JSON object per line).
     """
+    if update_index is not None or image_field is not None or image_root is not None:
+        if update_index is None or image_field is None:
+            raise click.UsageError("--update-existing INDEX and --image-field FIELD go together")
+        if paths or metadata or watch or engine != "process":
+            raise click.UsageError("--update-existing takes no PATHS, --metadata, --watch or --engine")
+        return _update_existing(update_index, image_field, url_base, image_root, bundle, backend, url, device,
+                                batch_size, workers, top_k, max_pixels, as_json)
+    if not paths:
+        raise click.UsageError("Missing argument 'PATHS...'.")
     if watch:
         _check_watchable(paths, engine)
     elif watch_delay != 1.0:
@@ -215,6 +231,53 @@ def _watch(target, paths, options, as_json: bool) -> int:
             signal.signal(getattr(signal, name), handler)
     echo_line("stopped watching", err=True)
     return EXIT_OK
+
+
+def _update_existing(index_name, image_field, url_base, image_root, bundle, backend, url, device, batch_size, workers,
+                     top_k, max_pixels, as_json) -> int:
+    """``ingest --update-existing``: Index.update_existing with a progress bar, then the report."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    from d2s_search.cli.output import echo_line
+    from d2s_search.python_api.index import Index
+
+    kind = backend_kind(backend, url)
+    if kind != "opensearch":
+        raise click.UsageError(f"--update-existing adds picture search to an OpenSearch index: give --url (or "
+                               f"D2S_OPENSEARCH_URL), not the {kind} backend")
+    err = console(stderr=True)
+    progress = Progress(TextColumn("[bold]update"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                        console=err, transient=as_json, disable=as_json and not err.is_terminal)
+    state: dict = {"task": None}
+
+    def on_progress(done: int, to_do: int, updated: int) -> None:
+        if state["task"] is None:
+            state["task"] = progress.add_task("update", total=to_do)
+        progress.update(state["task"], completed=done)
+
+    with progress:
+        report = Index.update_existing(index_name, image_field, url=url, bundle=bundle, url_base=url_base,
+                                       image_root=image_root, progress=on_progress, batch_size=batch_size,
+                                       workers=workers, top_k=top_k, max_pixels=max_pixels, device=device)
+    code = report.exit_code
+    if as_json:
+        _emit_json(report.to_json() | {"exit_code": code})
+        return code
+    for doc_id, reason in report.failed:
+        echo_line(f"failed {doc_id}: {reason}", err=True)
+    click.echo(f"updated {report.updated} document(s) of {report.found} with a picture in {image_field!r}; "
+               f"{report.already_done} done before, {len(report.failed)} failed ({report.seconds:.1f}s)")
+    if report.dense == "flat":
+        click.echo(f"note: {index_name!r} was not created with index.knn: true, so its dense vectors are stored "
+                   "without a k-NN graph: sparse search works; for dense and hybrid, reindex it into a k-NN index "
+                   "(docs/python-api.md)", err=True)
+    return code
 
 
 def _report_ingest(report, as_json: bool, one_line: bool = False) -> int:

@@ -38,7 +38,12 @@ from d2s_search.backends.engine.documents import (
     shown_path,
     stored_paths,
 )
-from d2s_search.backends.engine.identity import check_dims, check_identity, meta_identity
+from d2s_search.backends.engine.identity import (
+    IMAGE_FIELD_META,
+    check_dims,
+    check_identity,
+    meta_identity,
+)
 from d2s_search.backends.opensearch.features import matched_terms
 from d2s_search.errors import (
     BackendUnavailableError,
@@ -69,6 +74,9 @@ class EngineIndex:
     # upsert takes the documents' paths from any other document that holds them (one path,
     # one document); off for the copy a reindex writes, which already keeps that rule.
     claims_paths: bool = True
+    # The field a hit shows as its path: ``path``, or the image field of a user's index given
+    # picture search (``_meta.image_field``, d2s_search.enrich).
+    path_field: str = PATH_FIELD
 
     def _init_index(self, index_name: str, *, chunk_docs: int, chunk_bytes: int, refresh: bool) -> None:
         """The settings both engines take the same way (first in ``__init__``: a bad name fails
@@ -278,6 +286,7 @@ class EngineIndex:
             raise IndexStoreError(
                 f"index {self.index_name!r} at {self.url} was not made by d2s-search (no _meta.fingerprint)"
             )
+        self.path_field = str((first.get("_meta") or {}).get(IMAGE_FIELD_META) or PATH_FIELD)
         self._remember_mapping(first)
         self._remember_fields(first)
         return ident
@@ -461,7 +470,7 @@ class EngineIndex:
                 id=self._hit_id(h),
                 # _score is a float32 printed in shortest form: recover the exact value.
                 score=float(np.float32(h.get("_score") or 0.0)),
-                path=shown_path(src.get(PATH_FIELD)),
+                path=shown_path(src.get(self.path_field)),
                 url=src.get("url"),
                 matched=matched_terms(query, self._decode(src.get(SPARSE_FIELD)), explain),
             ))
