@@ -68,4 +68,4 @@ def test_every_public_name_has_an_example():
 
 def test_only_cluster_examples_are_not_run():
     not_run = [code for code in blocks() if code.startswith(NOT_RUN)]
-    assert len(not_run) == 2 and all("url=" in code for code in not_run)  # opening and enriching a cluster index
+    assert len(not_run) == 3 and all("url=" in code for code in not_run)  # a cluster index: opened, enriched, by ids

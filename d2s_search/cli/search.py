@@ -65,11 +65,14 @@ from d2s_search.pathtext import path_to_text
 @click.option("--image-field", default=None, metavar="FIELD",
               help="With --update-existing: the field of INDEX that holds each picture's path or http(s) URL.")
 @click.option("--image-root", type=click.Path(file_okay=False), default=None, metavar="DIR",
-              help="With --update-existing: the folder relative paths in --image-field are under.")
+              help="With --update-existing or --documents: the folder relative picture paths are under.")
+@click.option("--documents", "documents", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="A JSON Lines file of {\"id\": ..., \"image\": path or URL}: each picture stored under your id "
+                   "in an OpenSearch or Elasticsearch index; no PATHS.")
 @json_option
 def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, workers, engine, ray_address,
            cpus_per_worker, gpus_per_worker, top_k, max_pixels, url_base, include_hidden, exclude, metadata, watch,
-           watch_delay, update_index, image_field, image_root, as_json) -> int:
+           watch_delay, update_index, image_field, image_root, documents, as_json) -> int:
     """Encode the images under PATHS and store them in the index; or, with --update-existing
     INDEX --image-field FIELD, add picture search to an OpenSearch index of your own.
 
@@ -81,6 +84,11 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
     With --watch, PATHS are then watched until Ctrl-C or SIGTERM (exit 0): one line per
     applied batch (with --json, one JSON object per line).
     """
+    if documents is not None:
+        if paths or metadata or watch or update_index or image_field or engine != "process":
+            raise click.UsageError("--documents takes no PATHS, --metadata, --watch, --update-existing or --engine")
+        return _ingest_documents(documents, url_base, image_root, bundle, backend, index, url, index_name, device,
+                                 batch_size, workers, top_k, max_pixels, as_json)
     if update_index is not None or image_field is not None or image_root is not None:
         if update_index is None or image_field is None:
             raise click.UsageError("--update-existing INDEX and --image-field FIELD go together")
@@ -277,6 +285,60 @@ def _update_existing(index_name, image_field, url_base, image_root, bundle, back
         click.echo(f"note: {index_name!r} was not created with index.knn: true, so its dense vectors are stored "
                    "without a k-NN graph: sparse search works; for dense and hybrid, reindex it into a k-NN index "
                    "(docs/python-api.md)", err=True)
+    return code
+
+
+def _ingest_documents(documents, url_base, image_root, bundle, backend, index, url, index_name, device, batch_size,
+                      workers, top_k, max_pixels, as_json) -> int:
+    """``ingest --documents``: Index.ingest_documents with a progress bar, then the report."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    from d2s_search.cli.output import echo_line
+    from d2s_search.enrich import Pictures
+    from d2s_search.python_api.index import Index
+    from d2s_search.user_documents import read_lines
+
+    if backend_kind(backend, url) == "local":
+        raise click.UsageError("--documents stores pictures under your ids in an OpenSearch or Elasticsearch index "
+                               "(--url); a local index keys pictures by their content: ingest the folder instead")
+    Pictures(url_base, Path(image_root) if image_root else None)  # bad options fail before any index is opened
+    read_lines(documents)  # so does a bad file
+    opened = open_index(backend, index, url, index_name, bundle, create=True, verify=True)
+    err = console(stderr=True)
+    progress = Progress(TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                        console=err, transient=as_json, disable=as_json and not err.is_terminal)
+    state: dict = {"task": None}
+
+    def on_progress(done: int, found: int, stored: int) -> None:
+        if state["task"] is None:
+            state["task"] = progress.add_task("ingest", total=found)
+        progress.update(state["task"], completed=done)
+
+    target = Index(opened, device=device)
+    try:
+        with progress:
+            report = target.ingest_documents(documents, url_base=url_base, image_root=image_root,
+                                             progress=on_progress, batch_size=batch_size, workers=workers,
+                                             top_k=top_k, max_pixels=max_pixels)
+    finally:
+        target.close()
+    code = report.exit_code
+    if as_json:
+        _emit_json(report.to_json() | {"exit_code": code})
+        return code
+    for doc_id, reason in report.failed:
+        echo_line(f"failed {doc_id}: {reason}", err=True)
+    click.echo(f"stored {report.stored} document(s) of {report.found}; {report.already_stored} already stored, "
+               f"{len(report.failed)} failed ({report.seconds:.1f}s)")
+    if report.left_out_keys:
+        echo_line(f"note: the lines' other keys ({', '.join(report.left_out_keys)}) are not stored: a cluster index "
+                  "keeps only id and image of a line", err=True)
     return code
 
 

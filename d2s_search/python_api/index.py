@@ -8,9 +8,9 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..backends import BACKENDS
 from ..errors import D2SError, DiskFullError, IndexStoreError, QueryError, SettingsError
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ..ingest import IngestReport
     from ..metadata import Metadata
     from ..search import SearchResult
+    from ..user_documents import DocumentsReport
     from ..watch import WatchBatch, Watching
     from .encoding import Encoder, ImageInput
 
@@ -286,6 +287,12 @@ class Index:
 
             sidecar = read_sidecar(metadata)  # a bad file fails before any work
         backend = self._open_backend()
+        if self.backend_name != "local":
+            from ..user_documents import holds_user_ids
+
+            if holds_user_ids(backend):
+                raise IndexStoreError(f"{self.location} holds documents under your ids (ingest --documents): "
+                                      "folders go into another index")
         counted = {"found": 0, "stored": 0}
 
         def on_start(found: int) -> None:
@@ -321,6 +328,39 @@ class Index:
                 report.search_seconds = self.prepare_search()
         except DiskFullError as exc:  # say how much of this run is kept
             raise DiskFullError(exc.where, exc.free, stored=counted["stored"]) from None
+        finally:
+            if self._created and (report is None or report.stored == 0):
+                self._discard_new_index()
+        self._created = False
+        return report
+
+    def ingest_documents(self, documents: str | os.PathLike | Iterable[Mapping[str, Any]], *,
+                         url_base: str | None = None, image_root: str | os.PathLike | None = None,
+                         progress: Progress | None = None, batch_size: int = 32, workers: int = 2,
+                         top_k: int | None = None, max_pixels: int | None = None) -> DocumentsReport:
+        """Store pictures under your own ids (``ingest --documents``): ``documents`` is a JSON
+        Lines file, or mappings, each ``{"id": ..., "image": path-or-URL}``; ``url_base`` and
+        ``image_root`` place a relative value as :meth:`update_existing` does. One document per
+        id: the same picture under two ids is two documents, a stored id with the same picture
+        is not encoded again, with another it is replaced. Such an index keeps only documents
+        of this kind (``ingest`` of folders is refused there). Cluster indexes only: a local
+        index keys pictures by their content. Returns what ``ingest --documents --json``
+        prints; ``progress(done, found, stored)`` as :meth:`ingest`."""
+        from ..enrich import Pictures
+        from ..user_documents import read_lines, store_documents
+
+        if self.backend_name == "local":
+            raise SettingsError("documents under your own ids go into an OpenSearch or Elasticsearch index (url=); "
+                                "a local index keys pictures by their content: ingest the folder instead")
+        _require_int("batch_size", batch_size, 1)
+        _require_int("workers", workers, 1)
+        pictures = Pictures(url_base, Path(image_root) if image_root is not None else None)
+        lines, others = read_lines(documents)  # a bad file fails before any work
+        report = None
+        try:
+            report = store_documents(self._open_backend(), self._encoder(), lines, pictures, batch_size=batch_size,
+                                     workers=workers, top_k=top_k, max_pixels=max_pixels, progress=progress,
+                                     left_out=others)
         finally:
             if self._created and (report is None or report.stored == 0):
                 self._discard_new_index()
