@@ -1,4 +1,5 @@
-"""Picture search added to an OpenSearch index the user already has (``ingest --update-existing``).
+"""Picture search added to an OpenSearch or Elasticsearch index the user already has
+(``ingest --update-existing``).
 
 Every document of the user's index whose image field holds a picture path or an http(s) URL
 gets three fields, written as partial updates in ``_bulk`` (the user's own fields are never
@@ -17,7 +18,7 @@ for ``terms`` because a ``rank_features`` field answers no ``exists`` query (Ope
 nothing, an interrupted one continues, and a picture that cannot be read is listed and left
 as it was (the next run tries it again).
 
-The dense field depends on ``index.knn``, which is fixed when an index is created
+On OpenSearch the dense field depends on ``index.knn``, which is fixed when an index is created
 (opensearch-project/k-NN 3.3.0.0, ``src/main/java/org/opensearch/knn/index/KNNSettings.java``:
 ``IS_KNN_INDEX_SETTING`` is ``IndexScope, Final``). With ``index.knn: true`` the field is our
 own HNSW ``knn_vector`` and dense and hybrid search work. Without it k-NN refuses a
@@ -28,6 +29,7 @@ values, no graph), which a ``knn`` query refuses (``query/KNNQueryBuilder.java``
 ``getQueryConfig``: "Field '%s' is not built for ANN search."). There the vectors are stored
 flat: sparse search works, and a ``_reindex`` into an index created with ``index.knn: true``
 and our ``knn_vector`` mapping makes them searchable without encoding anything again.
+Elasticsearch needs no index setting for a ``dense_vector``: the field is our own (HNSW).
 """
 
 from __future__ import annotations
@@ -174,6 +176,109 @@ def mapped_type(properties: Mapping[str, Any], name: str) -> str | None:
     return str(node.get("type", "object")) if isinstance(node, Mapping) else None
 
 
+# -- the two engines: their transport and how each writes the three fields --------------------
+
+
+class OpenSearchEngine:
+    """Requests through the backend's connection (retries, credentials, TLS)."""
+
+    label = "OpenSearch"
+    dense_type = "knn_vector"
+
+    def __init__(self, backend) -> None:
+        self.http, self.url, self.retries = backend.http, backend.url, backend.http.retries
+
+    def call(self, method: str, path: str, body: Any = None, params: Mapping[str, Any] | None = None) -> tuple[int, Any]:
+        reply = self.http.request(method, path, json_body=body, params=params)
+        return reply.status, reply.body
+
+    def bulk(self, lines: str) -> tuple[int, Any]:
+        reply = self.http.request("POST", "/_bulk", ndjson=lines)
+        return reply.status, reply.body
+
+    def reason(self, status: int, body: Any) -> str:
+        from .backends.opensearch.client import Reply
+
+        return Reply(status, body).error_reason()
+
+    def wait(self, attempt: int, why: str) -> None:
+        self.http.policy.wait(attempt, None, why)
+
+    def knn(self, index_name: str, concrete: Sequence[str]) -> dict[str, bool]:
+        """index.knn of each concrete index (k-NN graphs only where it is true)."""
+        status, body = self.call("GET", f"/{index_name}/_settings", params={"flat_settings": "true"})
+        if not 200 <= status < 300 or not isinstance(body, dict):
+            raise IndexStoreError(f"cannot read the settings of {index_name!r}: {self.reason(status, body)}")
+        return {name: str(((body.get(name) or {}).get("settings") or {}).get("index.knn", "false")).lower() == "true"
+                for name in concrete}
+
+    def fields(self, identity: IndexIdentity, knn: bool) -> dict[str, Any]:
+        from .backends.opensearch.queries import knn_vector
+
+        dense = knn_vector(identity.dense_dim) if knn else {"type": "knn_vector", "dimension": identity.dense_dim}
+        return {SPARSE_FIELD: {"type": "rank_features"}, DENSE_FIELD: dense, TERMS_FIELD: {"type": "keyword"}}
+
+    def meta(self, identity: IndexIdentity) -> dict[str, Any]:
+        return bodies.bundle_meta(identity, identity.dense_dim)
+
+    def source(self, doc) -> dict[str, Any]:
+        from .backends.opensearch import queries as q
+
+        return q.doc_source(doc)
+
+    def dims(self, mapping: Mapping[str, Any]) -> int:
+        return int(mapping.get("dimension", 0) or 0)
+
+
+class ElasticsearchEngine:
+    """Requests through the backend's client; the fields as its default mapping has them
+    (``rank_features``, ``dense_vector`` with HNSW: Elasticsearch needs no index setting)."""
+
+    label = "Elasticsearch"
+    dense_type = "dense_vector"
+
+    def __init__(self, backend) -> None:
+        self.backend, self.url, self.retries = backend, backend.url, backend.retries
+
+    def call(self, method: str, path: str, body: Any = None, params: Mapping[str, Any] | None = None) -> tuple[int, Any]:
+        return self.backend._call(method, path, body=body, params=params)
+
+    def bulk(self, lines: str) -> tuple[int, Any]:
+        return self.backend._call("POST", "/_bulk", body=lines.encode("utf-8"), ndjson=True)
+
+    def reason(self, status: int, body: Any) -> str:
+        return self.backend._reason(body, status)
+
+    def wait(self, attempt: int, why: str) -> None:
+        self.backend._wait(attempt, why)
+
+    def knn(self, index_name: str, concrete: Sequence[str]) -> dict[str, bool]:
+        return dict.fromkeys(concrete, True)
+
+    def fields(self, identity: IndexIdentity, knn: bool) -> dict[str, Any]:
+        from .backends.elasticsearch import queries as q
+
+        properties = q.index_body(identity, q.DEFAULT_MAPPING)["mappings"]["properties"]
+        return {name: properties[name] for name in OUR_FIELDS}
+
+    def meta(self, identity: IndexIdentity) -> dict[str, Any]:
+        from .backends.elasticsearch import queries as q
+
+        return q.put_meta_body(identity, q.DEFAULT_MAPPING)["_meta"]
+
+    def source(self, doc) -> dict[str, Any]:
+        from .backends.elasticsearch import queries as q
+
+        return q.doc_source(doc, q.DEFAULT_MAPPING)
+
+    def dims(self, mapping: Mapping[str, Any]) -> int:
+        return int(mapping.get("dims", 0) or 0)
+
+
+def engine_of(backend) -> OpenSearchEngine | ElasticsearchEngine:
+    return ElasticsearchEngine(backend) if backend.name == "elasticsearch" else OpenSearchEngine(backend)
+
+
 # -- the index as it is, and what adding picture search to it writes ------------------------
 
 
@@ -194,25 +299,18 @@ class Target:
         return meta_identity(self.meta())
 
 
-def read_target(http, index_name: str) -> Target:
-    """GET the mapping and settings of ``index_name`` (an index or an alias)."""
-    reply = http.request("GET", f"/{index_name}/_mapping")
-    if reply.status == 404:
-        raise IndexStoreError(f"no index {index_name!r} at {strip_url_credentials(http.url)}")
-    if not reply.ok or not isinstance(reply.body, dict) or not reply.body:
-        raise IndexStoreError(f"cannot read the mapping of {index_name!r}: {reply.error_reason()}")
-    mappings = {name: dict(body.get("mappings") or {}) for name, body in reply.body.items() if isinstance(body, dict)}
-    reply = http.request("GET", f"/{index_name}/_settings", params={"flat_settings": "true"})
-    if not reply.ok or not isinstance(reply.body, dict):
-        raise IndexStoreError(f"cannot read the settings of {index_name!r}: {reply.error_reason()}")
-    knn = {}
-    for name in mappings:
-        settings = (reply.body.get(name) or {}).get("settings") or {}
-        knn[name] = str(settings.get("index.knn", "false")).lower() == "true"
-    return Target(index_name, mappings, knn)
+def read_target(engine, index_name: str) -> Target:
+    """GET the mapping (and on OpenSearch the settings) of ``index_name`` (an index or an alias)."""
+    status, body = engine.call("GET", f"/{index_name}/_mapping")
+    if status == 404:
+        raise IndexStoreError(f"no index {index_name!r} at {strip_url_credentials(engine.url)}")
+    if not 200 <= status < 300 or not isinstance(body, dict) or not body:
+        raise IndexStoreError(f"cannot read the mapping of {index_name!r}: {engine.reason(status, body)}")
+    mappings = {name: dict(entry.get("mappings") or {}) for name, entry in body.items() if isinstance(entry, dict)}
+    return Target(index_name, mappings, engine.knn(index_name, list(mappings)))
 
 
-def check_target(target: Target, image_field: str, identity: IndexIdentity) -> None:
+def check_target(target: Target, image_field: str, identity: IndexIdentity, engine) -> None:
     """Refuse, before anything is written, what adding picture search would break."""
     name = target.name
     if not image_field or image_field in OUR_FIELDS:
@@ -231,7 +329,7 @@ def check_target(target: Target, image_field: str, identity: IndexIdentity) -> N
                               f"not {image_field!r}: run again with --image-field {enriched_from}")
     if target.recorded() is not None:
         check_identity(name, "", identity, target.recorded(), "--update-existing")
-    wanted = {SPARSE_FIELD: "rank_features", TERMS_FIELD: "keyword", DENSE_FIELD: "knn_vector"}
+    wanted = {SPARSE_FIELD: "rank_features", TERMS_FIELD: "keyword", DENSE_FIELD: engine.dense_type}
     for concrete, mappings in target.mappings.items():
         properties = mappings.get("properties") or {}
         kind = mapped_type(properties, image_field)
@@ -251,33 +349,28 @@ def check_target(target: Target, image_field: str, identity: IndexIdentity) -> N
             if not enriched_from:
                 raise IndexStoreError(f"field {ours!r} of {concrete!r} already holds values of its own; picture "
                                       "search would overwrite them: nothing was changed")
-            if ours == DENSE_FIELD and int(taken.get("dimension", 0) or 0) != identity.dense_dim:
-                raise IndexStoreError(f"field {ours!r} of {concrete!r} holds {taken.get('dimension')}-d vectors; "
+            if ours == DENSE_FIELD and engine.dims(taken) != identity.dense_dim:
+                raise IndexStoreError(f"field {ours!r} of {concrete!r} holds {engine.dims(taken)}-d vectors; "
                                       f"the bundle makes {identity.dense_dim}-d ones: nothing was changed")
 
 
-def mapping_update(target: Target, concrete: str, image_field: str, identity: IndexIdentity) -> dict[str, Any]:
+def mapping_update(target: Target, concrete: str, image_field: str, identity: IndexIdentity,
+                   engine) -> dict[str, Any]:
     """The ``PUT /<concrete>/_mapping`` body: the three fields, and ``_meta`` as the index has
     it with the bundle's entries and the image field's name added."""
-    from .backends.opensearch.queries import knn_vector
-
     knn = target.knn[concrete]
-    meta = {**(target.mappings[concrete].get("_meta") or {}), **bodies.bundle_meta(identity, identity.dense_dim),
-            IMAGE_FIELD_META: image_field}
-    dense: dict[str, Any] = knn_vector(identity.dense_dim)
+    meta = {**(target.mappings[concrete].get("_meta") or {}), **engine.meta(identity), IMAGE_FIELD_META: image_field}
     if knn:
         meta.pop("dense_vectors", None)
     else:
-        dense = {"type": "knn_vector", "dimension": identity.dense_dim}  # no method: k-NN's flat mapper
         meta["dense_vectors"] = DENSE_FLAT
-    return {"_meta": meta, "properties": {SPARSE_FIELD: {"type": "rank_features"}, DENSE_FIELD: dense,
-                                          TERMS_FIELD: {"type": "keyword"}}}
+    return {"_meta": meta, "properties": engine.fields(identity, knn)}
 
 
 def todo_body(image_field: str, page: int) -> dict[str, Any]:
     """The first page of a scroll over the documents with an image value and no picture search
     yet (``terms`` stands for ``sparse``, see the module doc); only the image field travels."""
-    return {"size": int(page), "sort": ["_doc"], "_source": [image_field], "track_total_hits": True,
+    return {"size": int(page), "sort": ["_doc"], "_source": {"includes": [image_field]}, "track_total_hits": True,
             "query": {"bool": {"filter": [{"exists": {"field": image_field}}],
                                "must_not": [{"exists": {"field": TERMS_FIELD}}]}}}
 
@@ -296,17 +389,16 @@ def update_lines(updates: Sequence[tuple[str, str, Mapping[str, Any]]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def picture_fields(sparse: Mapping[str, float], dense: np.ndarray, top_terms: int = 20) -> dict[str, Any]:
+def picture_fields(sparse: Mapping[str, float], dense: np.ndarray, engine) -> dict[str, Any]:
     """The three fields as our own index writes them (escaped keys, float32, top words);
     ValueError when the picture gave no word."""
     from .backends.base import Document
-    from .backends.opensearch import queries as q
 
-    doc = Document(id="", path="", size_bytes=0, width=0, height=0, sparse=dict(sparse), dense=dense)
-    source = q.doc_source(doc, top_terms)
+    source = engine.source(Document(id="", path="", size_bytes=0, width=0, height=0, sparse=dict(sparse),
+                                    dense=dense))
     if not source[SPARSE_FIELD]:
         raise ValueError("the picture gave no word")
-    return {SPARSE_FIELD: source[SPARSE_FIELD], DENSE_FIELD: source[DENSE_FIELD], TERMS_FIELD: source[TERMS_FIELD]}
+    return {name: source[name] for name in OUR_FIELDS}
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -318,33 +410,29 @@ class _Page:
 
 
 class Enricher:
-    """One run over an OpenSearch index through the backend's connection (``http``: retries,
-    credentials, TLS)."""
+    """One run over an index through its engine's connection (retries, credentials, TLS)."""
 
-    def __init__(self, http, index_name: str, image_field: str, encoder: Encoder, pictures: Pictures, *,
+    def __init__(self, engine, index_name: str, image_field: str, encoder: Encoder, pictures: Pictures, *,
                  batch_size: int = 32, workers: int = 2, top_k: int | None = None, max_pixels: int | None = None,
-                 chunk_docs: int = 500, chunk_bytes: int = 8 * 1024 * 1024, retries: int = 5,
-                 wait: Callable[[int, str], None] | None = None) -> None:
-        self.http, self.index_name, self.image_field = http, index_name, image_field
+                 chunk_docs: int = 500, chunk_bytes: int = 8 * 1024 * 1024) -> None:
+        self.engine, self.index_name, self.image_field = engine, index_name, image_field
         self.encoder, self.pictures = encoder, pictures
         self.batch_size, self.workers, self.top_k = max(1, batch_size), max(1, workers), top_k
         self.max_pixels = max_pixels
         self.limits = ChunkLimits(chunk_docs, chunk_bytes)
-        self.retries = retries
-        self.wait = wait or (lambda attempt, why: http.policy.wait(attempt, None, why))
 
     # -- before anything is written ------------------------------------------------------
 
     def prepare(self, target: Target, identity: IndexIdentity, report: UpdateReport) -> None:
         """Check the index, then add the fields and ``_meta`` (idempotent: a second run puts
         the same mapping)."""
-        check_target(target, self.image_field, identity)
+        check_target(target, self.image_field, identity, self.engine)
         for concrete in target.mappings:
-            body = mapping_update(target, concrete, self.image_field, identity)
-            reply = self.http.request("PUT", f"/{concrete}/_mapping", json_body=body)
-            if not reply.ok:
+            body = mapping_update(target, concrete, self.image_field, identity, self.engine)
+            status, answer = self.engine.call("PUT", f"/{concrete}/_mapping", body)
+            if not 200 <= status < 300:
                 raise IndexStoreError(f"cannot add picture search to the mapping of {concrete!r}: "
-                                      f"{reply.error_reason()}")
+                                      f"{self.engine.reason(status, answer)}")
         report.dense = "knn" if all(target.knn.values()) else "flat"
 
     # -- the documents -------------------------------------------------------------------
@@ -374,37 +462,43 @@ class Enricher:
         return report
 
     def _count_done(self) -> int:
-        reply = self.http.request("POST", f"/{self.index_name}/_count", json_body=done_body(self.image_field))
-        if not reply.ok:
-            raise IndexStoreError(f"cannot count the documents of {self.index_name!r}: {reply.error_reason()}")
-        return int(reply.body.get("count", 0))
+        status, body = self.engine.call("POST", f"/{self.index_name}/_count", done_body(self.image_field))
+        if not 200 <= status < 300:
+            raise IndexStoreError(f"cannot count the documents of {self.index_name!r}: "
+                                  f"{self.engine.reason(status, body)}")
+        return int(body.get("count", 0))
 
     def _refresh(self) -> None:
-        self.http.request("POST", f"/{self.index_name}/_refresh")
+        self.engine.call("POST", f"/{self.index_name}/_refresh")
 
     def _todo_pages(self) -> Iterator[tuple[int, _Page]]:
-        reply = self.http.request("POST", f"/{self.index_name}/_search", params={"scroll": SCROLL_KEEP},
-                                  json_body=todo_body(self.image_field, self.batch_size))
-        if not reply.ok:
-            raise IndexStoreError(f"cannot list the documents of {self.index_name!r}: {reply.error_reason()}")
-        total = reply.body.get("hits", {}).get("total", {})
+        def failed(status: int, body: Any) -> IndexStoreError:
+            return IndexStoreError(f"cannot list the documents of {self.index_name!r}: "
+                                   f"{self.engine.reason(status, body)}")
+
+        status, body = self.engine.call("POST", f"/{self.index_name}/_search", todo_body(self.image_field,
+                                                                                         self.batch_size),
+                                        {"scroll": SCROLL_KEEP})
+        if not 200 <= status < 300:
+            raise failed(status, body)
+        total = body.get("hits", {}).get("total", {})
         total = int(total.get("value", 0) if isinstance(total, dict) else total or 0)
-        scroll_id = reply.body.get("_scroll_id")
+        scroll_id = body.get("_scroll_id")
         try:
             while True:
-                hits = reply.body.get("hits", {}).get("hits", [])
+                hits = body.get("hits", {}).get("hits", [])
                 if not hits:
                     return
                 yield total, _Page([(str(h.get("_index", self.index_name)), str(h["_id"]),
                                      image_value(h.get("_source") or {}, self.image_field)) for h in hits])
-                reply = self.http.request("POST", "/_search/scroll",
-                                          json_body={"scroll": SCROLL_KEEP, "scroll_id": scroll_id})
-                if not reply.ok:
-                    raise IndexStoreError(f"cannot list the documents of {self.index_name!r}: {reply.error_reason()}")
-                scroll_id = reply.body.get("_scroll_id", scroll_id)
+                status, body = self.engine.call("POST", "/_search/scroll",
+                                                {"scroll": SCROLL_KEEP, "scroll_id": scroll_id})
+                if not 200 <= status < 300:
+                    raise failed(status, body)
+                scroll_id = body.get("_scroll_id", scroll_id)
         finally:
             if scroll_id:
-                self.http.request("DELETE", "/_search/scroll", json_body={"scroll_id": [scroll_id]})
+                self.engine.call("DELETE", "/_search/scroll", {"scroll_id": [scroll_id]})
 
     def _update(self, page: _Page, pool: ThreadPoolExecutor, report: UpdateReport) -> None:
         import numpy as np
@@ -437,10 +531,10 @@ class Enricher:
         for row, (index, doc_id, _) in enumerate(ready):
             try:
                 updates.append((index, doc_id, picture_fields(self.encoder.to_terms(sparse[row], top_k=self.top_k),
-                                                              dense[row])))
+                                                              dense[row], self.engine)))
             except ValueError as exc:
                 report.failed.append((doc_id, str(exc)))
-        failures, _ = send_bulk(updates, self._send, self.limits, retries=self.retries, wait=self.wait,
+        failures, _ = send_bulk(updates, self._send, self.limits, retries=self.engine.retries, wait=self.engine.wait,
                                 reason=lambda result: item_reason(result, one_line))
         report.failed.extend((doc_id, f"refused by the index: {reason}") for doc_id, reason in failures.items())
         report.updated += len(updates) - len(failures)
@@ -460,28 +554,29 @@ class Enricher:
             yield from self._send_chunk(chunk)
 
     def _send_chunk(self, chunk: list[tuple[str, str, Mapping[str, Any]]]):
-        reply = self.http.request("POST", "/_bulk", ndjson=update_lines(chunk))
-        items = reply.body.get("items") if reply.ok and isinstance(reply.body, dict) else None
+        status, body = self.engine.bulk(update_lines(chunk))
+        items = body.get("items") if 200 <= status < 300 and isinstance(body, dict) else None
         if not isinstance(items, list) or len(items) != len(chunk):
-            answer = {"status": reply.status, "error": reply.error_reason() if not reply.ok else "no item answers"}
+            error = self.engine.reason(status, body) if not 200 <= status < 300 else "no item answers"
             for item in chunk:
-                yield item, False, {**answer, "_id": item[1]}
+                yield item, False, {"status": status, "error": error, "_id": item[1]}
             return
         for item, answer in zip(chunk, items, strict=True):
             ((_, result),) = answer.items()
-            status = int(result.get("status", 0) or 0)
-            yield item, 200 <= status < 300, {**result, "_id": item[1]}
+            code = int(result.get("status", 0) or 0)
+            yield item, 200 <= code < 300, {**result, "_id": item[1]}
 
 
 def update_existing(backend, encoder: Encoder, image_field: str, pictures: Pictures, *, target: Target | None = None,
                     progress: Progress | None = None, **options: Any) -> UpdateReport:
-    """Add picture search to the index ``backend`` names (an OpenSearch backend, not opened:
-    the user's index is not ours yet; ``target``: the index as read already); see the module doc."""
+    """Add picture search to the index ``backend`` names (an OpenSearch or Elasticsearch
+    backend, not opened: the user's index is not ours yet; ``target``: the index as read
+    already); see the module doc."""
+    engine = engine_of(backend)
     identity = encoder.bundle.identity()
-    target = target or read_target(backend.http, backend.index_name)
+    target = target or read_target(engine, backend.index_name)
     report = UpdateReport(index=backend.index_name, image_field=image_field)
-    enricher = Enricher(backend.http, backend.index_name, image_field, encoder, pictures,
-                        chunk_docs=backend.chunk_docs, chunk_bytes=backend.chunk_bytes, retries=backend.http.retries,
-                        **options)
+    enricher = Enricher(engine, backend.index_name, image_field, encoder, pictures, chunk_docs=backend.chunk_docs,
+                        chunk_bytes=backend.chunk_bytes, **options)
     enricher.prepare(target, identity, report)
     return enricher.run(report, progress)

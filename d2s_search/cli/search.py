@@ -60,7 +60,7 @@ from d2s_search.pathtext import path_to_text
               help="With --watch: a changed file is taken once it has been quiet this long (a picture still "
                    "being copied is not read half-written).")
 @click.option("--update-existing", "update_index", metavar="INDEX", default=None,
-              help="Add picture search to your own OpenSearch index INDEX (with --image-field): each document's "
+              help="Add picture search to your own OpenSearch (or Elasticsearch) index INDEX (with --image-field): each document's "
                    "picture is encoded and its words and vector added as a partial update; no PATHS.")
 @click.option("--image-field", default=None, metavar="FIELD",
               help="With --update-existing: the field of INDEX that holds each picture's path or http(s) URL.")
@@ -256,9 +256,9 @@ def _update_existing(index_name, image_field, url_base, image_root, bundle, back
     from d2s_search.python_api.index import Index
 
     kind = backend_kind(backend, url)
-    if kind != "opensearch":
-        raise click.UsageError(f"--update-existing adds picture search to an OpenSearch index: give --url (or "
-                               f"D2S_OPENSEARCH_URL), not the {kind} backend")
+    if kind == "local":
+        raise click.UsageError("--update-existing adds picture search to an OpenSearch or Elasticsearch index: give "
+                               "--url (or D2S_OPENSEARCH_URL, D2S_ELASTICSEARCH_URL)")
     err = console(stderr=True)
     progress = Progress(TextColumn("[bold]update"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                         console=err, transient=as_json, disable=as_json and not err.is_terminal)
@@ -270,7 +270,7 @@ def _update_existing(index_name, image_field, url_base, image_root, bundle, back
         progress.update(state["task"], completed=done)
 
     with progress:
-        report = Index.update_existing(index_name, image_field, url=url, bundle=bundle, url_base=url_base,
+        report = Index.update_existing(index_name, image_field, url=url, backend=kind, bundle=bundle, url_base=url_base,
                                        image_root=image_root, progress=on_progress, batch_size=batch_size,
                                        workers=workers, top_k=top_k, max_pixels=max_pixels, device=device)
     code = report.exit_code

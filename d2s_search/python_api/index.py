@@ -75,8 +75,8 @@ class Index:
                         image_root: str | os.PathLike | None = None, progress: Progress | None = None,
                         batch_size: int = 32, workers: int = 2, top_k: int | None = None,
                         max_pixels: int | None = None, device: str = "auto") -> UpdateReport:
-        """Add picture search to the OpenSearch index ``index_name`` at ``url``, which the
-        caller made and fills: each document whose ``image_field`` holds a picture path or an
+        """Add picture search to the OpenSearch index ``index_name`` at ``url`` (Elasticsearch
+        with ``backend="elasticsearch"``), which the caller made and fills: each document whose ``image_field`` holds a picture path or an
         http(s) URL gets its words (``sparse``, ``terms``) and dense vector as a partial update;
         its other fields are never sent. ``url_base`` makes a URL of a value that is not one,
         ``image_root`` is the folder of relative paths. Documents done by an earlier call are
@@ -88,12 +88,13 @@ class Index:
         ``bundle``: None uses the one an earlier call recorded, else the one exported last.
         ``progress(done, to_do, updated)`` is called before the first page and after each."""
         from ..encoder import Encoder as RuntimeEncoder
-        from ..enrich import Pictures, check_target, read_target, update_existing
+        from ..enrich import Pictures, check_target, engine_of, read_target, update_existing
         from ..index_access import bundle_for_index, make_backend
 
         kind = backend_for(backend, url)
-        if kind != "opensearch":
-            raise SettingsError(f"picture search is added to an OpenSearch index (url=...), not to a {kind} one")
+        if kind == "local":
+            raise SettingsError("picture search is added to an OpenSearch or Elasticsearch index (url=...), not to "
+                                "a local one")
         if device not in ("auto", "cpu", "cuda"):
             raise SettingsError(f"unknown device {device!r}: use auto, cpu or cuda")
         _require_int("batch_size", batch_size, 1)
@@ -101,10 +102,10 @@ class Index:
         pictures = Pictures(url_base, Path(image_root) if image_root is not None else None)
         store = make_backend(kind, "", url, index_name)
         try:
-            target = read_target(store.http, store.index_name)
+            target = read_target(engine_of(store), store.index_name)
             chosen = bundle_for_index(os.fspath(bundle) if bundle else None, target.recorded(),
                                       index_location(store), verify=True)
-            check_target(target, image_field, chosen.identity())  # before the models load
+            check_target(target, image_field, chosen.identity(), engine_of(store))  # before the models load
             encoder = RuntimeEncoder(chosen, device=device)
             return update_existing(store, encoder, image_field, pictures, target=target, progress=progress,
                                    batch_size=batch_size, workers=workers, top_k=top_k, max_pixels=max_pixels)
