@@ -136,7 +136,7 @@ class Pictures:
         from .remote_image import is_url
         from .sources import is_uri
 
-        if is_url(value) or (is_uri(value) and not self.url_base):
+        if is_url(value) or is_uri(value):
             return value
         if self.url_base:
             return f"{self.url_base.rstrip('/')}/{value.lstrip('/')}"

@@ -72,3 +72,17 @@ def test_update_existing_on_elasticsearch(osmem_url, es_proxy, spec, tmp_path, t
     again = run_cli(["ingest", "--update-existing", "shop", "--image-field", "image", "--image-root", root, *where],
                     capsys)
     assert again[0] == 3 and "updated 0 document(s) of 6 with a picture in 'image'; 4 done before" in again[1]
+
+
+def test_documents_under_the_users_ids_on_elasticsearch(es_proxy, tmp_path, tiny_blip_bundle):
+    for i in range(3):
+        write_image(tmp_path / f"{i}.jpg", seed=300 + i)
+    lines = [{"id": f"doc-{i}", "image": f"{i}.jpg"} for i in range(3)] + [{"id": "doc-3", "image": "0.jpg"}]
+    with d2s_search.Index.open(url=es_proxy.url, backend="elasticsearch", index_name="docs", bundle=tiny_blip_bundle,
+                               create=True) as index:
+        report = index.ingest_documents(lines, image_root=tmp_path)
+        assert (report.stored, report.exit_code) == (4, 0)
+        hits = index.search("a small object", k=10).hits
+        assert {h.id for h in hits} == {"doc-0", "doc-1", "doc-2", "doc-3"}
+        assert {h.id: h.path for h in hits}["doc-3"] == str(tmp_path / "0.jpg")
+        assert index.ingest_documents(lines, image_root=tmp_path).already_stored == 4

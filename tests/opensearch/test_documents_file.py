@@ -12,6 +12,7 @@ import pytest
 import d2s_search
 from d2s_search.errors import IndexStoreError
 from tests.helpers import run_cli, run_cli_json, write_image
+from tests.test_json_shapes import DOCUMENTS, check
 
 
 def write_lines(path: Path, rows: list[dict]) -> Path:
@@ -41,6 +42,7 @@ def test_pictures_are_stored_under_the_users_ids(osmem_url, catalogue, tiny_blip
     root, lines = catalogue
     code, report = run_cli_json(args(osmem_url, tiny_blip_bundle, root, lines), capsys)
     assert code == 3, report
+    check(report, DOCUMENTS)
     assert (report["found"], report["stored"], report["already_stored"]) == (6, 5, 0)
     assert [f["id"] for f in report["failed"]] == ["p4"] and "not found" in report["failed"][0]["reason"]
     assert report["left_out_keys"] == ["title", "price"]

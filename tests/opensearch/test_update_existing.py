@@ -14,6 +14,7 @@ from d2s_os_faultproxy import FaultProxy
 import d2s_search
 from d2s_search.errors import BackendUnavailableError, IndexStoreError
 from tests.helpers import run_cli, run_cli_json, write_image
+from tests.test_json_shapes import UPDATE_EXISTING, check
 
 GOOD, MISSING, CORRUPT = 45, 3, 2
 USER_META = {"owner": "catalogue", "schema": 3}
@@ -74,6 +75,7 @@ def test_pictures_become_searchable_and_the_users_fields_stay(osmem_url, shop, t
     finally:
         recorder.close()
     assert code == 3, report
+    check(report, UPDATE_EXISTING)
     assert (report["found"], report["updated"], report["already_done"]) == (50, GOOD, 0)
     assert report["dense"] == "flat"  # the index was not created with index.knn: true
     failed = {f["id"]: f["reason"] for f in report["failed"]}
