@@ -6,8 +6,11 @@ and a line with a stored id replaces that document (docs/design-decisions.md, "D
 the user's ids"). Such an index is marked in its ``_meta`` (``document_ids``) and keeps only
 documents of this kind: the content-hash ingest of folders, whose rule is one path one
 document, is refused there, and this is refused in an index that holds content-hash documents.
-A line whose id is stored with the same picture is not encoded again. A local index keys
-pictures by their content, so it takes no ``--documents``.
+A line whose id is stored with the same picture is not encoded again. The other keys of a
+line are the document's own fields (typed as ``ingest --metadata`` types a JSON Lines file's
+columns, searched with ``--where``) on a backend that keeps fields; elsewhere they are named in
+the report as left out. A local index keys pictures by their content, so it takes no
+``--documents``.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class DocumentsReport:
     found: int = 0  # lines
     stored: int = 0  # encoded and written by this run
     already_stored: int = 0  # the id is stored with the same picture
+    metadata_updated: int = 0  # of those, the fields changed (written without encoding)
     failed: list[tuple[str, str]] = field(default_factory=list)  # (id, reason): not written
     left_out_keys: list[str] = field(default_factory=list)  # keys of the lines besides id and image
     seconds: float = 0.0
@@ -65,7 +69,7 @@ class DocumentsReport:
 
     def to_json(self) -> dict:
         return {"found": self.found, "stored": self.stored, "already_stored": self.already_stored,
-                "failed": [{"id": i, "reason": r} for i, r in self.failed],
+                "metadata_updated": self.metadata_updated, "failed": [{"id": i, "reason": r} for i, r in self.failed],
                 "left_out_keys": list(self.left_out_keys), "seconds": round(self.seconds, 3)}
 
 
@@ -74,6 +78,27 @@ class Line:
     id: str
     image: str
     number: int  # in the file, from 1
+    extra: dict[str, Any] = field(default_factory=dict)  # the line's other keys, as given
+
+
+def typed_fields(lines: list[Line]) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """(field name -> type, id -> its typed fields) of the lines' other keys, as ``ingest
+    --metadata`` reads a JSON Lines file; MetadataError naming the line otherwise."""
+    from .metadata import _column_types, _typed, check_field_name
+
+    rows = []
+    for line in lines:
+        label = f"line {line.number}"
+        for name, value in line.extra.items():
+            check_field_name(name, f"--documents, {label}")
+            if not (value is None or isinstance(value, (str, bool, int, float))):
+                raise MetadataError(f"--documents, {label}: {name!r} is not a string, number or boolean")
+        rows.append((label, line.id, line.extra))
+    types = _column_types(rows, {}, "documents")
+    fields = {line_id: {name: _typed(value, types[name], "documents", label, name)
+                        for name, value in values.items() if value not in (None, "")}
+              for label, line_id, values in rows}
+    return types, fields
 
 
 def read_lines(source: str | os.PathLike | Iterable[Mapping[str, Any]]) -> tuple[list[Line], list[str]]:
@@ -115,8 +140,9 @@ def read_lines(source: str | os.PathLike | Iterable[Mapping[str, Any]]) -> tuple
         if doc_id in seen:
             raise MetadataError(f"{where}, line {number}: id {doc_id!r} is on line {seen[doc_id]} already")
         seen[doc_id] = number
-        others.update(dict.fromkeys(k for k in row if k not in ("id", IMAGE_KEY)))
-        lines.append(Line(doc_id, image.strip(), number))
+        extra = {k: v for k, v in row.items() if k not in ("id", IMAGE_KEY)}
+        others.update(dict.fromkeys(extra))
+        lines.append(Line(doc_id, image.strip(), number, extra))
     if not lines:
         raise MetadataError(f"{where}: no documents")
     return lines, list(others)
@@ -149,16 +175,21 @@ def store_documents(backend, encoder: Encoder, lines: list[Line], pictures: Pict
     """Encode each line's picture and store it under the line's id (see the module doc)."""
     import numpy as np
 
-    from .backends.base import Document
+    from .backends.base import Document, Narrowing
     from .images import DEFAULT_MAX_PIXELS, decode
     from .ingest import index_path
     from .metadata import read_metadata
     from .remote_image import is_url
 
     start = time.perf_counter()
-    report = DocumentsReport(found=len(lines), left_out_keys=list(left_out))
+    left_out = list(left_out)
+    keeps_fields = isinstance(backend, Narrowing) and bool(left_out)
+    types, fields = typed_fields(lines) if keeps_fields else ({}, {})  # a bad value fails before any write
+    report = DocumentsReport(found=len(lines), left_out_keys=[] if keeps_fields else left_out)
     claim_index(backend)
     backend.claims_paths = False  # the id is the document: a path may be shown by several
+    if types:
+        backend.declare_fields(types)
     draft = int(encoder.bundle.image_settings["size"]) * 2
     max_pixels = max_pixels or DEFAULT_MAX_PIXELS
 
@@ -178,7 +209,7 @@ def store_documents(backend, encoder: Encoder, lines: list[Line], pictures: Pict
         for begin in range(0, len(lines), max(1, batch_size)):
             batch = lines[begin : begin + batch_size]
             stored = backend.paths_of([line.id for line in batch])
-            futures = []
+            futures, known = [], []
             for line in batch:
                 try:
                     where = located(line)
@@ -187,8 +218,13 @@ def store_documents(backend, encoder: Encoder, lines: list[Line], pictures: Pict
                     continue
                 if stored.get(line.id, [None])[0] == where:
                     report.already_stored += 1
+                    known.append(line.id)
                     continue
                 futures.append((line, where, pool.submit(prepare, line, where)))
+            if known and keeps_fields:  # stored with the same picture: the fields as the file has them now
+                changed = {doc.id: doc.metadata.with_fields(fields.get(doc.id, {})) for doc in backend.get(known)
+                           if dict(doc.metadata.fields) != fields.get(doc.id, {})}
+                report.metadata_updated += backend.set_metadata(changed) if changed else 0
             ready = []
             for line, where, future in futures:
                 try:
@@ -202,7 +238,8 @@ def store_documents(backend, encoder: Encoder, lines: list[Line], pictures: Pict
                 now = time.time()
                 docs = [Document(id=line.id, path=where, url=where if is_url(where) else None, size_bytes=size,
                                  width=width, height=height, sparse=encoder.to_terms(sparse[row], top_k=top_k),
-                                 dense=dense[row], ingested_at=now, metadata=metadata)
+                                 dense=dense[row], ingested_at=now,
+                                 metadata=metadata.with_fields(fields.get(line.id, {})))
                         for row, (line, where, _, size, width, height, metadata) in enumerate(ready)]
                 try:
                     backend.upsert(docs)

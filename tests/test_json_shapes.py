@@ -37,7 +37,8 @@ STATS_LOCAL = {"backend": str, "location": str, "documents": int, "distinct_term
 # and test_documents_file.py, on a cluster index).
 UPDATE_EXISTING = {"index": str, "image_field": str, "found": int, "updated": int, "already_done": int,
                    "failed": [{"id": str, "reason": str}], "dense": str, "seconds": Number, "exit_code": int}
-DOCUMENTS = {"found": int, "stored": int, "already_stored": int, "failed": [{"id": str, "reason": str}],
+DOCUMENTS = {"found": int, "stored": int, "already_stored": int, "metadata_updated": int,
+             "failed": [{"id": str, "reason": str}],
              "left_out_keys": [str], "seconds": Number, "exit_code": int}
 # Keys that may be absent, per shape.
 OPTIONAL = {

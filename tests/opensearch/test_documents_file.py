@@ -87,3 +87,22 @@ def test_what_is_refused_before_any_work(osmem_url, catalogue, tiny_blip_bundle,
         index.ingest(root / "a.jpg")
         with pytest.raises(IndexStoreError, match="keyed by their content"):
             index.ingest_documents(lines, image_root=root)
+
+
+def test_the_other_keys_are_typed_as_metadata_files_are(tmp_path):
+    from d2s_search.errors import MetadataError
+    from d2s_search.user_documents import read_lines, typed_fields
+
+    lines, others = read_lines([{"id": "a", "image": "a.jpg", "title": "Red shoe", "price": 10, "sale": True,
+                                 "added": "2024-05-01"},
+                                {"id": "b", "image": "b.jpg", "title": "Blue", "price": "12.5", "sale": "false"}])
+    assert others == ["title", "price", "sale", "added"]
+    types, fields = typed_fields(lines)
+    assert types == {"title": "keyword", "price": "number", "sale": "boolean", "added": "date"}
+    assert fields["b"] == {"title": "Blue", "price": 12.5, "sale": False}
+    assert fields["a"]["added"] == pytest.approx(1714521600.0)
+    for bad, why in (({"tags": ["x"]}, "is not a string, number or boolean"), ({"sparse": 1}, "uses itself"),
+                     ({"9lives": 1}, "must start with a letter")):
+        lines, _ = read_lines([{"id": "c", "image": "c.jpg", **bad}])
+        with pytest.raises(MetadataError, match=why):
+            typed_fields(lines)

@@ -32,14 +32,15 @@ def user_documents(root: Path) -> dict[str, dict]:
             write_image(root / image, seed=100 + i)
         elif i >= GOOD + MISSING:
             (root / image).write_bytes(b"not a picture at all")
-        docs[sku] = {"title": f"product {i}", "price": 10.5 + i, "tags": ["shoe", f"t{i % 4}"], "image": image}
+        docs[sku] = {"title": f"product {i}", "price": 10.5 + i, "tags": ["shoe", f"t{i % 4}"], "image": image,
+                     "url": f"https://shop.example.com/{sku}"}  # the product's page, not its picture
     return docs
 
 
 def make_user_index(url: str, name: str, docs: dict[str, dict], *, knn: bool = False) -> None:
     body: dict = {"mappings": {"_meta": USER_META, "properties": {
         "title": {"type": "text"}, "price": {"type": "float"}, "tags": {"type": "keyword"},
-        "image": {"type": "keyword"}}}}
+        "image": {"type": "keyword"}, "url": {"type": "keyword"}}}}
     if knn:
         body["settings"] = {"index": {"knn": True}}
     assert httpx.put(f"{url}/{name}", json=body).status_code == 200
@@ -112,7 +113,7 @@ def test_pictures_become_searchable_and_the_users_fields_stay(osmem_url, shop, t
     assert [(r["id"], r["path"], r["score"]) for r in printed["results"]] == [
         (h.id, h.path, pytest.approx(h.score, rel=1e-6)) for h in result.hits]
     assert {h.id: h.score for h in result.hits} == pytest.approx(expected)
-    assert all(h.path == docs[h.id]["image"] for h in result.hits)  # the image field's value is the path
+    assert all(h.path == docs[h.id]["image"] and h.url is None for h in result.hits)  # the field's value is the path
     assert result.hits[0].matched
 
 

@@ -471,7 +471,7 @@ class EngineIndex:
                 # _score is a float32 printed in shortest form: recover the exact value.
                 score=float(np.float32(h.get("_score") or 0.0)),
                 path=shown_path(src.get(self.path_field)),
-                url=src.get("url"),
+                url=src.get("url") if self.path_field == PATH_FIELD else None,  # a user's url is not the picture's
                 matched=matched_terms(query, self._decode(src.get(SPARSE_FIELD)), explain),
             ))
         return hits
