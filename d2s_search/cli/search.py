@@ -337,8 +337,8 @@ def _ingest_documents(documents, url_base, image_root, bundle, backend, index, u
     click.echo(f"stored {report.stored} document(s) of {report.found}; {report.already_stored} already stored, "
                f"{len(report.failed)} failed ({report.seconds:.1f}s)")
     if report.left_out_keys:
-        echo_line(f"note: the lines' other keys ({', '.join(report.left_out_keys)}) are not stored: a cluster index "
-                  "keeps only id and image of a line", err=True)
+        echo_line(f"note: the lines' other keys ({', '.join(report.left_out_keys)}) are not stored: this index "
+                  "keeps no fields of its own", err=True)
     return code
 
 

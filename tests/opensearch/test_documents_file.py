@@ -45,7 +45,7 @@ def test_pictures_are_stored_under_the_users_ids(osmem_url, catalogue, tiny_blip
     check(report, DOCUMENTS)
     assert (report["found"], report["stored"], report["already_stored"]) == (6, 5, 0)
     assert [f["id"] for f in report["failed"]] == ["p4"] and "not found" in report["failed"][0]["reason"]
-    assert report["left_out_keys"] == ["title", "price"]
+    assert report["left_out_keys"] == []
 
     with d2s_search.Index.open(url=osmem_url, index_name="catalogue") as index:
         hits = index.search("a red shoe", k=10).hits
@@ -58,7 +58,6 @@ def test_pictures_are_stored_under_the_users_ids(osmem_url, catalogue, tiny_blip
 
     again = run_cli(args(osmem_url, tiny_blip_bundle, root, lines), capsys)
     assert again[0] == 3 and "stored 0 document(s) of 6; 5 already stored, 1 failed" in again[1]
-    assert "note: the lines' other keys (title, price) are not stored" in again[2]
 
     moved = write_lines(tmp_path / "moved.jsonl", [{"id": "p2", "image": "c.jpg"}])
     code, report = run_cli_json(args(osmem_url, tiny_blip_bundle, root, moved), capsys)
@@ -106,3 +105,17 @@ def test_the_other_keys_are_typed_as_metadata_files_are(tmp_path):
         lines, _ = read_lines([{"id": "c", "image": "c.jpg", **bad}])
         with pytest.raises(MetadataError, match=why):
             typed_fields(lines)
+
+
+def test_the_other_keys_are_the_documents_fields(osmem_url, catalogue, tiny_blip_bundle):
+    root, lines = catalogue
+    with d2s_search.Index.open(url=osmem_url, index_name="fields", bundle=tiny_blip_bundle, create=True) as index:
+        report = index.ingest_documents(lines, image_root=root)
+        assert (report.stored, report.left_out_keys) == (5, [])
+        assert index.metadata(["p5"])["p5"].fields == {"title": "red shoe", "price": 10.0}
+        cheap = index.search("a red shoe", k=10, filters=index.filter(where=["price<20"])).hits
+        assert [h.id for h in cheap] == ["p5"]
+        changed = index.ingest_documents([{"id": "p5", "image": "c.jpg", "title": "red shoe", "price": 30}],
+                                         image_root=root)
+        assert (changed.stored, changed.metadata_updated) == (0, 1)  # the fields written, nothing encoded
+        assert index.metadata(["p5"])["p5"].fields["price"] == 30.0

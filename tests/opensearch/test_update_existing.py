@@ -127,6 +127,11 @@ def test_a_second_run_updates_nothing(osmem_url, shop, tiny_blip_bundle, capsys)
     assert len(re.findall(r"^failed sku-0\d\d: ", err, re.M)) == 5
     assert stored(osmem_url, "shop") == before  # not one document written again
 
+    mapping = httpx.get(f"{osmem_url}/shop/_mapping").json()
+    code, out, err = run_cli(["ingest", root / "img", "--url", osmem_url, "--index-name", "shop"], capsys)
+    assert code == 1 and "is your own, with picture search from the field 'image'" in err  # no folders in it
+    assert httpx.get(f"{osmem_url}/shop/_mapping").json() == mapping and stored(osmem_url, "shop") == before
+
 
 def test_an_interrupted_run_continues(osmem_url, shop, tiny_blip_bundle, capsys):
     from d2s_search.backends.opensearch.backend import OpenSearchBackend

@@ -244,6 +244,10 @@ class EngineIndex:
         at a copy that exists.
         """
         stored = self._stored_identity()
+        if create and self.path_field != PATH_FIELD:  # the user's own index, given picture search
+            raise IndexStoreError(f"index {self.index_name!r} is your own, with picture search from the field "
+                                  f"{self.path_field!r}: `d2s-search ingest --update-existing` keeps it up to date; "
+                                  "ingest folders into another index")
         if stored is None:
             if not create or identity is None:
                 raise IndexStoreError(self._missing())
