@@ -6,6 +6,7 @@ used, so ``import d2s_search`` loads neither numpy nor ONNX Runtime:
 - ``Encoder``, ``Encoding``: a model bundle's encoders, texts and pictures as sparse
   ``{word: weight}`` bags and dense vectors;
 - ``Index``, ``SearchResult``, ``Hit``, ``IngestReport``: open an index, search it, ingest into it;
+- ``UpdateReport``: what ``Index.update_existing`` did to an OpenSearch index of the user's own;
 - ``SearchFilter``, ``Metadata``: what a search is narrowed to, and what a picture carries
   (date taken, camera, place, the user's fields);
 - ``Watching``, ``WatchBatch``: ``Index.watch`` keeping an index in sync with folders;
@@ -30,6 +31,7 @@ _EXPORTS = {
     "SearchResult": "d2s_search.search",
     "Hit": "d2s_search.backends.base",
     "IngestReport": "d2s_search.ingest",
+    "UpdateReport": "d2s_search.enrich",
     "D2SError": "d2s_search.errors",
     "SearchFilter": "d2s_search.filters",
     "Metadata": "d2s_search.metadata",
@@ -38,10 +40,11 @@ _EXPORTS = {
 }
 
 __all__ = ["D2SError", "Encoder", "Encoding", "Hit", "Index", "IngestReport", "Metadata", "SearchFilter",
-           "SearchResult", "WatchBatch", "Watching", "search_app", "__version__"]
+           "SearchResult", "UpdateReport", "WatchBatch", "Watching", "search_app", "__version__"]
 
 if TYPE_CHECKING:  # what type checkers and editors see
     from d2s_search.backends.base import Hit
+    from d2s_search.enrich import UpdateReport
     from d2s_search.errors import D2SError
     from d2s_search.filters import SearchFilter
     from d2s_search.ingest import IngestReport

@@ -19,9 +19,10 @@ def is_url(text: str) -> bool:
 
 
 def fetch_image(url: str, max_bytes: int = QUERY_MAX_BYTES, timeout: float | None = None,
-                deadline: float | None = None) -> bytes:
+                deadline: float | None = None, as_what: str = "a query") -> bytes:
     """The body of ``url``: an answer 200 with an ``image/*`` content type, at most
-    ``max_bytes`` (refused from ``Content-Length`` before reading, else counted while read)."""
+    ``max_bytes`` (refused from ``Content-Length`` before reading, else counted while read).
+    ``as_what`` names the use in messages ("cannot use URL as a query: ...")."""
     import httpx
 
     timeout = TIMEOUT_SECONDS if timeout is None else timeout
@@ -30,9 +31,9 @@ def fetch_image(url: str, max_bytes: int = QUERY_MAX_BYTES, timeout: float | Non
     shown = strip_url_credentials(url)
 
     def failed(reason: str) -> QueryImageError:
-        return QueryImageError(one_line(f"cannot use {shown} as a query: {reason}"))
+        return QueryImageError(one_line(f"cannot use {shown} as {as_what}: {reason}"))
 
-    limit = f"over the {max_bytes / 2**20:.0f} MiB limit for a query picture"
+    limit = f"over the {max_bytes / 2**20:.0f} MiB limit for {'a query picture' if as_what == 'a query' else as_what}"
     started = time.monotonic()
     try:
         with httpx.Client(timeout=timeout, follow_redirects=True, max_redirects=MAX_REDIRECTS) as client, \

@@ -33,6 +33,13 @@ STATS_LOCAL = {"backend": str, "location": str, "documents": int, "distinct_term
                "created_at": str, "last_ingest_at": str, "disk_bytes": int, "scoring_kernel": str, "hit_builder": str,
                "sparse_query": str, "dense_search": str, "bundle_path": str, "missing_files": int,
                "metadata": {"taken": int, "location": int, "camera": int, "fields": dict}}
+# ingest --update-existing and ingest --documents (pinned by tests/opensearch/test_update_existing.py
+# and test_documents_file.py, on a cluster index).
+UPDATE_EXISTING = {"index": str, "image_field": str, "found": int, "updated": int, "already_done": int,
+                   "failed": [{"id": str, "reason": str}], "dense": str, "seconds": Number, "exit_code": int}
+DOCUMENTS = {"found": int, "stored": int, "already_stored": int, "metadata_updated": int,
+             "failed": [{"id": str, "reason": str}],
+             "left_out_keys": [str], "seconds": Number, "exit_code": int}
 # Keys that may be absent, per shape.
 OPTIONAL = {
     id(QUERY): {"fusion", "note", "answered_by", "filters"},  # hybrid; two-phase locally; a serve answered; filtered

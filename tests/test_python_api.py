@@ -65,9 +65,8 @@ def test_every_public_name_resolves_without_onnxruntime_or_torch(tmp_path):
     assert "numpy" in loaded  # the encoders' module needs it: proof that the names really loaded
     assert not loaded & {"torch", "transformers", "onnxruntime", "click"}
     assert sorted(d2s_search.__all__) == sorted(["D2SError", "Encoder", "Encoding", "Hit", "Index", "IngestReport",
-                                                 "Metadata", "SearchFilter", "SearchResult", "WatchBatch",
-                                                 "Watching", "search_app",
-                                                 "__version__"])
+                                                 "Metadata", "SearchFilter", "SearchResult", "UpdateReport",
+                                                 "WatchBatch", "Watching", "search_app", "__version__"])
     assert d2s_search.Hit is __import__("d2s_search.backends.base", fromlist=["Hit"]).Hit
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         d2s_search.nothing  # noqa: B018

@@ -88,6 +88,11 @@ def index_prune(backend, index, url, index_name, dry_run, yes, as_json) -> int:
         raise click.UsageError(f"index prune needs a backend that lists stored paths; {store.name} does not")
     try:
         store.open(None, create=False)
+        from d2s_search.user_documents import holds_user_ids
+
+        if holds_user_ids(store):
+            raise D2SError(f"{index_location(store)} holds documents under your ids (ingest --documents): they are "
+                           "removed by id, not by missing file (delete them with the cluster's API)")
         total = store.stats()["documents"]
         counts, missing = _paths_per_document(store)
         if missing and len(missing) == sum(counts.values()) and not dry_run and not yes:

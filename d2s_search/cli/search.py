@@ -29,7 +29,7 @@ from d2s_search.pathtext import path_to_text
 
 
 @click.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, type=click.Path())
 @bundle_option
 @backend_options
 @device_option
@@ -59,12 +59,22 @@ from d2s_search.pathtext import path_to_text
 @click.option("--watch-delay", type=click.FloatRange(0, 3600), default=1.0, show_default=True, metavar="SECONDS",
               help="With --watch: a changed file is taken once it has been quiet this long (a picture still "
                    "being copied is not read half-written).")
+@click.option("--update-existing", "update_index", metavar="INDEX", default=None,
+              help="Add picture search to your own OpenSearch (or Elasticsearch) index INDEX (with --image-field): each document's "
+                   "picture is encoded and its words and vector added as a partial update; no PATHS.")
+@click.option("--image-field", default=None, metavar="FIELD",
+              help="With --update-existing: the field of INDEX that holds each picture's path or http(s) URL.")
+@click.option("--image-root", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="With --update-existing or --documents: the folder relative picture paths are under.")
+@click.option("--documents", "documents", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="A JSON Lines file of {\"id\": ..., \"image\": path or URL}: each picture stored under your id "
+                   "in an OpenSearch or Elasticsearch index; no PATHS.")
 @json_option
 def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, workers, engine, ray_address,
            cpus_per_worker, gpus_per_worker, top_k, max_pixels, url_base, include_hidden, exclude, metadata, watch,
-           watch_delay,
-           as_json) -> int:
-    """Encode the images under PATHS and store them in the index.
+           watch_delay, update_index, image_field, image_root, documents, as_json) -> int:
+    """Encode the images under PATHS and store them in the index; or, with --update-existing
+    INDEX --image-field FIELD, add picture search to an OpenSearch index of your own.
 
     Exit code 0: everything found is stored; 3: some files were rejected (listed), the rest
     stored; 1: nothing could be stored. A known picture found at a new place (its old file
@@ -74,6 +84,20 @@ def ingest(paths, bundle, backend, index, url, index_name, device, batch_size, w
     With --watch, PATHS are then watched until Ctrl-C or SIGTERM (exit 0): one line per
     applied batch (with --json, one JSON object per line).
     """
+    if documents is not None:
+        if paths or metadata or watch or update_index or image_field or engine != "process":
+            raise click.UsageError("--documents takes no PATHS, --metadata, --watch, --update-existing or --engine")
+        return _ingest_documents(documents, url_base, image_root, bundle, backend, index, url, index_name, device,
+                                 batch_size, workers, top_k, max_pixels, as_json)
+    if update_index is not None or image_field is not None or image_root is not None:
+        if update_index is None or image_field is None:
+            raise click.UsageError("--update-existing INDEX and --image-field FIELD go together")
+        if paths or metadata or watch or engine != "process":
+            raise click.UsageError("--update-existing takes no PATHS, --metadata, --watch or --engine")
+        return _update_existing(update_index, image_field, url_base, image_root, bundle, backend, url, device,
+                                batch_size, workers, top_k, max_pixels, as_json)
+    if not paths:
+        raise click.UsageError("Missing argument 'PATHS...'.")
     if watch:
         _check_watchable(paths, engine)
     elif watch_delay != 1.0:
@@ -215,6 +239,107 @@ def _watch(target, paths, options, as_json: bool) -> int:
             signal.signal(getattr(signal, name), handler)
     echo_line("stopped watching", err=True)
     return EXIT_OK
+
+
+def _update_existing(index_name, image_field, url_base, image_root, bundle, backend, url, device, batch_size, workers,
+                     top_k, max_pixels, as_json) -> int:
+    """``ingest --update-existing``: Index.update_existing with a progress bar, then the report."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    from d2s_search.cli.output import echo_line
+    from d2s_search.python_api.index import Index
+
+    kind = backend_kind(backend, url)
+    if kind == "local":
+        raise click.UsageError("--update-existing adds picture search to an OpenSearch or Elasticsearch index: give "
+                               "--url (or D2S_OPENSEARCH_URL, D2S_ELASTICSEARCH_URL)")
+    err = console(stderr=True)
+    progress = Progress(TextColumn("[bold]update"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                        console=err, transient=as_json, disable=as_json and not err.is_terminal)
+    state: dict = {"task": None}
+
+    def on_progress(done: int, to_do: int, updated: int) -> None:
+        if state["task"] is None:
+            state["task"] = progress.add_task("update", total=to_do)
+        progress.update(state["task"], completed=done)
+
+    with progress:
+        report = Index.update_existing(index_name, image_field, url=url, backend=kind, bundle=bundle, url_base=url_base,
+                                       image_root=image_root, progress=on_progress, batch_size=batch_size,
+                                       workers=workers, top_k=top_k, max_pixels=max_pixels, device=device)
+    code = report.exit_code
+    if as_json:
+        _emit_json(report.to_json() | {"exit_code": code})
+        return code
+    for doc_id, reason in report.failed:
+        echo_line(f"failed {doc_id}: {reason}", err=True)
+    click.echo(f"updated {report.updated} document(s) of {report.found} with a picture in {image_field!r}; "
+               f"{report.already_done} done before, {len(report.failed)} failed ({report.seconds:.1f}s)")
+    if report.dense == "flat":
+        click.echo(f"note: {index_name!r} was not created with index.knn: true, so its dense vectors are stored "
+                   "without a k-NN graph: sparse search works; for dense and hybrid, reindex it into a k-NN index "
+                   "(docs/python-api.md)", err=True)
+    return code
+
+
+def _ingest_documents(documents, url_base, image_root, bundle, backend, index, url, index_name, device, batch_size,
+                      workers, top_k, max_pixels, as_json) -> int:
+    """``ingest --documents``: Index.ingest_documents with a progress bar, then the report."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    from d2s_search.cli.output import echo_line
+    from d2s_search.enrich import Pictures
+    from d2s_search.python_api.index import Index
+    from d2s_search.user_documents import read_lines
+
+    if backend_kind(backend, url) == "local":
+        raise click.UsageError("--documents stores pictures under your ids in an OpenSearch or Elasticsearch index "
+                               "(--url); a local index keys pictures by their content: ingest the folder instead")
+    Pictures(url_base, Path(image_root) if image_root else None)  # bad options fail before any index is opened
+    read_lines(documents)  # so does a bad file
+    opened = open_index(backend, index, url, index_name, bundle, create=True, verify=True)
+    err = console(stderr=True)
+    progress = Progress(TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                        console=err, transient=as_json, disable=as_json and not err.is_terminal)
+    state: dict = {"task": None}
+
+    def on_progress(done: int, found: int, stored: int) -> None:
+        if state["task"] is None:
+            state["task"] = progress.add_task("ingest", total=found)
+        progress.update(state["task"], completed=done)
+
+    target = Index(opened, device=device)
+    try:
+        with progress:
+            report = target.ingest_documents(documents, url_base=url_base, image_root=image_root,
+                                             progress=on_progress, batch_size=batch_size, workers=workers,
+                                             top_k=top_k, max_pixels=max_pixels)
+    finally:
+        target.close()
+    code = report.exit_code
+    if as_json:
+        _emit_json(report.to_json() | {"exit_code": code})
+        return code
+    for doc_id, reason in report.failed:
+        echo_line(f"failed {doc_id}: {reason}", err=True)
+    click.echo(f"stored {report.stored} document(s) of {report.found}; {report.already_stored} already stored, "
+               f"{len(report.failed)} failed ({report.seconds:.1f}s)")
+    if report.left_out_keys:
+        echo_line(f"note: the lines' other keys ({', '.join(report.left_out_keys)}) are not stored: this index "
+                  "keeps no fields of its own", err=True)
+    return code
 
 
 def _report_ingest(report, as_json: bool, one_line: bool = False) -> int:

@@ -8,9 +8,9 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..backends import BACKENDS
 from ..errors import D2SError, DiskFullError, IndexStoreError, QueryError, SettingsError
@@ -19,10 +19,12 @@ from ..index_access import OpenedIndex, describe_index, index_location, open_ind
 if TYPE_CHECKING:
     from ..backends.base import Backend
     from ..encoder import Encoder as RuntimeEncoder
+    from ..enrich import UpdateReport
     from ..filters import SearchFilter
     from ..ingest import IngestReport
     from ..metadata import Metadata
     from ..search import SearchResult
+    from ..user_documents import DocumentsReport
     from ..watch import WatchBatch, Watching
     from .encoding import Encoder, ImageInput
 
@@ -66,6 +68,49 @@ class Index:
                             create=create, verify=create, threads=search_threads,
                             remember=False)
         return cls(opened, device=device)
+
+    @classmethod
+    def update_existing(cls, index_name: str, image_field: str, *, url: str | None = None, backend: str | None = None,
+                        bundle: str | os.PathLike | None = None, url_base: str | None = None,
+                        image_root: str | os.PathLike | None = None, progress: Progress | None = None,
+                        batch_size: int = 32, workers: int = 2, top_k: int | None = None,
+                        max_pixels: int | None = None, device: str = "auto") -> UpdateReport:
+        """Add picture search to the OpenSearch index ``index_name`` at ``url`` (Elasticsearch
+        with ``backend="elasticsearch"``), which the caller made and fills: each document whose ``image_field`` holds a picture path or an
+        http(s) URL gets its words (``sparse``, ``terms``) and dense vector as a partial update;
+        its other fields are never sent. ``url_base`` makes a URL of a value that is not one,
+        ``image_root`` is the folder of relative paths. Documents done by an earlier call are
+        skipped, so calling it again continues an interrupted run and then updates nothing.
+        Returns what ``ingest --update-existing --json`` prints (``report.failed``: documents
+        whose picture could not be used, left as they were). Afterwards
+        ``Index.open(url=url, index_name=index_name)`` searches it.
+
+        ``bundle``: None uses the one an earlier call recorded, else the one exported last.
+        ``progress(done, to_do, updated)`` is called before the first page and after each."""
+        from ..encoder import Encoder as RuntimeEncoder
+        from ..enrich import Pictures, check_target, engine_of, read_target, update_existing
+        from ..index_access import bundle_for_index, make_backend
+
+        kind = backend_for(backend, url)
+        if kind == "local":
+            raise SettingsError("picture search is added to an OpenSearch or Elasticsearch index (url=...), not to "
+                                "a local one")
+        if device not in ("auto", "cpu", "cuda"):
+            raise SettingsError(f"unknown device {device!r}: use auto, cpu or cuda")
+        _require_int("batch_size", batch_size, 1)
+        _require_int("workers", workers, 1)
+        pictures = Pictures(url_base, Path(image_root) if image_root is not None else None)
+        store = make_backend(kind, "", url, index_name)
+        try:
+            target = read_target(engine_of(store), store.index_name)
+            chosen = bundle_for_index(os.fspath(bundle) if bundle else None, target.recorded(),
+                                      index_location(store), verify=True)
+            check_target(target, image_field, chosen.identity(), engine_of(store))  # before the models load
+            encoder = RuntimeEncoder(chosen, device=device)
+            return update_existing(store, encoder, image_field, pictures, target=target, progress=progress,
+                                   batch_size=batch_size, workers=workers, top_k=top_k, max_pixels=max_pixels)
+        finally:
+            store.close()
 
     # -- what it is --------------------------------------------------------------------
 
@@ -243,6 +288,12 @@ class Index:
 
             sidecar = read_sidecar(metadata)  # a bad file fails before any work
         backend = self._open_backend()
+        if self.backend_name != "local":
+            from ..user_documents import holds_user_ids
+
+            if holds_user_ids(backend):
+                raise IndexStoreError(f"{self.location} holds documents under your ids (ingest --documents): "
+                                      "folders go into another index")
         counted = {"found": 0, "stored": 0}
 
         def on_start(found: int) -> None:
@@ -278,6 +329,39 @@ class Index:
                 report.search_seconds = self.prepare_search()
         except DiskFullError as exc:  # say how much of this run is kept
             raise DiskFullError(exc.where, exc.free, stored=counted["stored"]) from None
+        finally:
+            if self._created and (report is None or report.stored == 0):
+                self._discard_new_index()
+        self._created = False
+        return report
+
+    def ingest_documents(self, documents: str | os.PathLike | Iterable[Mapping[str, Any]], *,
+                         url_base: str | None = None, image_root: str | os.PathLike | None = None,
+                         progress: Progress | None = None, batch_size: int = 32, workers: int = 2,
+                         top_k: int | None = None, max_pixels: int | None = None) -> DocumentsReport:
+        """Store pictures under your own ids (``ingest --documents``): ``documents`` is a JSON
+        Lines file, or mappings, each ``{"id": ..., "image": path-or-URL}``; ``url_base`` and
+        ``image_root`` place a relative value as :meth:`update_existing` does. One document per
+        id: the same picture under two ids is two documents, a stored id with the same picture
+        is not encoded again, with another it is replaced. Such an index keeps only documents
+        of this kind (``ingest`` of folders is refused there). Cluster indexes only: a local
+        index keys pictures by their content. Returns what ``ingest --documents --json``
+        prints; ``progress(done, found, stored)`` as :meth:`ingest`."""
+        from ..enrich import Pictures
+        from ..user_documents import read_lines, store_documents
+
+        if self.backend_name == "local":
+            raise SettingsError("documents under your own ids go into an OpenSearch or Elasticsearch index (url=); "
+                                "a local index keys pictures by their content: ingest the folder instead")
+        _require_int("batch_size", batch_size, 1)
+        _require_int("workers", workers, 1)
+        pictures = Pictures(url_base, Path(image_root) if image_root is not None else None)
+        lines, others = read_lines(documents)  # a bad file fails before any work
+        report = None
+        try:
+            report = store_documents(self._open_backend(), self._encoder(), lines, pictures, batch_size=batch_size,
+                                     workers=workers, top_k=top_k, max_pixels=max_pixels, progress=progress,
+                                     left_out=others)
         finally:
             if self._created and (report is None or report.stored == 0):
                 self._discard_new_index()

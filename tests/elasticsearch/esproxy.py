@@ -82,7 +82,7 @@ class CompatProxy(FaultProxy):
         self.sent: list[Sent] = []
         # index or alias -> {sparse_vector field: prune setting of its index_options (None: none)}
         self.sparse_vector_fields: dict[str, dict[str, bool | None]] = {}
-        # index -> {sparse_vector field: its mapping as given}, to answer GET _mapping with it
+        # index -> {sparse_vector or dense_vector field: its mapping as given}, to answer GET _mapping with it
         self.sparse_vector_mappings: dict[str, dict[str, dict]] = {}
         # Tests of version-dependent behaviour only: answer GET / as this Elasticsearch version.
         self.pretend_version = pretend_version
@@ -104,6 +104,14 @@ class CompatProxy(FaultProxy):
             refused = self._sparse_vector_as_rank_features(path.lstrip("/"), doc)
             if refused is not None:
                 return 400, {"Content-Type": "application/json", "X-Elastic-Product": "Elasticsearch"}, refused
+            body = json.dumps(doc).encode()
+        added = re.fullmatch(r"/([a-z0-9][^/_?]*)/_mapping", path)
+        if method == "PUT" and added and body and b'"dense_vector"' in body:  # a field added to an index
+            doc = json.loads(body)
+            for field, spec in (doc.get("properties") or {}).items():
+                if spec.get("type") == "dense_vector":
+                    self.sparse_vector_mappings.setdefault(added.group(1), {})[field] = dict(spec)
+                    doc["properties"][field] = {"type": "knn_vector", "dimension": spec["dims"]}
             body = json.dumps(doc).encode()
         if method == "POST" and path.split("?")[0].endswith("/_search") and b'"sparse_vector"' in body:
             index = path.split("?")[0].removesuffix("/_search").strip("/")

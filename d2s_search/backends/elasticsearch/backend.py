@@ -278,7 +278,9 @@ class ElasticsearchBackend(EngineIndex):
     # -- index lifecycle ------------------------------------------------------------------
 
     def _put_meta(self, identity: IndexIdentity) -> None:
-        status, body = self._call("PUT", f"/{self.index_name}/_mapping", body=q.put_meta_body(identity, self.mapping))
+        stored = self._stats()[1]  # _meta is replaced whole: keep what else the index records
+        status, body = self._call("PUT", f"/{self.index_name}/_mapping",
+                                  body={"_meta": {**stored, **q.put_meta_body(identity, self.mapping)["_meta"]}})
         self._check(status, body, "record the bundle in _meta")
 
     def _remember_mapping(self, mapping: Mapping[str, Any]) -> None:
@@ -511,6 +513,9 @@ class ElasticsearchBackend(EngineIndex):
 
     def _search(self, body: dict, index: str | None = None) -> list[dict]:
         self.settle()
+        if self.path_field != "path" and isinstance(body.get("_source"), dict):  # an enriched index's image field
+            body = {**body, "_source": {**body["_source"], "includes": [*body["_source"].get("includes", []),
+                                                                        self.path_field]}}
         status, reply = self._call("POST", f"/{index or self.index_name}/_search", body=body)
         return self._check(status, reply, "search").get("hits", {}).get("hits", [])
 

@@ -9,6 +9,10 @@ from typing import Any
 from d2s_search.backends.base import IndexIdentity
 from d2s_search.errors import BundleMismatchError, IndexStoreError
 
+# ``_meta`` of a user's index given picture search (``ingest --update-existing``): the field
+# whose value a hit shows as its path.
+IMAGE_FIELD_META = "image_field"
+
 
 def check_identity(index_name: str, url: str, wanted: IndexIdentity, stored: IndexIdentity | None,
                    index_option: str) -> None:

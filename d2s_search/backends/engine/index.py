@@ -38,7 +38,12 @@ from d2s_search.backends.engine.documents import (
     shown_path,
     stored_paths,
 )
-from d2s_search.backends.engine.identity import check_dims, check_identity, meta_identity
+from d2s_search.backends.engine.identity import (
+    IMAGE_FIELD_META,
+    check_dims,
+    check_identity,
+    meta_identity,
+)
 from d2s_search.backends.opensearch.features import matched_terms
 from d2s_search.errors import (
     BackendUnavailableError,
@@ -69,6 +74,9 @@ class EngineIndex:
     # upsert takes the documents' paths from any other document that holds them (one path,
     # one document); off for the copy a reindex writes, which already keeps that rule.
     claims_paths: bool = True
+    # The field a hit shows as its path: ``path``, or the image field of a user's index given
+    # picture search (``_meta.image_field``, d2s_search.enrich).
+    path_field: str = PATH_FIELD
 
     def _init_index(self, index_name: str, *, chunk_docs: int, chunk_bytes: int, refresh: bool) -> None:
         """The settings both engines take the same way (first in ``__init__``: a bad name fails
@@ -236,6 +244,10 @@ class EngineIndex:
         at a copy that exists.
         """
         stored = self._stored_identity()
+        if create and self.path_field != PATH_FIELD:  # the user's own index, given picture search
+            raise IndexStoreError(f"index {self.index_name!r} is your own, with picture search from the field "
+                                  f"{self.path_field!r}: `d2s-search ingest --update-existing` keeps it up to date; "
+                                  "ingest folders into another index")
         if stored is None:
             if not create or identity is None:
                 raise IndexStoreError(self._missing())
@@ -278,6 +290,7 @@ class EngineIndex:
             raise IndexStoreError(
                 f"index {self.index_name!r} at {self.url} was not made by d2s-search (no _meta.fingerprint)"
             )
+        self.path_field = str((first.get("_meta") or {}).get(IMAGE_FIELD_META) or PATH_FIELD)
         self._remember_mapping(first)
         self._remember_fields(first)
         return ident
@@ -461,8 +474,8 @@ class EngineIndex:
                 id=self._hit_id(h),
                 # _score is a float32 printed in shortest form: recover the exact value.
                 score=float(np.float32(h.get("_score") or 0.0)),
-                path=shown_path(src.get(PATH_FIELD)),
-                url=src.get("url"),
+                path=shown_path(src.get(self.path_field)),
+                url=src.get("url") if self.path_field == PATH_FIELD else None,  # a user's url is not the picture's
                 matched=matched_terms(query, self._decode(src.get(SPARSE_FIELD)), explain),
             ))
         return hits

@@ -603,6 +603,8 @@ class OpenSearchBackend(EngineIndex):
         self.settle()
         if self.content_ids and isinstance(body.get("_source"), list) and q.CONTENT_ID not in body["_source"]:
             body = {**body, "_source": [*body["_source"], q.CONTENT_ID]}  # the hit's own id
+        if self.path_field != "path" and isinstance(body.get("_source"), list):
+            body = {**body, "_source": [*body["_source"], self.path_field]}  # an enriched index's image field
         reply = self.http.request("POST", f"/{index or self.index_name}/_search", json_body=body, params=params)
         self._raise_for(reply, "search")
         return reply.body.get("hits", {}).get("hits", [])
