@@ -280,14 +280,14 @@ def declare_sidecar(backend: Backend, sidecar: Sidecar | None) -> None:
 def metadata_of(item: _Hashed, sidecar: Sidecar | None) -> Metadata:
     """What the picture says (EXIF; the file's time when it has no date) and the sidecar's
     fields for its path."""
+    return _with_row(item, sidecar)[0]
+
+
+def _with_row(item: _Hashed, sidecar: Sidecar | None) -> tuple[Metadata, bool]:
+    """:func:`metadata_of`, and whether the sidecar has a row for the picture."""
     found = read_metadata(item.data, item.mtime)
-    fields = sidecar_fields(item, sidecar)
-    return found.with_fields(fields) if fields else found
-
-
-def sidecar_fields(item: _Hashed, sidecar: Sidecar | None) -> dict | None:
-    """The sidecar's row for the picture (None: no sidecar, or no row for it)."""
-    return sidecar.fields_for(index_path(item.path)) if sidecar is not None else None
+    fields = sidecar.fields_for(index_path(item.path)) if sidecar is not None else None
+    return (found.with_fields(fields) if fields else found), fields is not None
 
 
 def update_metadata(known: list[_Hashed], backend: Backend, sidecar: Sidecar | None, report: IngestReport) -> None:
@@ -299,8 +299,8 @@ def update_metadata(known: list[_Hashed], backend: Backend, sidecar: Sidecar | N
     keep: set[str] = set()  # no sidecar row: the fields stored before stay (a plain re-ingest keeps them)
     for item in known:  # the same bytes at two paths: the first found speaks for them
         if item.id not in fresh:
-            fresh[item.id] = metadata_of(item, sidecar)
-            if sidecar_fields(item, sidecar) is None:
+            fresh[item.id], has_row = _with_row(item, sidecar)
+            if not has_row:
                 keep.add(item.id)
     report.metadata_updated += backend.set_metadata(fresh, keep_fields=keep)
 

@@ -192,6 +192,11 @@ class Sidecar:
         return found
 
 
+def is_field_name(name: object) -> bool:
+    """Whether ``name`` may name a field of the user's (what check_field_name enforces)."""
+    return isinstance(name, str) and bool(_FIELD_NAME.match(name)) and name not in RESERVED_FIELDS
+
+
 def check_field_name(name: str, where: str) -> str:
     if not _FIELD_NAME.match(name):
         raise MetadataError(f"{where}: field name {name!r} must start with a letter and hold only letters, digits "
@@ -390,7 +395,7 @@ def fields_from_json(value: Any) -> dict[str, FieldValue]:
         return {}
     out: dict[str, FieldValue] = {}
     for name, v in value.items():
-        if isinstance(name, str) and _FIELD_NAME.match(name) and name not in RESERVED_FIELDS:
+        if is_field_name(name):
             if isinstance(v, bool) or (isinstance(v, str) and len(v) <= 10_000):
                 out[name] = v
             elif isinstance(v, (int, float)) and math.isfinite(float(v)):

@@ -30,6 +30,7 @@ from d2s_search.metadata import (
     Metadata,
     check_field_name,
     fields_from_json,
+    is_field_name,
 )
 
 CONTENT_ID = "content_id"
@@ -78,7 +79,7 @@ def user_field_types(properties: Mapping[str, Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, spec in (props or {}).items():
         kind = _ENGINE_TYPES.get(spec.get("type", "")) if isinstance(spec, Mapping) else None
-        if kind and isinstance(name, str):
+        if kind and is_field_name(name):  # the mapping is read back: a name we would not write is left out
             out[name] = kind
     return out
 

@@ -1046,12 +1046,15 @@ class LocalBackend:
                 allowed &= carries if wanted else ~carries
         return allowed
 
-    def _few_allowed(self, state: Structures, columns: QueryColumns, allowed: np.ndarray) -> np.ndarray | None:
-        """The allowed rows when scoring them one by one (their own postings) reads less than
-        scoring the query's posting lists (a narrow filter: 0.1% of the documents), else None."""
+    def _few_allowed(self, state: Structures, query: SparseVector | QueryColumns,
+                     allowed: np.ndarray) -> tuple[np.ndarray, QueryColumns] | None:
+        """(the allowed rows, the query's columns) when scoring those rows one by one (their own
+        postings) reads less than scoring the query's posting lists (a narrow filter: 0.1% of
+        the documents), else None; the query's columns are made only for a narrow filter."""
         n_allowed = int(np.count_nonzero(allowed))
         if n_allowed * FEW_ALLOWED_SHARE > state.size:  # a query reads far less than 1/64 of the postings
             return None
+        columns = self._query_columns(query)
         stored = sum(int(s.arrays["csr_indptr"][-1]) for s in state.shards)
         row_reads = n_allowed * stored / max(state.size, 1)
         posting_reads = 0
@@ -1059,7 +1062,7 @@ class LocalBackend:
             indptr = shard.arrays["csc_indptr"]
             known = columns.cols[columns.cols < shard.n_cols]
             posting_reads += int((indptr[known + 1] - indptr[known]).sum())
-        return np.flatnonzero(allowed) if row_reads < posting_reads else None
+        return (np.flatnonzero(allowed), columns) if row_reads < posting_reads else None
 
     def _allowed_rows_top(self, state: Structures, columns: QueryColumns, k: int,
                           rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -1081,7 +1084,7 @@ class LocalBackend:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
         few = self._few_allowed(state, columns, allowed)
         if few is not None:
-            return self._allowed_rows_top(state, columns, k, few)
+            return self._allowed_rows_top(state, columns, k, few[0])
         if isinstance(query, dict):
             top = self._query_top(state, query, k, 0, allow=allowed)
             if top is not None:
@@ -1141,15 +1144,12 @@ class LocalBackend:
                       words: WordFilter | None = None, filters: SearchFilter | None = None) -> list[Hit]:
         def run(state: Structures) -> list[Hit]:
             allowed = self._allowed(state, words, filters)
-            if allowed is not None and state.size:
-                narrow = np.count_nonzero(allowed) * FEW_ALLOWED_SHARE <= state.size
-                columns = self._query_columns(query) if narrow or type(query) is not dict else None
-                few = self._few_allowed(state, columns, allowed) if narrow else None
-                if few is not None or type(query) is not dict:
-                    rows, scores = (self._allowed_rows_top(state, columns, k, few) if few is not None
-                                    else self._filtered_sparse_top(state, columns, k, allowed))
-                    return self._hits(state, rows, scores, columns, explain)
-            # the words in the same call only when _hits.c builds the hits from it
+            few = self._few_allowed(state, query, allowed) if allowed is not None else None
+            if few is not None:
+                rows, columns = few
+                return self._hits(state, *self._allowed_rows_top(state, columns, k, rows), columns, explain)
+            # the words in the same call only when _hits.c builds the hits from it (the allowed
+            # rows, if any, masked in that call); None for a query it does not take
             top = self._query_top(state, query, k, explain if kernels._c_hits is not None else 0, allow=allowed)
             if top is None and allowed is not None:
                 columns = self._query_columns(query)

@@ -16,7 +16,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping
 
 from ...errors import MetadataError
-from ...metadata import FIELD_TYPES, Metadata, fields_from_json
+from ...metadata import FIELD_TYPES, Metadata, fields_from_json, is_field_name
 
 _MADE = ("CREATE TABLE IF NOT EXISTS metadata (id TEXT PRIMARY KEY, taken_at REAL, camera TEXT, lat REAL, "
          "lon REAL, fields TEXT)",)
@@ -113,8 +113,7 @@ def field_types(db: sqlite3.Connection) -> dict[str, str]:
         return {}
     if not isinstance(recorded, dict):
         return {}
-    return {n: t for n, t in recorded.items() if isinstance(n, str) and t in FIELD_TYPES
-            and fields_from_json({n: ""})}
+    return {n: t for n, t in recorded.items() if is_field_name(n) and t in FIELD_TYPES}
 
 
 def declare(db: sqlite3.Connection, types: Mapping[str, str]) -> bool:

@@ -164,7 +164,7 @@ def load(db: sqlite3.Connection, seqs: np.ndarray, key: tuple) -> FilterColumns:
     n = int(seqs.size)
     types = metadata_table.field_types(db)
     has_meta = metadata_table.has_table(db)
-    select = ("SELECT d.seq, d.id, d.width, d.height, d.size_bytes"
+    select = ("SELECT d.seq, d.id, d.width, d.height, d.size_bytes, d.path"
               + (", m.taken_at, m.camera, m.lat, m.lon, m.fields FROM docs d LEFT JOIN metadata m ON m.id = d.id"
                  if has_meta else " FROM docs d") + " ORDER BY d.seq")
     records = db.execute(select).fetchall()
@@ -193,7 +193,7 @@ def load(db: sqlite3.Connection, seqs: np.ndarray, key: tuple) -> FilterColumns:
                 numbers[name][row] = float(value)
         if not has_meta:
             continue
-        m = metadata_table.from_row(*record[5:10])
+        m = metadata_table.from_row(*record[6:11])
         if m.taken_at is not None:
             taken[row] = m.taken_at
         if m.location is not None:
@@ -214,11 +214,10 @@ def load(db: sqlite3.Connection, seqs: np.ndarray, key: tuple) -> FilterColumns:
     ids_rank[np.argsort(np.asarray(ids, dtype=object), kind="stable")] = np.arange(n)
 
     path_rows, path_folders, folder_codes = [], [], {}
-    seq_to_row = {int(s): r for s, r in zip(found.tolist(), row_of_record.tolist()) if r >= 0}
     id_to_row = {ids[r]: r for r in range(n) if ids[r]}
-    shown = db.execute("SELECT seq, path FROM docs ORDER BY seq").fetchall()
     more = db.execute("SELECT id, path FROM copies ORDER BY rowid").fetchall() if doc_paths.has_copies(db) else []
-    for row, path in [(seq_to_row.get(int(s), -1), p) for s, p in shown] + [(id_to_row.get(i, -1), p) for i, p in more]:
+    shown = [(row, record[5]) for record, row in zip(records, row_of_record.tolist())]  # the docs read once
+    for row, path in shown + [(id_to_row.get(i, -1), p) for i, p in more]:
         if row < 0 or not isinstance(path, str):
             continue
         parent = path.rsplit("/", 1)[0] if "/" in path else ""
