@@ -116,3 +116,17 @@ def table_lines(headers: Sequence[str], rows: Sequence[Sequence[str]], items: Se
         lines.append(f"{leading(row)}  {wrapped[0]}".rstrip())
         lines.extend(blank + more for more in wrapped[1:])
     return lines
+
+
+def print_watch_batch(batch, as_json: bool, prefix: str = "", err: bool = False) -> None:
+    """One applied watch batch (``ingest --watch``, ``serve --watch``): a JSON object with the
+    time on one line, or the time and its counts, each rejected file before it on stderr."""
+    from datetime import datetime
+
+    at = datetime.now().astimezone().isoformat(timespec="seconds")
+    if as_json:
+        click.echo(json_text({"batch": batch.to_json(), "at": at}, indent=None))
+        return
+    for path, reason in batch.rejected:
+        echo_line(f"{prefix}rejected {path}: {reason}", err=True)
+    echo_line(f"{prefix}{at[11:19]} {batch.line()}", err=err)

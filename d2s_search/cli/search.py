@@ -196,21 +196,14 @@ def _watch(target, paths, options, as_json: bool) -> int:
     """Watch PATHS until SIGINT or SIGTERM; each applied batch printed as it is done."""
     import signal
     import threading
-    from datetime import datetime
 
-    from d2s_search.cli.output import json_text
+    from d2s_search.cli.output import json_text, print_watch_batch
     from d2s_search.watch import Watcher
 
     stop = threading.Event()
 
     def on_batch(batch) -> None:
-        at = datetime.now().astimezone().isoformat(timespec="seconds")
-        if as_json:
-            click.echo(json_text({"batch": batch.to_json(), "at": at}, indent=None))
-            return
-        for path, reason in batch.rejected:
-            echo_line(f"rejected {path}: {reason}", err=True)
-        click.echo(f"{at[11:19]} {batch.line()}")
+        print_watch_batch(batch, as_json)
 
     def on_error(message: str) -> None:
         if as_json:
@@ -244,14 +237,6 @@ def _watch(target, paths, options, as_json: bool) -> int:
 def _update_existing(index_name, image_field, url_base, image_root, bundle, backend, url, device, batch_size, workers,
                      top_k, max_pixels, as_json) -> int:
     """``ingest --update-existing``: Index.update_existing with a progress bar, then the report."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
     from d2s_search.cli.output import echo_line
     from d2s_search.python_api.index import Index
 
@@ -259,16 +244,7 @@ def _update_existing(index_name, image_field, url_base, image_root, bundle, back
     if kind == "local":
         raise click.UsageError("--update-existing adds picture search to an OpenSearch or Elasticsearch index: give "
                                "--url (or D2S_OPENSEARCH_URL, D2S_ELASTICSEARCH_URL)")
-    err = console(stderr=True)
-    progress = Progress(TextColumn("[bold]update"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                        console=err, transient=as_json, disable=as_json and not err.is_terminal)
-    state: dict = {"task": None}
-
-    def on_progress(done: int, to_do: int, updated: int) -> None:
-        if state["task"] is None:
-            state["task"] = progress.add_task("update", total=to_do)
-        progress.update(state["task"], completed=done)
-
+    progress, on_progress = _document_bar("update", as_json)
     with progress:
         report = Index.update_existing(index_name, image_field, url=url, backend=kind, bundle=bundle, url_base=url_base,
                                        image_root=image_root, progress=on_progress, batch_size=batch_size,
@@ -291,14 +267,6 @@ def _update_existing(index_name, image_field, url_base, image_root, bundle, back
 def _ingest_documents(documents, url_base, image_root, bundle, backend, index, url, index_name, device, batch_size,
                       workers, top_k, max_pixels, as_json) -> int:
     """``ingest --documents``: Index.ingest_documents with a progress bar, then the report."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
     from d2s_search.cli.output import echo_line
     from d2s_search.enrich import Pictures
     from d2s_search.python_api.index import Index
@@ -310,16 +278,7 @@ def _ingest_documents(documents, url_base, image_root, bundle, backend, index, u
     Pictures(url_base, Path(image_root) if image_root else None)  # bad options fail before any index is opened
     read_lines(documents)  # so does a bad file
     opened = open_index(backend, index, url, index_name, bundle, create=True, verify=True)
-    err = console(stderr=True)
-    progress = Progress(TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                        console=err, transient=as_json, disable=as_json and not err.is_terminal)
-    state: dict = {"task": None}
-
-    def on_progress(done: int, found: int, stored: int) -> None:
-        if state["task"] is None:
-            state["task"] = progress.add_task("ingest", total=found)
-        progress.update(state["task"], completed=done)
-
+    progress, on_progress = _document_bar("ingest", as_json)
     target = Index(opened, device=device)
     try:
         with progress:
@@ -340,6 +299,30 @@ def _ingest_documents(documents, url_base, image_root, bundle, backend, index, u
         echo_line(f"note: the lines' other keys ({', '.join(report.left_out_keys)}) are not stored: this index "
                   "keeps no fields of its own", err=True)
     return code
+
+
+def _document_bar(label: str, as_json: bool):
+    """(a progress bar on stderr, the ``progress(done, total, written)`` callback that drives it)
+    for --update-existing and --documents; the total is set by the first call."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    err = console(stderr=True)
+    progress = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                        console=err, transient=as_json, disable=as_json and not err.is_terminal)
+    task = []
+
+    def on_progress(done: int, total: int, written: int) -> None:
+        if not task:
+            task.append(progress.add_task(label, total=total))
+        progress.update(task[0], completed=done)
+
+    return progress, on_progress
 
 
 def _report_ingest(report, as_json: bool, one_line: bool = False) -> int:

@@ -152,10 +152,9 @@ def _start_watching(service, paths, delay: float, where: tuple, device: str, thu
     """The watcher of ``serve --watch``: a thread of its own that writes through its own
     connection to the index this server searches (a local index's searches see each new
     generation; a cluster's, after its refresh), with the server's loaded models."""
-    from datetime import datetime
     from pathlib import Path
 
-    from d2s_search.cli.output import json_text
+    from d2s_search.cli.output import print_watch_batch
     from d2s_search.index_access import open_index
     from d2s_search.python_api.index import Index
     from d2s_search.serve.thumbnails import default_cache_dir
@@ -170,13 +169,7 @@ def _start_watching(service, paths, delay: float, where: tuple, device: str, thu
         return watcher_index
 
     def on_batch(batch) -> None:
-        at = datetime.now().astimezone().isoformat(timespec="seconds")
-        if as_json:
-            click.echo(json_text({"batch": batch.to_json(), "at": at}, indent=None))
-            return
-        for path, reason in batch.rejected:
-            echo_line(f"d2s-search: rejected {path}: {reason}", err=True)
-        echo_line(f"d2s-search: {at[11:19]} {batch.line()}", err=True)
+        print_watch_batch(batch, as_json, prefix="d2s-search: ", err=True)
 
     def on_error(message: str) -> None:
         echo_line(f"d2s-search: error: {message} (the watch goes on)", err=True)
