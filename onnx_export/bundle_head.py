@@ -19,7 +19,7 @@ import torch
 from d2s_search.bundle import Bundle, sha256_file
 from d2s_search.errors import ModelError
 
-from .head import SparseHead, finite_setting, load_head
+from .head import SparseHead, finite_setting, load_head, terms_setting
 
 # fp32 graphs reproduce torch within the export's parity tolerance (1e-4); quantised graphs
 # differ more, so they are checked coarsely (relative to the largest weight).
@@ -82,8 +82,8 @@ def _from_file(bundle: Bundle, recorded: dict) -> SparseHead:
 
 
 def _with_bundle_settings(head: SparseHead, bundle: Bundle) -> SparseHead:
-    """The bundle's document shift, query word boost and excluded terms (export may override
-    the first two and adds the tokenizer's special tokens to the last)."""
+    """The bundle's document shift, query word boost, document terms and excluded terms (export
+    may override the first three and adds the tokenizer's special tokens to the last)."""
     summary = bundle.manifest.get("head", {})
     c = head.config
     c.document_shift = finite_setting(
@@ -92,6 +92,7 @@ def _with_bundle_settings(head: SparseHead, bundle: Bundle) -> SparseHead:
     c.query_word_boost = finite_setting(
         summary.get("query_word_boost", 0.0), "the bundle's query word boost"
     )
+    c.document_terms = terms_setting(summary.get("document_terms", 0), "the bundle's document terms")
     excluded = sorted(int(i) for i in bundle.manifest["text"]["excluded_ids"])
     if excluded != sorted(set(c.excluded_ids)):  # rebuilt: the in-graph mask follows the ids
         state = head.state_dict()

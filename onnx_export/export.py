@@ -36,7 +36,7 @@ from d2s_search.errors import ModelError, ParityError
 from d2s_search.terms import split_word_flags
 
 from .dense import ProjectedTower
-from .head import SparseHead, finite_setting, head_summary, load_head
+from .head import SparseHead, finite_setting, head_summary, load_head, terms_setting
 from .models import DenseDualEncoder, build_dense_encoder
 from .tokenizers_offline import display_terms, excluded_token_ids, tokenizer_json
 
@@ -159,8 +159,10 @@ def export_bundle(
     projections: str | Path | None = None,
     document_shift: float | None = None,
     query_word_boost: float | None = None,
+    document_terms: int | None = None,
 ) -> ExportResult:
-    """``document_shift``, ``query_word_boost``: override the head's (None: keep what training chose)."""
+    """``document_shift``, ``query_word_boost``, ``document_terms``: override the head's (None: keep
+    what training chose)."""
     if precision not in PRECISIONS:
         raise ModelError(f"precision must be one of {', '.join(PRECISIONS)}")
     out_dir = Path(out_dir).expanduser().resolve()
@@ -182,6 +184,8 @@ def export_bundle(
     for name, value in (("document_shift", document_shift), ("query_word_boost", query_word_boost)):
         if value is not None:
             setattr(head.config, name, finite_setting(value, name.replace("_", " ")))
+    if document_terms is not None:
+        head.config.document_terms = terms_setting(document_terms, "document terms")
     image_graph = ImageGraph(encoder.image_tower, head).eval()
     text_graph = TextGraph(encoder.text_tower, head, encoder.tokenizer).eval()
     pixels, ids, mask = sample_inputs(encoder, TRACE_TEXTS)

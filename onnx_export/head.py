@@ -5,6 +5,8 @@
     s  = W2 z2           (w -> |V|), W2 initialised from a vocabulary projection
     s  = log(1 + relu(s)) * allowed                    (documents: relu(s + document_shift))
     s += query_word_boost * own(query tokens) * allowed (queries, in the text graph)
+    s  = s * (s > floor)                               (documents: a few common terms' floors)
+    s  = top_k(s, document_terms)                      (documents, when document_terms > 0)
 
 A document (image) is encoded with ``document_shift`` added to every vocabulary score before
 the ReLU: documents keep more terms than queries (the same ranking of terms, the smallest
@@ -12,6 +14,16 @@ ones added). A query's own words (its allowed input tokens) get ``query_word_boo
 to their weights, so what the user typed is always searched. Both are chosen after training
 on validation data within a FLOPs budget (:func:`d2s_search.train.calibrate.choose_document_shift`);
 0 = the head's plain output.
+
+``document_terms`` keeps a document's strongest terms only: past the first hundred or so an
+image's terms are the shift's faint tail (0.01-0.1 weights on words half the collection shares),
+which cost postings and explanations and add little to a score (docs/design-decisions.md,
+"At most 150 words per picture").
+
+``document_floors`` (term id -> weight) hold back a term that would otherwise be on far more
+images than the captions use it for (``sitting`` on 60% of pictures, in the captions of 18%):
+below its floor an image does not carry it. Set after training by
+:func:`d2s_search.train.calibrate.choose_document_floors`.
 
 ``allowed`` is a fixed 0/1 buffer over the vocabulary that zeroes special and ``[unused*]``
 tokens inside the graph, so no exported model can ever emit them as terms.
@@ -49,6 +61,10 @@ class HeadConfig:
     # > 0: a residual branch W4 gelu(W3 z) of this width added to W1 z (W4 starts at zero, so
     # the head starts as the linear one); 0 = the paper's linear head.
     mlp_dim: int = 0
+    # > 0: a document keeps at most this many terms, its strongest (see the module docstring).
+    document_terms: int = 0
+    # term id -> the weight an image's term must exceed (see the module docstring).
+    document_floors: dict[int, float] = field(default_factory=dict)
 
 
 class SparseHead(nn.Module):
@@ -66,6 +82,10 @@ class SparseHead(nn.Module):
         if config.excluded_ids:
             allowed[torch.tensor(sorted(set(config.excluded_ids)), dtype=torch.long)] = 0.0
         self.register_buffer("allowed", allowed, persistent=False)
+        floor = torch.zeros(config.vocab_size)
+        for term, weight in config.document_floors.items():
+            floor[int(term)] = float(weight)
+        self.register_buffer("floor", floor, persistent=False)
 
     @classmethod
     def from_vocab_projection(
@@ -111,7 +131,14 @@ class SparseHead(nn.Module):
         logits = self.logits(z)
         if document and self.config.document_shift:
             logits = logits + self.config.document_shift
-        return torch.log1p(torch.relu(logits)) * self.allowed
+        sparse = torch.log1p(torch.relu(logits)) * self.allowed
+        if document and self.config.document_floors:
+            sparse = sparse * (sparse > self.floor).to(sparse.dtype)
+        keep = self.config.document_terms
+        if document and 0 < keep < sparse.shape[-1]:
+            values, ids = torch.topk(sparse, keep, dim=-1)
+            sparse = torch.zeros_like(sparse).scatter(-1, ids, values)
+        return sparse
 
     def with_own_words(self, sparse: torch.Tensor, token_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """A query's sparse vector with ``query_word_boost`` added at its own allowed tokens
@@ -161,6 +188,8 @@ def load_head(path: str | Path) -> SparseHead:
         from d2s_search.errors import ModelError
 
         raise ModelError(f"{path}: its mlp width must be an integer in 0..65536, got {config.mlp_dim!r}")
+    config.document_terms = terms_setting(config.document_terms, f"{path}: its document terms")
+    config.document_floors = floors_setting(config.document_floors, config.vocab_size, f"{path}: its document floors")
     head = SparseHead(config)
     head.load_state_dict(payload["state_dict"])
     return head
@@ -174,6 +203,29 @@ def finite_setting(value, what: str) -> float:
 
         raise ModelError(f"{what} must be a finite number, not {value!r}")
     return float(value)
+
+
+def terms_setting(value, what: str) -> int:
+    """``value`` as a count of document terms (0 = all), or a one-line ModelError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1_000_000:
+        from d2s_search.errors import ModelError
+
+        raise ModelError(f"{what} must be a whole number of terms in 0..1000000 (0 = all), not {value!r}")
+    return int(value)
+
+
+def floors_setting(value, vocab_size: int, what: str) -> dict[int, float]:
+    """``value`` as term id -> floor (ids inside the vocabulary, finite weights >= 0), or a
+    one-line ModelError naming ``what``."""
+    ok = isinstance(value, dict) and all(
+        isinstance(k, int) and not isinstance(k, bool) and 0 <= k < vocab_size
+        and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        for k, v in value.items())
+    if not ok:
+        from d2s_search.errors import ModelError
+
+        raise ModelError(f"{what} must map term ids below {vocab_size} to finite weights >= 0")
+    return {int(k): float(v) for k, v in value.items()}
 
 
 def head_summary(head: SparseHead) -> dict:
@@ -191,6 +243,8 @@ def head_summary(head: SparseHead) -> dict:
                 "notes": c.notes,
                 **({"document_shift": c.document_shift} if c.document_shift else {}),
                 **({"query_word_boost": c.query_word_boost} if c.query_word_boost else {}),
+                **({"document_terms": c.document_terms} if c.document_terms else {}),
+                **({"document_floors": len(c.document_floors)} if c.document_floors else {}),
             }
         )
     )

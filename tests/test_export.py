@@ -361,6 +361,39 @@ def test_document_shift_is_in_the_image_graph_only(tmp_path):
         export_bundle("tiny-clip", tmp_path / "nan", head_path=ckpt, document_shift=float("nan"))
 
 
+def test_document_terms_cut_the_image_graph_only(tmp_path):
+    """A head keeping an image's strongest terms: the image graph emits at most that many (the
+    same weights as the uncut graph on those), the text graph is untouched, the manifest
+    records the cap and the extracted head carries it; export's override wins."""
+    from d2s_onnx_export.bundle_head import extract_head
+
+    encoder = build_dense_encoder("tiny-clip")
+    head = build_head(encoder, None)
+    with torch.no_grad():
+        head.proj.weight.mul_(3.0)
+    head.config.document_shift = 2.0
+    head.config.document_terms = 5
+    ckpt = save_head(head, tmp_path / "head.pt")
+    cut = export_bundle("tiny-clip", tmp_path / "cut", head_path=ckpt)
+    whole = export_bundle("tiny-clip", tmp_path / "whole", head_path=ckpt, document_terms=0)
+    assert cut.bundle.manifest["head"]["document_terms"] == 5
+    assert "document_terms" not in whole.bundle.manifest["head"]
+    assert cut.bundle.fingerprint != whole.bundle.fingerprint
+    a, b = Encoder(cut.bundle, device="cpu"), Encoder(whole.bundle, device="cpu")
+    pixels = np.stack([a.preprocess(pattern_image(i)) for i in range(3)])
+    _, sparse = a.encode_pixels(pixels)
+    _, full = b.encode_pixels(pixels)
+    assert ((full > 0).sum(axis=1) > 5).all() and ((sparse > 0).sum(axis=1) == 5).all()
+    for row in range(3):
+        top = np.argsort(-full[row], kind="stable")[:5]
+        assert set(np.flatnonzero(sparse[row])) == set(top.tolist())
+        assert np.abs(sparse[row, top] - full[row, top]).max() < 1e-5
+    assert np.array_equal(a.encode_texts(["a dog"]).sparse, b.encode_texts(["a dog"]).sparse)
+    assert extract_head(cut.bundle).head.config.document_terms == 5
+    with pytest.raises(ModelError, match="document terms must be a whole number"):
+        export_bundle("tiny-clip", tmp_path / "bad", head_path=ckpt, document_terms=-2)
+
+
 def test_a_head_with_an_mlp_branch_exports_with_parity(tmp_path):
     """The residual GELU branch (``mlp_dim``) is part of both exported graphs."""
     from d2s_onnx_export.head import HeadConfig, SparseHead

@@ -16,6 +16,11 @@ import click
 from d2s_search.cli.options import ray_engine_options
 from d2s_search.errors import EXIT_OK, EXIT_PARTIAL
 
+# An image's terms past its strongest 150 are the document shift's faint tail: the cap cost
+# 0.005 of sparse/dense R@1 on the caption benchmark's 5,000 documents and a fifth of the FLOPs
+# (docs/design-decisions.md, "At most 150 words per picture").
+DOCUMENT_TERMS = 150
+
 
 def _emit_json(payload: dict) -> None:
     click.echo(json.dumps(payload, indent=2, ensure_ascii=False, default=_json_default))
@@ -107,6 +112,12 @@ def _tokenizer_option(f):
 @click.option("--query-word-boost", type=click.FloatRange(0, 100), default=2.0, show_default=True,
               help="Added to a query's own words before the ReLU, so what the user typed is always searched; saved "
                    "in the head (set, not chosen on validation: docs/training.md). 0 = none.")
+@click.option("--document-terms", type=click.IntRange(0, 1_000_000), default=DOCUMENT_TERMS, show_default=True,
+              help="An image keeps at most this many terms, its strongest (saved in the head; the epochs and the "
+                   "document shift are chosen with it). 0 = every term the head and its shift give.")
+@click.option("--max-image-share", type=click.FloatRange(0, 1), default=0.4, show_default=True,
+              help="After training, hold back a term that is on more than this share of the training images unless "
+                   "their captions use it as often (a per-term floor saved in the head). 0 = none.")
 @click.option("--calibration-distractors", type=click.IntRange(0), default=4000, show_default=True,
               help="Score the epochs and choose the document shift by validation R@1 against the validation images "
                    "plus up to this many training images: a few hundred validation images alone saturate R@1 "
@@ -141,7 +152,7 @@ def _tokenizer_option(f):
 @click.pass_context
 def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj, lr_vocab, warmup, schedule,
           vocab_init, freeze_vocab, regularizer, bias_init, lr_bias, norm_gain, output_terms, proj_init, gate_own_words,
-          image_eta_scale, mix, mix_most, flops_budget, query_word_boost, calibration_distractors, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image,
+          image_eta_scale, mix, mix_most, flops_budget, query_word_boost, document_terms, max_image_share, calibration_distractors, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image,
           joint_w1, joint_w2, joint_lambda1, joint_lambda2, joint_lambda3, joint_tau, joint_max_flops, joint_init_head, seed, device, threads,
           amp, resume, force, export_onnx_head, tokenizer, as_json) -> int:
     """Train a D2S sparse head on precomputed dense embeddings (docs/training.md).
@@ -175,7 +186,7 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
             select_after_warmup=not select_during_warmup, select_max_flops=joint_max_flops, device=device,
         )
         return _train_joint(data, out, cfg, vocab_init, joint_init_head, tokenizer, export_onnx_head, flops_budget,
-                            query_word_boost, calibration_distractors, as_json)
+                            query_word_boost, calibration_distractors, as_json, (document_terms, max_image_share))
     expansion = expansion or "c+w"
     from d2s_search.train.data import load_dataset
     from d2s_search.train.modeling import build_head
@@ -204,6 +215,7 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
         # validation plus training images: as the head will be used; the latest epoch within one
         # standard error of the best is kept (docs/training.md)
         select_flops_budget=flops_budget if val is not None else 0.0, select_boost=query_word_boost,
+        select_document_terms=document_terms,
         val_distractors=calibration_distractors if flops_budget > 0 and val is not None else 0,
     )
     from d2s_search.train.trainer import resume_decision
@@ -228,9 +240,10 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
                         resume=resume, progress=not as_json)
     if flops_budget > 0 and val is not None:
         summary["document_shift"] = _choose_document_shift(head, val, val_tokens, cfg, flops_budget, query_word_boost,
-                                                           Path(out), as_json, splits["train"], calibration_distractors)
+                                                           Path(out), as_json, splits["train"], calibration_distractors,
+                                                           (document_terms, max_image_share), tok)
     else:
-        _keep_boost(head, query_word_boost, Path(out))
+        _keep_boost(head, query_word_boost, Path(out), document_terms)
     if export_onnx_head:
         from d2s_search.train.convert import export_head_onnx
 
@@ -260,9 +273,10 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
 
 
 def _choose_document_shift(head, val, val_tokens, cfg, flops_budget: float, boost: float, out: Path,
-                           as_json: bool, train_split, distractors: int) -> dict:
-    """After training (either objective: ``cfg`` is its config): with the query word boost
-    set, the document shift with the best validation R@1 (against the validation images and up
+                           as_json: bool, train_split, distractors: int, documents: tuple[int, float], tok) -> dict:
+    """After training (either objective: ``cfg`` is its config): with the query word boost and
+    the images' most terms set (``documents``: terms, the largest share of images a term may
+    be on), the document shift with the best validation R@1 (against the validation images and up
     to ``distractors`` of ``train_split``'s) within the FLOPs budget, saved into the best head
     (d2s_search.train.calibrate)."""
     from d2s_onnx_export.head import save_head
@@ -275,23 +289,33 @@ def _choose_document_shift(head, val, val_tokens, cfg, flops_budget: float, boos
     if not as_json:
         click.echo(f"choosing the document shift on validation (FLOPs budget {flops_budget:g})", err=True)
     extra = pick_distractors(train_split.image_emb, train_split.caption_image, distractors, cfg.seed)
+    head.config.document_terms, max_share = documents
     choice = choose_document_shift(head, val, val_tokens, cfg.expansion, flops_budget, cfg.resolved_device(),
                                    boosts=(boost,), distractors=extra)
+    chosen = choice.to_json()
+    if max_share > 0:
+        from d2s_search.train.calibrate import choose_document_floors
+        from d2s_search.train.vocab import tokenize_captions
+
+        floors = choose_document_floors(head, train_split, tokenize_captions(train_split.captions, tok), max_share,
+                                        cfg.resolved_device())
+        chosen["document_floors"] = len(floors)
     save_head(head, out / "head.pt")
-    return choice.to_json()
+    return chosen
 
 
-def _keep_boost(head, boost: float, out: Path) -> None:
-    """No shift chosen (no budget or no validation split): the head keeps the boost alone."""
+def _keep_boost(head, boost: float, out: Path, document_terms: int) -> None:
+    """No shift chosen (no budget or no validation split): the head keeps the boost and the
+    images' most terms alone."""
     from d2s_onnx_export.head import save_head
 
-    if boost != head.config.query_word_boost:
-        head.config.query_word_boost = boost
+    if (boost, document_terms) != (head.config.query_word_boost, head.config.document_terms):
+        head.config.query_word_boost, head.config.document_terms = boost, document_terms
         save_head(head, out / "head.pt")
 
 
 def _train_joint(data, out, cfg, vocab_init, init_head, tokenizer, export_onnx_head, flops_budget, boost,
-                 distractors, as_json) -> int:
+                 distractors, as_json, documents: tuple[int, float]) -> int:
     """``train --objective joint``: from ``embed --features`` output (img_feats/text_feats,
     projections.safetensors, dataset_meta.json)."""
     from d2s_onnx_export.head import load_head
@@ -338,9 +362,9 @@ def _train_joint(data, out, cfg, vocab_init, init_head, tokenizer, export_onnx_h
         model = JointModel(best, load_projections(summary["projections"]), cfg.tau).eval()
         summary["document_shift"] = _choose_document_shift(best, project(model, val), val_tokens, cfg, flops_budget,
                                                            boost, Path(out), as_json, project(model, feats["train"]),
-                                                           distractors)
+                                                           distractors, documents, tok)
     else:
-        _keep_boost(load_head(summary["head"]), boost, Path(out))
+        _keep_boost(load_head(summary["head"]), boost, Path(out), documents[0])
     if export_onnx_head:
         from d2s_search.train.convert import export_head_onnx
 

@@ -94,3 +94,44 @@ def choose_document_shift(head: SparseHead, split, tokens, mode: str, flops_budg
     head.config.query_word_boost = best["boost"] if best is not None else boosts[0]
     return ShiftChoice(head.config.document_shift, table, head.config.query_word_boost,
                        0 if pool is None else len(pool.image_ids) - len(split.image_ids))
+
+
+MAX_IMAGE_SHARE = 0.4
+
+
+def caption_share(caption_image: np.ndarray, tokens, n_images: int, vocab_size: int) -> np.ndarray:
+    """Per term: the share of images whose captions contain it (``tokens``: the captions'
+    token ids, ``caption_image`` each caption's image)."""
+    seen = np.zeros(vocab_size, dtype=np.int64)
+    rows = [set() for _ in range(n_images)]
+    for caption, image in enumerate(caption_image):
+        rows[int(image)].update(tokens.row(caption).tolist())
+    for ids in rows:
+        if ids:
+            seen[np.fromiter(ids, dtype=np.int64)] += 1
+    return seen / max(n_images, 1)
+
+
+def choose_document_floors(head: SparseHead, split, tokens, max_share: float = MAX_IMAGE_SHARE,
+                           device: str | torch.device = "cpu", batch_size: int = 1024) -> dict[int, float]:
+    """Set ``head.config.document_floors`` so that no term is on more than ``max_share`` of
+    ``split``'s images (with the head's shift and terms cap) unless its captions use it on
+    more: for such a term, the floor is its weight on the image at that share, so only the
+    images where it weighs more keep it. Returns the floors (empty: none needed)."""
+    from d2s_search.metrics import active_share
+    from d2s_search.train.modeling import encode_sparse
+
+    head.config.document_floors = {}
+    head.floor.zero_()
+    docs = encode_sparse(head, split.image_emb, batch_size, device=device, document=True).tocsc()
+    n = docs.shape[0]
+    allowed = np.maximum(max_share, caption_share(split.caption_image, tokens, n, docs.shape[1]))
+    floors: dict[int, float] = {}
+    for term in np.flatnonzero(active_share(docs) > allowed).tolist():
+        weights = np.sort(docs.data[docs.indptr[term] : docs.indptr[term + 1]])[::-1]
+        keep = int(allowed[term] * n)  # images that may keep it: those weighing more than the next one
+        floors[term] = float(weights[keep])
+    head.config.document_floors = floors
+    for term, weight in floors.items():
+        head.floor[term] = weight
+    return floors

@@ -92,7 +92,8 @@ def convert_authors_head(path: str | Path, excluded_ids: list[int]) -> SparseHea
 
 
 class _BothSides(torch.nn.Module):
-    """A head with a document shift as one graph: the query side and the document side."""
+    """A head with a document shift or a document terms cap as one graph: the query side and
+    the document side."""
 
     def __init__(self, head: SparseHead) -> None:
         super().__init__()
@@ -104,7 +105,8 @@ class _BothSides(torch.nn.Module):
 
 def export_head_onnx(head: SparseHead, path: str | Path, opset: int = 17) -> Path:
     """The head alone as an ONNX graph: input ``dense`` (B, d), output ``sparse`` (B, |V|),
-    and ``sparse_document`` (the image side) when the head has a document shift.
+    and ``sparse_document`` (the image side) when the head has a document shift or keeps an
+    image's strongest terms only.
 
     The head's query-encoding rules (``query_mask`` note; ``query_word_boost`` with the
     excluded terms, applied by the caller: the graph sees no tokens) travel as model metadata.
@@ -116,7 +118,7 @@ def export_head_onnx(head: SparseHead, path: str | Path, opset: int = 17) -> Pat
     head = head.eval().cpu()
     dummy = torch.zeros(2, head.config.dense_dim)
     graph, outputs = head, ["sparse"]
-    if head.config.document_shift:
+    if head.config.document_shift or head.config.document_terms:
         graph, outputs = _BothSides(head), ["sparse", "sparse_document"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # legacy exporter deprecation notice

@@ -197,6 +197,9 @@ class TrainConfig:
     # select_boost): epochs compared as the product will use them. 0 = the head alone.
     select_flops_budget: float = 0.0
     select_boost: float = 2.0
+    # > 0: images keep at most this many terms when an epoch is scored (the head's
+    # ``document_terms``, as the product will use it); 0 = every term.
+    select_document_terms: int = 0
     # The epoch kept is the *latest* whose validation score is within this much of the best
     # (later epochs are more settled: sparser, fewer wide expansions; differences below the
     # noise say nothing). -1 = one standard error of the score, sqrt(p(1-p)/queries);
@@ -234,6 +237,8 @@ class TrainConfig:
             d.pop("select_boost")
         if d["select_tolerance"] == -1.0:
             d.pop("select_tolerance")
+        if d["select_document_terms"] == 0:
+            d.pop("select_document_terms")
         return d
 
 
@@ -513,16 +518,17 @@ def _best_r1_within_budget(head: SparseHead, val: PairSplit, tokens, config: Tra
                            distractors: np.ndarray | None) -> float:
     """The best validation R@1 (over the larger collection with ``distractors``) among the
     document shifts whose validation FLOPs fit ``config.select_flops_budget``; -1 if none fits.
-    The head's own shift and boost are put back."""
+    The head's own shift, boost and document terms are put back."""
     from d2s_search.train.calibrate import choose_document_shift
 
-    kept = head.config.document_shift, head.config.query_word_boost
+    kept = head.config.document_shift, head.config.query_word_boost, head.config.document_terms
+    head.config.document_terms = config.select_document_terms
     try:
         choice = choose_document_shift(head, val, tokens, config.expansion, config.select_flops_budget, device,
                                        batch_size=config.eval_batch, boosts=(config.select_boost,),
                                        distractors=distractors)
     finally:
-        head.config.document_shift, head.config.query_word_boost = kept
+        head.config.document_shift, head.config.query_word_boost, head.config.document_terms = kept
     return max((r["R@1"] for r in choice.table if r["within_budget"]), default=-1.0)
 
 
@@ -536,6 +542,8 @@ def _refuse_bad_settings(config: TrainConfig) -> None:
         raise TrainingError(f"validation distractors must be >= 0, got {config.val_distractors}")
     if config.select_flops_budget < 0 or config.select_boost < 0:
         raise TrainingError("the selection's FLOPs budget and boost must be >= 0")
+    if config.select_document_terms < 0:
+        raise TrainingError(f"the document terms must be >= 0, got {config.select_document_terms}")
     if not (config.select_tolerance == -1.0 or 0.0 <= config.select_tolerance < math.inf):
         raise TrainingError(f"the selection's tolerance must be -1 (one standard error) or >= 0, "
                             f"got {config.select_tolerance}")

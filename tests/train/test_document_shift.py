@@ -230,3 +230,106 @@ def test_with_distractors_the_choice_follows_r1_over_the_larger_collection(synth
     best = max(choice.table, key=lambda r: (r["R@1"], -r["shift"]))
     assert choice.shift == best["shift"] == head.config.document_shift
     head.config.document_shift = 0.0
+
+
+def test_document_terms_keep_an_images_strongest_terms_only(tmp_path):
+    # Shifted by 0.5 the document scores are log1p of (1.0, 0, 0.3, excluded): two terms;
+    # kept to one, only the strongest stays, with its weight; queries are never cut.
+    head = _tiny_head(0.5)
+    z = torch.tensor([[3.0, 1.0], [1.0, 3.0]])
+    with torch.no_grad():
+        full = head(z, document=True).numpy()
+        head.config.document_terms = 1
+        kept = head(z, document=True).numpy()
+        query = head(z).numpy()
+    assert ((full > 0).sum(axis=1) > 1).any()
+    for row in range(2):
+        top = int(np.argmax(full[row]))
+        want = np.zeros(4, dtype=np.float32)
+        want[top] = full[row, top]
+        assert np.array_equal(kept[row], want)
+    head.config.document_terms = 0
+    with torch.no_grad():
+        assert np.array_equal(head(z).numpy(), query)
+    # Saved and exported with the head; a bad count read back from a file is refused in one line.
+    head.config.document_terms = 1
+    loaded = load_head(save_head(head, tmp_path / "head.pt"))
+    assert loaded.config.document_terms == 1
+    onnx = OnnxHead(export_head_onnx(loaded, tmp_path / "head.onnx"))
+    zz = np.random.default_rng(1).standard_normal((9, 2)).astype(np.float32)
+    with torch.no_grad():
+        want = loaded(torch.from_numpy(zz), document=True).numpy()
+    assert np.abs(onnx.encode(zz, document=True).toarray() - want).max() < 1e-6
+    assert ((want > 0).sum(axis=1) <= 1).all()
+    for bad in (-1, 2.5, "3", True):
+        head.config.document_terms = bad
+        with pytest.raises(ModelError, match="document terms must be a whole number"):
+            load_head(save_head(head, tmp_path / "bad.pt"))
+
+
+def test_choice_scores_documents_with_their_terms_cap(synthetic, sparse_start_head):
+    """The shift is chosen on documents as the head will encode them: with its cap."""
+    (_, _, _), (va, vat, _), _ = synthetic
+    head = sparse_start_head
+    head.config.document_terms = 3
+    try:
+        choice = choose_document_shift(head, va, vat, "c+w", 1e9, shifts=(0.0, 0.3))
+        assert all(r["terms_per_image"] <= 3 for r in choice.table)
+        head.config.document_terms = 0
+        uncapped = choose_document_shift(head, va, vat, "c+w", 1e9, shifts=(0.0, 0.3))
+        assert max(r["terms_per_image"] for r in uncapped.table) > 3
+    finally:
+        head.config.document_terms = 0
+        head.config.document_shift = 0.0
+
+
+def test_floors_keep_every_term_within_its_share_of_images(synthetic, sparse_start_head, tmp_path):
+    """After the floors, no term is on more of the images than max(share, its captions' share);
+    a term under that keeps every weight, a floored one keeps its strongest images' weights."""
+    from d2s_search.metrics import active_share
+    from d2s_search.train.calibrate import caption_share, choose_document_floors
+
+    (tr, trt, _), _, _ = synthetic
+    head = sparse_start_head
+    head.config.document_shift = 0.3
+    try:
+        before = encode_sparse(head, tr.image_emb, document=True).toarray()
+        share = active_share(sp.csr_matrix(before))
+        max_share = float(np.quantile(share[share > 0], 0.9))  # some terms are over it
+        captions = caption_share(tr.caption_image, trt, len(tr.image_ids), head.config.vocab_size)
+        floors = choose_document_floors(head, tr, trt, max_share)
+        over = np.flatnonzero(share > np.maximum(max_share, captions))
+        assert sorted(floors) == over.tolist() and len(over) > 0
+        after = encode_sparse(head, tr.image_emb, document=True).toarray()
+        n = len(tr.image_ids)
+        for term in range(head.config.vocab_size):
+            kept = after[:, term] > 0
+            if term in floors:
+                assert kept.sum() <= int(max(max_share, captions[term]) * n)
+                assert (before[kept, term] > floors[term]).all()
+                assert np.array_equal(after[kept, term], before[kept, term])
+            else:
+                assert np.array_equal(after[:, term], before[:, term])
+        # By hand for one term: the caption share is the share of images whose captions hold it.
+        term = int(over[0])
+        by_hand = np.mean([any(term in trt.row(c) for c in np.flatnonzero(tr.caption_image == i))
+                           for i in range(n)])
+        assert captions[term] == pytest.approx(by_hand)
+        # Saved, loaded and exported with the head.
+        again = load_head(save_head(head, tmp_path / "floored.pt"))
+        assert again.config.document_floors == floors
+        assert np.array_equal(encode_sparse(again, tr.image_emb, document=True).toarray(), after)
+    finally:
+        head.config.document_shift = 0.0
+        head.config.document_floors = {}
+        head.floor.zero_()
+
+
+def test_bad_floors_read_back_from_a_file_are_refused_in_one_line(tmp_path):
+    head = _tiny_head(0.5)
+    head.config.document_floors = {0: 0.25}
+    assert load_head(save_head(head, tmp_path / "ok.pt")).floor.tolist() == [0.25, 0.0, 0.0, 0.0]
+    for bad in ({4: 0.1}, {-1: 0.1}, {0: float("nan")}, {0: -0.5}, {"0": 0.1}, [0.1]):
+        head.config.document_floors = bad
+        with pytest.raises(ModelError, match="document floors must map term ids below 4"):
+            load_head(save_head(head, tmp_path / "bad.pt"))
