@@ -18,7 +18,7 @@ cross-entropy towards softmax of the fused scores; ``ramp_t`` the quadratic warm
 the L1 weights. The scale is the public code's, term for term: ``holi-lab/mm-sparse-retrieval``
 at commit 4c4f18e97a642d4c7e61b0789146a78ea53df52b, ``loss.py`` (``BICELoss``: ``L`` and ``L'``
 divided by its two score kinds, dense and sparse, then ``0.5 * (L + L')``; the regulariser
-``0.5 * (text_reg + img_reg)``), so the L1 term weighs twice as much against the contrastive and
+``0.5 * (text_reg + img_reg)``; ``l3`` is 1 there), so the L1 term weighs twice as much against the contrastive and
 distillation terms as ``eta`` read alone suggests. The scale matters beyond the ratio: the
 gradient is clipped to norm 1.0 (``train.py``: ``gradient_clip_val=1.0``).
 
@@ -38,6 +38,10 @@ Where this module departs from that code, on purpose:
   code's second direction pairs ``s.t()`` with the row softmax of the untransposed fused
   scores (caption j pulled towards image j's distribution over captions);
 * fp32 throughout (the public code runs 16-bit mixed precision on a GPU); the loss is the same.
+
+Defaults that differ from its ``blip-coco.json`` (20 epochs, validation subset and epoch rule,
+the head's W2, the document shift chosen after training): docs/training.md, "Joint sparse-dense
+training".
 
 ``JointConfig.detach_fused`` makes the fused distribution a fixed target (stop-gradient); by
 default the gradient flows through it, as in the public code.

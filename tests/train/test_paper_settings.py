@@ -14,7 +14,6 @@ import pytest
 
 from d2s_search.cli.train import train
 from d2s_search.train.joint import JointConfig
-from tests.helpers import run_cli
 from tests.train.test_cli_train_runs import _train, data  # noqa: F401  (the fixture)
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "training.md"
@@ -82,10 +81,21 @@ def test_every_flag_of_the_rows_exists():
         _params(["--select-tolerence", "0"])  # a misspelt flag is refused, so the rows' flags are checked
 
 
+def _exit_code(args: list, capsys) -> tuple[int, str]:
+    from d2s_search.cli import main
+
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    return code, capsys.readouterr().err
+
+
 def test_select_tolerance_reaches_the_run(data, capsys):  # noqa: F811
-    code, _, err = run_cli(_train(data, "strict", "--epochs", "2", "--select-tolerance", "0", "--json"), capsys)
+    code, err = _exit_code(_train(data, "strict", "--epochs", "2", "--select-tolerance", "0", "--json"), capsys)
     assert code == 0, err
     cfg = json.loads((data / "strict" / "config.json").read_text())
     assert cfg["select_tolerance"] == 0.0
-    code, _, err = run_cli(_train(data, "bad", "--epochs", "1", "--select-tolerance", "-0.5"), capsys)
+    code, err = _exit_code(_train(data, "bad", "--epochs", "1", "--select-tolerance", "-0.5"), capsys)
     assert code == 1 and "tolerance must be -1" in err
