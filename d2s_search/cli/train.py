@@ -124,9 +124,12 @@ def _tokenizer_option(f):
                    "(docs/training.md). 0 = none.")
 @click.option("--val-images", type=click.IntRange(0), default=1000, show_default=True, help="Validate on the first N val images (0 = all).")
 @click.option("--select-during-warmup", is_flag=True, help="Let epochs that end inside the warm-up (L1 not yet at full weight) be chosen as best.")
+@click.option("--select-tolerance", type=float, default=-1.0, show_default=True,
+              help="Keep the latest epoch whose validation score is within this much of the best: -1 = one "
+                   "standard error of that R@1, 0 = the best epoch strictly (the paper). Sparse objective.")
 @click.option("--objective", type=click.Choice(["sparse", "joint"]), default="sparse", show_default=True,
               help="joint: also fine-tune the dense projections (needs img_feats/text_feats + projections.safetensors in --data).")
-@click.option("--joint-lr", type=float, default=5e-5, show_default=True, help="joint: learning rate of all parameters.")
+@click.option("--joint-lr", type=float, default=5e-5, show_default=True, help="joint: learning rate of all parameters (AdamW, weight decay 0.05, gradient norm clipped to 1.0: the public code's).")
 @click.option("--joint-eta-text", type=float, default=5e-4, show_default=True, help="joint: L1 weight on captions (q_reg).")
 @click.option("--joint-eta-image", type=float, default=3e-5, show_default=True, help="joint: L1 weight on images (d_reg).")
 @click.option("--joint-w1", type=float, default=0.1, show_default=True, help="joint: weight of the dense scores in the fused teacher scores.")
@@ -141,7 +144,7 @@ def _tokenizer_option(f):
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="torch device (auto: CUDA when available).")
 @click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads for torch (on a busy machine 1 can be much faster).")
-@click.option("--amp/--no-amp", default=True, show_default=True, help="Mixed precision (used only on CUDA).")
+@click.option("--amp/--no-amp", default=True, show_default=True, help="Mixed precision (used only on CUDA; the joint objective runs in fp32).")
 @click.option("--resume", is_flag=True, help="Continue from <out>/last.pt, refusing other settings (the default "
               "when <out> holds an unfinished run of the same settings: the same command continues it).")
 @click.option("--force", is_flag=True, help="Start over even when <out> holds a run (finished or not): its "
@@ -152,7 +155,7 @@ def _tokenizer_option(f):
 @click.pass_context
 def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj, lr_vocab, warmup, schedule,
           vocab_init, freeze_vocab, regularizer, bias_init, lr_bias, norm_gain, output_terms, proj_init, gate_own_words,
-          image_eta_scale, mix, mix_most, flops_budget, query_word_boost, document_terms, max_image_share, calibration_distractors, val_images, select_during_warmup, objective, joint_lr, joint_eta_text, joint_eta_image,
+          image_eta_scale, mix, mix_most, flops_budget, query_word_boost, document_terms, max_image_share, calibration_distractors, val_images, select_during_warmup, select_tolerance, objective, joint_lr, joint_eta_text, joint_eta_image,
           joint_w1, joint_w2, joint_lambda1, joint_lambda2, joint_lambda3, joint_tau, joint_max_flops, joint_init_head, seed, device, threads,
           amp, resume, force, export_onnx_head, tokenizer, as_json) -> int:
     """Train a D2S sparse head on precomputed dense embeddings (docs/training.md).
@@ -217,6 +220,7 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
         select_flops_budget=flops_budget if val is not None else 0.0, select_boost=query_word_boost,
         select_document_terms=document_terms,
         val_distractors=calibration_distractors if flops_budget > 0 and val is not None else 0,
+        select_tolerance=select_tolerance,
     )
     from d2s_search.train.trainer import resume_decision
 

@@ -9,16 +9,42 @@ from stored pre-projection features ``f`` (``embed --features`` writes them):
     s_dense = h_t h_i^T / tau               tau learnable, clamped to [0.001, 0.5]
     s_sparse = z_t z_i^T
     s_inter = w1 * s_dense + w2 * s_sparse
-    L  = l1 * NCE(s_dense) + l2 * NCE(s_sparse) + l3 * NCE(s_inter)
-    L' = (KD(s_dense <- softmax(s_inter)) + KD(s_sparse <- softmax(s_inter))) / 2
-    total = L + L' + ramp_t * (eta_t * L1(z_t) + eta_i * L1(z_i))
+    L  = (l1 * NCE(s_dense) + l2 * NCE(s_sparse) + l3 * NCE(s_inter)) / 2
+    L' = (l1 * KD(s_dense <- s_inter) + l2 * KD(s_sparse <- s_inter)) / 2
+    total = (L + L') / 2 + ramp_t * (eta_t * L1(z_t) + eta_i * L1(z_i)) / 2
 
 NCE is the symmetric InfoNCE with the batch's pairs as positives; KD the symmetric soft
-cross-entropy towards the (detached) fused distribution; ``ramp_t`` the quadratic warm-up
-ramp of the sparse objective. Batches are drawn per image (:func:`image_batches`): no
-batch holds two captions of one image, so InfoNCE never treats a caption's own image as a
-negative. The public code (``holi-lab/mm-sparse-retrieval``, ``loss.py``) additionally
-halves ``L + L'``; that only rescales the loss against the L1 term and the learning rate.
+cross-entropy towards softmax of the fused scores; ``ramp_t`` the quadratic warm-up ramp of
+the L1 weights. The scale is the public code's, term for term: ``holi-lab/mm-sparse-retrieval``
+at commit 4c4f18e97a642d4c7e61b0789146a78ea53df52b, ``loss.py`` (``BICELoss``: ``L`` and ``L'``
+divided by its two score kinds, dense and sparse, then ``0.5 * (L + L')``; the regulariser
+``0.5 * (text_reg + img_reg)``; ``l3`` is 1 there), so the L1 term weighs twice as much against the contrastive and
+distillation terms as ``eta`` read alone suggests. The scale matters beyond the ratio: the
+gradient is clipped to norm 1.0 (``train.py``: ``gradient_clip_val=1.0``).
+
+Optimiser, as ``lightning_model.py`` (``configure_optimizers``, ``finetune_from_proj``) and
+``training_config/blip-coco.json`` set it: one AdamW group over every parameter and the
+temperature, lr 5e-5, betas (0.9, 0.999), eps 1e-8, weight decay 0.05; linear warm-up over
+20% of the steps, then linear decay. The temperature is the parameter itself (not its log):
+Adam moves a parameter by about the learning rate a step, so tau moves ~5e-5 a step, where a
+log-tau at 0.07 would move ~0.07 * 5e-5 (14x slower: frozen over a run of a few thousand steps).
+
+Where this module departs from that code, on purpose:
+
+* batches are drawn per image (:func:`image_batches`): no batch holds two captions of one
+  image, so InfoNCE never treats a caption's own image as a negative (the public code draws
+  random pairs);
+* the caption->image distillation is towards the transposed fused distribution; the public
+  code's second direction pairs ``s.t()`` with the row softmax of the untransposed fused
+  scores (caption j pulled towards image j's distribution over captions);
+* fp32 throughout (the public code runs 16-bit mixed precision on a GPU); the loss is the same.
+
+Defaults that differ from its ``blip-coco.json`` (20 epochs, validation subset and epoch rule,
+the head's W2, the document shift chosen after training): docs/training.md, "Joint sparse-dense
+training".
+
+``JointConfig.detach_fused`` makes the fused distribution a fixed target (stop-gradient); by
+default the gradient flows through it, as in the public code.
 
 Inputs: ``img_feats`` / ``text_feats`` (same layout as the embeddings) and
 ``projections.safetensors`` with ``text_proj.weight`` / ``vision_proj.weight`` (biases
@@ -63,6 +89,9 @@ class JointConfig:
     lambda2: float = 0.3  # InfoNCE on sparse scores
     lambda3: float = 1.0  # InfoNCE on the fused scores
     tau: float = 0.07  # initial value of the learnable temperature
+    weight_decay: float = 0.05  # AdamW, on every parameter and the temperature (the public code's)
+    grad_clip: float = 1.0  # max gradient norm over all parameters (0 = none)
+    detach_fused: bool = False  # True: the fused distribution is a fixed distillation target
     epochs: int = 20
     batch_size: int = 256
     warmup: float = 0.2  # share of steps: lr warm-up and the L1 ramp
@@ -116,15 +145,17 @@ class JointModel(nn.Module):
         self.head = head
         self.text_proj = _linear(proj, "text_proj")
         self.vision_proj = _linear(proj, "vision_proj")
-        self.log_tau = nn.Parameter(torch.tensor(math.log(tau)))
+        # tau itself is the parameter, as in the public code: see the module docstring
+        self.temperature = nn.Parameter(torch.tensor(float(tau)))
+        self.clamp_tau()
 
     def tau(self) -> torch.Tensor:
-        return self.log_tau.exp().clamp(TAU_MIN, TAU_MAX)
+        return self.temperature
 
     def clamp_tau(self) -> None:
         """Keep the parameter itself in range (as the authors do), so it can move back."""
         with torch.no_grad():
-            self.log_tau.clamp_(math.log(TAU_MIN), math.log(TAU_MAX))
+            self.temperature.clamp_(TAU_MIN, TAU_MAX)
 
     def dense(self, f_t: torch.Tensor, f_i: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return F.normalize(self.text_proj(f_t), dim=-1), F.normalize(self.vision_proj(f_i), dim=-1)
@@ -140,9 +171,10 @@ def nce(scores: torch.Tensor) -> torch.Tensor:
     return (F.cross_entropy(scores, labels) + F.cross_entropy(scores.t(), labels)) / 2
 
 
-def kd(scores: torch.Tensor, target_scores: torch.Tensor) -> torch.Tensor:
-    """Symmetric soft cross-entropy of ``scores`` towards softmax of the detached target."""
-    t = target_scores.detach()
+def kd(scores: torch.Tensor, target_scores: torch.Tensor, detach: bool = False) -> torch.Tensor:
+    """Symmetric soft cross-entropy of ``scores`` towards softmax of ``target_scores`` (row-wise
+    for scores -> columns, column-wise for the other direction)."""
+    t = target_scores.detach() if detach else target_scores
     return (soft_cross_entropy(scores, t.softmax(1)) + soft_cross_entropy(scores.t(), t.t().softmax(1))) / 2
 
 
@@ -158,13 +190,37 @@ def joint_loss(model: JointModel, f_t, f_i, cfg: JointConfig, step: int, warmup:
     ramp = quadratic_ramp(step, warmup)
     parts = {
         "nce_dense": nce(s_dense), "nce_sparse": nce(s_sparse), "nce_inter": nce(s_inter),
-        "kd_dense": kd(s_dense, s_inter), "kd_sparse": kd(s_sparse, s_inter),
+        "kd_dense": kd(s_dense, s_inter, cfg.detach_fused), "kd_sparse": kd(s_sparse, s_inter, cfg.detach_fused),
         "l1_text": l1(z_t), "l1_image": l1(z_i),
     }
-    contrastive = cfg.lambda1 * parts["nce_dense"] + cfg.lambda2 * parts["nce_sparse"] + cfg.lambda3 * parts["nce_inter"]
-    distill = (parts["kd_dense"] + parts["kd_sparse"]) / 2
-    reg = ramp * (cfg.eta_text * parts["l1_text"] + cfg.eta_image * parts["l1_image"])
-    return {"total": contrastive + distill + reg, **{k: float(v.detach()) for k, v in parts.items()}}
+    # The public code's scale (module docstring): L and L' over its two score kinds, their sum
+    # halved, the regulariser halved once.
+    contrastive = (cfg.lambda1 * parts["nce_dense"] + cfg.lambda2 * parts["nce_sparse"]
+                   + cfg.lambda3 * parts["nce_inter"]) / 2
+    distill = (cfg.lambda1 * parts["kd_dense"] + cfg.lambda2 * parts["kd_sparse"]) / 2
+    reg = ramp * (cfg.eta_text * parts["l1_text"] + cfg.eta_image * parts["l1_image"]) / 2
+    return {"total": (contrastive + distill) / 2 + reg, **{k: float(v.detach()) for k, v in parts.items()}}
+
+
+def make_optimizer(model: JointModel, cfg: JointConfig) -> torch.optim.AdamW:
+    """One AdamW group over every parameter, the temperature included (the public code's)."""
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
+                             weight_decay=cfg.weight_decay)
+
+
+def optimizer_step(model: JointModel, opt: torch.optim.Optimizer, loss: torch.Tensor, cfg: JointConfig) -> float:
+    """Backward, clip the gradient norm to ``cfg.grad_clip``, step, keep tau in range; returns
+    the gradient norm before clipping."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    params = [p for p in model.parameters() if p.grad is not None]
+    if cfg.grad_clip > 0:
+        norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+    else:
+        norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))) if params else 0.0
+    opt.step()
+    model.clamp_tau()
+    return norm
 
 
 def image_batches(caption_image: np.ndarray, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -197,7 +253,7 @@ def image_batches(caption_image: np.ndarray, batch_size: int, rng: np.random.Gen
 @torch.no_grad()
 def project(model: JointModel, split: PairSplit) -> PairSplit:
     """The split with its features mapped through the (fine-tuned) projections."""
-    device = model.log_tau.device
+    device = model.temperature.device
     h_t, h_i = model.dense(torch.as_tensor(split.text_emb, device=device), torch.as_tensor(split.image_emb, device=device))
     return PairSplit(split.name, split.caption_ids, split.captions, h_t.cpu().numpy(), split.image_ids,
                      h_i.cpu().numpy(), split.caption_image)
@@ -239,7 +295,7 @@ def train_joint(
     cap_img = np.asarray(train_feats.caption_image)
     steps = len(image_batches(cap_img, cfg.batch_size, np.random.default_rng(0)))  # same count every epoch
     total, warmup = steps * cfg.epochs, int(steps * cfg.epochs * cfg.warmup)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    opt = make_optimizer(model, cfg)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(total, warmup))
     pec = (PEC(cfg.expansion, train_tokens, document_frequency(train_tokens), cfg.epochs, cfg.schedule, cfg.seed)
            if cfg.expansion != "1" else None)
@@ -261,11 +317,8 @@ def train_joint(
             mask = pec.draw(rows, epoch, device=device)[0] if pec is not None else None
             parts = joint_loss(model, f_t_all[rows_t].to(device), f_i_all[cap_img_t[rows_t]].to(device), cfg, step,
                                warmup, mask)
-            opt.zero_grad(set_to_none=True)
-            parts["total"].backward()
-            opt.step()
+            parts["grad_norm"] = optimizer_step(model, opt, parts["total"], cfg)
             sched.step()
-            model.clamp_tau()
             step += 1
             for k, v in parts.items():
                 sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v) / len(batches)

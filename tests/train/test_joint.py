@@ -7,6 +7,8 @@ from d2s_search.train.joint import (
     dense_metrics,
     image_batches,
     joint_loss,
+    make_optimizer,
+    optimizer_step,
     project,
     train_joint,
 )
@@ -30,15 +32,13 @@ def test_joint_loss_parts_and_gradients(synthetic):
     f_i = torch.as_tensor(tr.image_emb[tr.caption_image[:16]])
     cfg = JointConfig()
     parts = joint_loss(model, f_t, f_i, cfg, step=5, warmup=10)
-    expect = (cfg.lambda1 * parts["nce_dense"] + cfg.lambda2 * parts["nce_sparse"] + parts["nce_inter"]
-              + (parts["kd_dense"] + parts["kd_sparse"]) / 2
-              + 0.25 * (cfg.eta_text * parts["l1_text"] + cfg.eta_image * parts["l1_image"]))
+    expect = ((cfg.lambda1 * parts["nce_dense"] + cfg.lambda2 * parts["nce_sparse"] + parts["nce_inter"]) / 4
+              + (cfg.lambda1 * parts["kd_dense"] + cfg.lambda2 * parts["kd_sparse"]) / 4
+              + 0.25 * (cfg.eta_text * parts["l1_text"] + cfg.eta_image * parts["l1_image"]) / 2)
     assert abs(float(parts["total"].detach()) - expect) < 1e-4
     parts["total"].backward()
-    for p in (model.text_proj.weight, model.vision_proj.weight, model.head.proj.weight, model.log_tau):
+    for p in (model.text_proj.weight, model.vision_proj.weight, model.head.proj.weight, model.temperature):
         assert p.grad is not None and p.grad.abs().sum() > 0
-    model.log_tau.data.fill_(np.log(1e-6))
-    assert float(model.tau().detach()) == np.float32(1e-3)  # clamped
     # Images are documents: a head with a document shift gives them (only them) more mass.
     head.config.document_shift = 0.5
     shifted = joint_loss(model, f_t, f_i, cfg, step=5, warmup=10)
@@ -129,13 +129,14 @@ def test_joint_loss_against_a_hand_computed_batch():
     kd_d, kd_s = _kd_np(s_dense, s_inter), _kd_np(s_sparse, s_inter)
     assert abs(parts["kd_dense"] - kd_d) < 1e-5 and abs(parts["kd_sparse"] - kd_s) < 1e-5
     assert abs(parts["l1_text"] - 1.0) < 1e-6 and abs(parts["l1_image"] - 1.2) < 1e-6
-    expect = (0.9 * _nce_np(s_dense) + 0.3 * _nce_np(s_sparse) + 0.5 * _nce_np(s_inter)
-              + (kd_d + kd_s) / 2  # distillation averaged, not summed
-              + 0.1 * 1.0 + 0.01 * 1.2)
+    # the public code's scale: contrastive and distillation halved twice, L1 once
+    expect = ((0.9 * _nce_np(s_dense) + 0.3 * _nce_np(s_sparse) + 0.5 * _nce_np(s_inter)) / 4
+              + (0.9 * kd_d + 0.3 * kd_s) / 4  # distillation weighted by lambda1 / lambda2
+              + (0.1 * 1.0 + 0.01 * 1.2) / 2)
     assert abs(float(parts["total"].detach()) - expect) < 1e-5
     # half-way through the warm-up the L1 weight is (1/2)^2
     half = joint_loss(model, f_t, f_i, cfg, step=5, warmup=10)
-    assert abs(float(half["total"].detach()) - (expect - 0.75 * (0.1 + 0.012))) < 1e-5
+    assert abs(float(half["total"].detach()) - (expect - 0.75 * (0.1 + 0.012) / 2)) < 1e-5
     # a PEC mask restricts the caption vectors (a zero mask leaves no caption terms)
     masked = joint_loss(model, f_t, f_i, cfg, step=10, warmup=10, text_mask=torch.zeros(2, 2))
     assert masked["l1_text"] == 0.0
@@ -172,3 +173,108 @@ def test_joint_training_with_expansion_control(synthetic, tmp_path):
         assert "token ids" in str(exc)
     else:
         raise AssertionError("expansion 0 without caption tokens must be refused")
+
+
+def _reference_total(s_dense, s_sparse, l1_t, l1_i, cfg, ramp):
+    """``BICELoss.forward`` of holi-lab/mm-sparse-retrieval (commit 4c4f18e9, loss.py) with
+    pooling [dense, single], in numpy: rows are images, and its second distillation direction
+    pairs ``s.T`` with the row softmax of the untransposed fused scores."""
+    def ce_rows(m, target_scores):
+        p = np.exp(target_scores) / np.exp(target_scores).sum(1, keepdims=True)
+        return float(-(p * (m - np.log(np.exp(m).sum(1, keepdims=True)))).sum(1).mean())
+
+    s_inter = cfg.w1 * s_dense + cfg.w2 * s_sparse
+    L = (cfg.lambda1 * _nce_np(s_dense) + cfg.lambda2 * _nce_np(s_sparse) + _nce_np(s_inter)) / 2
+    ld = 0.5 * (ce_rows(s_dense, s_inter) + ce_rows(s_dense.T, s_inter))
+    ll = 0.5 * (ce_rows(s_sparse, s_inter) + ce_rows(s_sparse.T, s_inter))
+    Lp = (cfg.lambda1 * ld + cfg.lambda2 * ll) / 2
+    return 0.5 * (L + Lp) + 0.5 * (ramp * cfg.eta_text * l1_t + ramp * cfg.eta_image * l1_i)
+
+
+def test_joint_loss_is_the_public_code_s_loss_on_a_symmetric_batch():
+    # Captions and images with the same vectors: every score matrix is symmetric, so the public
+    # code's untransposed second distillation target coincides with the transposed one.
+    eye = {"text_proj.weight": torch.eye(3), "vision_proj.weight": torch.eye(3)}
+    model = JointModel(build_head(3, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=4), eye, tau=0.2)
+    model.head = _Relu()
+    f = torch.tensor([[1.0, 0.0, 0.0], [0.6, 0.8, 0.0], [0.0, 0.6, 0.8]])
+    cfg = JointConfig()  # the paper's COCO/BLIP weights
+    parts = joint_loss(model, f, f, cfg, step=3, warmup=6)
+    h = f.numpy().astype(np.float64)
+    s = h @ h.T
+    l1_rows = float(np.abs(h).sum(1).mean())  # relu(h) = h here
+    ref = _reference_total(s / 0.2, s, l1_rows, l1_rows, cfg, ramp=0.25)
+    assert abs(float(parts["total"].detach()) - ref) < 1e-5
+    # the L1 term's weight against the rest: twice what eta alone says
+    more = joint_loss(model, f, f, JointConfig(eta_text=cfg.eta_text + 1.0), step=6, warmup=6)
+    assert abs(float(more["total"].detach()) - float(joint_loss(model, f, f, cfg, 6, 6)["total"].detach())
+               - 0.5 * l1_rows) < 1e-5
+
+
+def test_the_fused_target_passes_gradient_unless_detached():
+    eye = {"text_proj.weight": torch.eye(2), "vision_proj.weight": torch.eye(2)}
+    f_t = torch.tensor([[2.0, 0.5], [0.3, 3.0]])
+    f_i = torch.tensor([[3.0, 4.0], [0.2, 0.5]])
+    grads, totals = [], []
+    for detach in (False, True):
+        model = JointModel(build_head(2, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=4), eye, tau=0.5)
+        model.head = _Relu()
+        parts = joint_loss(model, f_t, f_i, JointConfig(detach_fused=detach), step=1, warmup=0)
+        parts["total"].backward()
+        totals.append(float(parts["total"].detach()))
+        grads.append(float(model.temperature.grad))
+    assert totals[0] == totals[1]  # the same loss value
+    assert abs(grads[0] - grads[1]) > 1e-4  # the fused distribution's own gradient is the difference
+
+
+def _tiny_model(tau=0.07):
+    proj = {"text_proj.weight": torch.eye(2), "vision_proj.weight": torch.eye(2)}
+    return JointModel(build_head(2, "random", SPECIAL, vocab_size=VOCAB, hidden_dim=4), proj, tau=tau)
+
+
+def test_optimizer_decays_every_parameter_and_the_temperature():
+    model = _tiny_model()
+    cfg = JointConfig(lr=0.1)
+    assert cfg.weight_decay == 0.05 and JointConfig().lr == 5e-5  # the public code's optimiser
+    opt = make_optimizer(model, cfg)
+    assert len(opt.param_groups) == 1 and opt.param_groups[0]["eps"] == 1e-8
+    assert opt.param_groups[0]["betas"] == (0.9, 0.999)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    # a zero gradient everywhere: AdamW's step is then the decoupled decay alone, p * (1 - lr * wd)
+    optimizer_step(model, opt, sum((p * 0).sum() for p in model.parameters()), cfg)
+    for n, p in model.named_parameters():
+        assert torch.allclose(p.detach(), before[n] * (1 - 0.1 * 0.05), atol=1e-7), n
+    assert abs(float(model.tau().detach()) - 0.07 * 0.995) < 1e-8
+
+
+def test_optimizer_step_clips_the_gradient_norm_to_one():
+    model = _tiny_model()
+    cfg = JointConfig()
+    assert cfg.grad_clip == 1.0
+    opt = make_optimizer(model, cfg)
+    w = model.text_proj.weight
+    norm = optimizer_step(model, opt, 3.0 * w[0, 0] + 4.0 * model.temperature, cfg)
+    assert abs(norm - 5.0) < 1e-5  # the norm before clipping
+    assert abs(float(w.grad[0, 0]) - 0.6) < 1e-5 and abs(float(model.temperature.grad) - 0.8) < 1e-5
+    # below the limit the gradient is left alone; without a limit a large one too
+    norm = optimizer_step(model, opt, 0.3 * w[0, 0], cfg)
+    assert abs(norm - 0.3) < 1e-6 and abs(float(w.grad[0, 0]) - 0.3) < 1e-6
+    norm = optimizer_step(model, opt, 30.0 * w[0, 0], JointConfig(grad_clip=0.0))
+    assert abs(norm - 30.0) < 1e-4 and abs(float(w.grad[0, 0]) - 30.0) < 1e-4
+
+
+def test_temperature_is_the_parameter_and_moves_by_the_learning_rate():
+    model = _tiny_model(tau=0.07)
+    assert model.tau() is model.temperature and abs(float(model.temperature.detach()) - 0.07) < 1e-8
+    cfg = JointConfig(weight_decay=0.0)
+    opt = make_optimizer(model, cfg)
+    # Adam's first step moves a parameter by lr * g / (|g| + eps): 5e-5 on tau itself, where a
+    # log-tau would move tau by 0.07 * 5e-5 (14x less)
+    optimizer_step(model, opt, 0.5 * model.temperature, cfg)
+    assert abs(float(model.tau().detach()) - (0.07 - 5e-5)) < 1e-8
+    # the parameter is kept in [0.001, 0.5], at construction and after every step
+    assert float(_tiny_model(tau=2.0).tau().detach()) == 0.5 and float(_tiny_model(tau=1e-6).tau().detach()) == np.float32(1e-3)
+    low = _tiny_model(tau=0.00102)
+    opt = make_optimizer(low, cfg)
+    optimizer_step(low, opt, low.temperature, cfg)  # one step of -5e-5 would reach 0.00097
+    assert float(low.tau().detach()) == np.float32(1e-3)
