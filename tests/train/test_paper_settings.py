@@ -38,6 +38,7 @@ D2S_PAPER = {  # DESIGN: L1, eta 1e-3, exp=c+w, tau 1e-3, 200 x 512, lr 1e-3 / 5
     "freeze_vocab": False, "output_terms": "all", "proj_init": "default", "bias_init": None, "norm_gain": None,
     "gate_own_words": False, "image_eta_scale": 1.0, "mix": 0.0, "flops_budget": 0.0, "query_word_boost": 0.0,
     "val_images": 0, "select_during_warmup": True, "select_tolerance": 0.0, "objective": "sparse", "amp": True,
+    "document_terms": 0, "max_image_share": 0.0,
 }
 
 
@@ -63,7 +64,8 @@ def test_the_joint_row_is_the_public_code_s_setting():
     blip_coco = {"joint_lr": 5e-5, "joint_eta_text": 5e-4, "joint_eta_image": 3e-5, "joint_w1": 0.1, "joint_w2": 0.1,
                  "joint_lambda1": 0.9, "joint_lambda2": 0.3, "joint_lambda3": 1.0, "joint_tau": 0.07, "epochs": 200,
                  "warmup": 0.2, "val_images": 0, "select_during_warmup": True, "joint_max_flops": 0.0,
-                 "flops_budget": 0.0, "query_word_boost": 0.0, "joint_init_head": None}
+                 "flops_budget": 0.0, "query_word_boost": 0.0, "joint_init_head": None, "document_terms": 0,
+                 "max_image_share": 0.0}
     assert {k: params[k] for k in blip_coco} == blip_coco
     # batch 256 and no masking are JointConfig's own defaults (the flags stay unset)
     assert params["batch_size"] is None and params["expansion"] is None
