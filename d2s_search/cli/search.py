@@ -600,7 +600,7 @@ def _print_hits(result, words: bool = False) -> None:
     if getattr(result, "filters", None):
         click.secho(shown(f"only: {result.filters.describe()}"), dim=True)
     if words:
-        strongest = ", ".join(f"{t} {w:.2f}" for t, w in list(result.query_terms)[:SHOWN_QUERY_WORDS])
+        strongest = ", ".join(f"{w.word} {w.weight:.2f}" for w in result.query_words[:SHOWN_QUERY_WORDS])
         click.secho(shown(f"query words (text + picture): {strongest}"), dim=True)
     if not result.hits:
         echo_line(f"no results ({result.mode}, {result.took_ms:.1f} ms)")
@@ -613,7 +613,9 @@ def _print_hits(result, words: bool = False) -> None:
     library = result.mode == "library"  # no query: no score to show
     rows = [(str(rank), "" if library else f"{hit.score:.4f}", fit_path(shown(hit.path), budget))
             for rank, hit in enumerate(result.hits, 1)]
-    matched = [[shown(f"{t} {c:.2f}") for t, c in hit.matched] for hit in result.hits]
+    # Inflections collapsed (dog, dogs: one word), as the page shows them; a hit explained by
+    # something other than the query plans (no words) shows its raw terms.
+    matched = [[shown(f"{t} {c:.2f}") for t, c, *_ in (hit.words or hit.matched)] for hit in result.hits]
     header, *lines = table_lines(("#", "" if library else "score", "path", "" if library else "matched terms"), rows,
                                  matched, right={0, 1}, width=width)
     click.secho(header, bold=True)
