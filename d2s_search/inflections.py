@@ -92,6 +92,10 @@ class Inflections:
         """Contributions of a match, one entry per group: the sum of its forms, largest first."""
         return self._collapse(pairs, n, add=True)
 
+    def matches(self, query: Iterable[str]) -> MatchWords:
+        """What collapses the matches of one query (made once, used for every hit)."""
+        return MatchWords(self, query)
+
     def strongest(self, pairs: Iterable[tuple[str, float]], n: int | None = None) -> list[Word]:
         """A vector's own words, one entry per group: its strongest form's weight, largest first."""
         return self._collapse(pairs, n, add=False)
@@ -107,6 +111,42 @@ class Inflections:
             words.append(Word(forms[0][0], total, tuple(t for t, _ in forms)))
         words.sort(key=lambda w: (-w.weight, w.word))
         return words if n is None else words[:n]
+
+
+class MatchWords:
+    """:meth:`Inflections.summed` for the matches of one query, in a few lookups a hit: a match
+    holds only the query's terms, so only the query's groups of two or more forms are summed;
+    every other term is its own word, taken in the match's order (largest first) until ``n``
+    are found (0.3 ms for ten hits of 40 matched terms by the general loop, docs/benchmarks.md)."""
+
+    def __init__(self, table: Inflections, query: Iterable[str]) -> None:
+        groups: dict[str, list[str]] = {}
+        for term in query:
+            lemma = table.lemma.get(term)
+            if lemma is not None:
+                groups.setdefault(lemma, []).append(term)
+        self.groups = [tuple(forms) for forms in groups.values() if len(forms) > 1]
+        self.grouped = frozenset(t for forms in self.groups for t in forms)
+
+    def __call__(self, matched: list[tuple[str, float]], n: int) -> list[Word]:
+        """``matched``: (term, contribution) pairs, largest first."""
+        words = []
+        if self.groups:
+            found = dict(matched)
+            for forms in self.groups:
+                present = sorted(((t, found[t]) for t in forms if t in found), key=lambda tw: (-tw[1], tw[0]))
+                if present:
+                    words.append(Word(present[0][0], math.fsum(c for _, c in present), tuple(t for t, _ in present)))
+        taken, last = 0, math.inf
+        for term, contribution in matched:
+            if term in self.grouped:
+                continue
+            if taken >= n and contribution < last:
+                break  # ties with the n-th are kept: the order below breaks them by word
+            words.append(Word(term, float(contribution), (term,)))
+            taken, last = taken + 1, contribution
+        words.sort(key=lambda w: (-w.weight, w.word))
+        return words[:n]
 
 
 def parse(raw: bytes, where: str = "the table") -> Inflections:
@@ -149,7 +189,7 @@ def load(path: Path = TABLE) -> Inflections:
 @lru_cache(maxsize=1)
 def inflections() -> Inflections:
     """The shipped table, read once per process."""
-    return load()
+    return load(TABLE)
 
 
 def idf(n_docs: int, df: int) -> float:

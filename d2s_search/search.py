@@ -276,14 +276,16 @@ def explain_depth(query: SparseVector, explain: int) -> int:
     return max(explain, len(query)) if inflections().groups_several(query) else explain
 
 
-def collapse_matches(hits: Sequence[Hit], explain: int) -> None:
+def collapse_matches(hits: Sequence[Hit], explain: int, query: SparseVector) -> None:
     """Fill each hit's ``words`` (inflections collapsed, contributions summed) from its matched
     terms, and keep ``explain`` of each, in place."""
-    table = inflections()
+    if explain <= 0:
+        return
+    collapse = inflections().matches(query)
     for hit in hits:
         raw = hit.matched
         if raw:
-            hit.words = table.summed(raw, explain)
+            hit.words = collapse(raw, explain)
             if len(raw) > explain:
                 hit.matched = raw[:explain]
 
@@ -303,7 +305,7 @@ def run_query(backend: Backend, query: QueryVectors, options: SearchOptions) -> 
                                     **restrict)
     else:
         hits = hybrid(backend, query, dataclasses.replace(options, explain=depth))
-    collapse_matches(hits, options.explain)
+    collapse_matches(hits, options.explain, query.full)
     took = (time.perf_counter() - start) * 1000
     fusion = None
     if options.mode == "hybrid":

@@ -91,7 +91,7 @@ def _server_side(backend: Any, text: str, model_id: str, k: int, explain: int, o
         raise QueryError(f"server-side search failed: {reason}{_model_hint(reason, model_id)}")
     query_terms = MLCommons(backend.http).predict(model_id, [text])[0] if explain > 0 else {}
     hits = _hits(reply.body.get("hits", {}).get("hits", []), query_terms, explain_depth(query_terms, explain))
-    collapse_matches(hits, explain)
+    collapse_matches(hits, explain, query_terms)
     return hits, query_terms
 
 
@@ -149,7 +149,7 @@ def run_server_side(
     vectors = encode_text_query(encoder_factory(), text, top_k=max_terms)
     start = time.perf_counter()
     hits = template_query(backend, vectors.full, k, explain_depth(vectors.full, explain))
-    collapse_matches(hits, explain)
+    collapse_matches(hits, explain, vectors.full)
     took = (time.perf_counter() - start) * 1000
     top = sorted(vectors.full.items(), key=lambda tw: (-tw[1], tw[0]))[:50]
     return SearchResult(mode="server-side (search template)", hits=hits, took_ms=took, query_terms=top)

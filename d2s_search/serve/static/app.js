@@ -639,7 +639,7 @@ async function openDetail(id) {
     const adds = w.terms.reduce((sum, t) => sum + (weights.get(t) || 0) * (queryWeights.get(t) || 0), 0);
     const carried = w.terms.some((t) => weights.has(t));
     return el("span", {
-      class: `chip q${carried ? " hit" : ""}`,
+      class: `chip q${carried ? " hit" : ""}`, dataset: { terms: w.terms.join(" ") },
       title: carried ? `${w.word}${forms(w)}: in the picture, adds ${fmt(adds)}` : `${w.word}: not in the picture`,
     }, w.word);
   }));
