@@ -64,7 +64,11 @@ def main() -> None:
 
         with open(_common.DATA / "flickr8k-800" / "captions.txt", encoding="utf-8") as fh:
             texts = [row["caption"] for row in csv.DictReader(fh)][: args.queries]
-        queries = [encode_text_query(encoder, t) for t in texts]
+        queries, encoding = [], []
+        for text in texts:  # for scale: what encoding a query's text takes
+            t0 = time.perf_counter()
+            queries.append(encode_text_query(encoder, text))
+            encoding.append(time.perf_counter() - t0)
         grouped = sum(explain_depth(q.full, 5) > 5 for q in queries)
         p50 = {}
         for k in (10, 100):
@@ -97,7 +101,8 @@ def main() -> None:
     finally:
         backend.close()
     summary.update({"shown": part1, "queries": len(queries), "queries with two forms of a word": grouped,
-                    "search p50 ms": p50, "picture detail p50 ms": detail_p50})
+                    "search p50 ms": p50, "picture detail p50 ms": detail_p50,
+                    "text encoding p50 ms": _common.percentiles(encoding[10:])["p50_ms"]})
     print(render(summary))
     _common.write_json(_common.finish(summary), args.json_out)
 
@@ -114,7 +119,8 @@ def render(summary: dict) -> str:
     detail = _common.table(["a picture's words", "p50 ms", "ratio"],
                            [[k, f"{v:.3f}", _common.ratio(v, dref)] for k, v in summary["picture detail p50 ms"].items()])
     return (f"{shown}\n\n{cost}\n\n{detail}\n\n{summary['queries with two forms of a word']} of "
-            f"{summary['queries']} caption queries hold two forms of one word.\n\n{_common.caption(summary)}")
+            f"{summary['queries']} caption queries hold two forms of one word; encoding a query's text takes "
+            f"{summary['text encoding p50 ms']:.1f} ms (p50, same run).\n\n{_common.caption(summary)}")
 
 
 if __name__ == "__main__":

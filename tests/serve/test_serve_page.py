@@ -107,7 +107,7 @@ def test_detail_view_and_more_like_this(page, live_server):
     # the strongest 40, then "show more".
     words = detail["words"]
     assert 40 < len(words) <= 64 and sum(len(w["terms"]) for w in words) == 64
-    assert bars.count() == 40
+    assert bars.count() == 40 and page.inner_text("#d-count") == f"({len(words)})"
     assert [bars.nth(i).locator(".term").inner_text() for i in range(5)] == [w["word"] for w in words[:5]]
     # The query's words: those with a form the picture has too are highlighted.
     query_chips = page.locator("#d-query-terms .chip")

@@ -643,11 +643,12 @@ async function openDetail(id) {
       title: carried ? `${w.word}${forms(w)}: in the picture, adds ${fmt(adds)}` : `${w.word}: not in the picture`,
     }, w.word);
   }));
-  $("#d-count").textContent = `(${doc.term_count})`;
   // A picture's words by what they say about it: weight x IDF (by weight where the index has no
   // document frequencies); the bar is that value, the weight and IDF are in the title.
   const words = doc.words && doc.words.length ? doc.words
     : doc.terms.map((t) => ({ word: t.term, weight: t.weight, idf: null, terms: [t.term] }));
+  $("#d-count").textContent = `(${words.length})`;
+  $("#d-count").title = `${doc.term_count} terms, forms of one word counted once`;
   const says = (w) => (w.idf === null ? w.weight : w.weight * w.idf);
   const top = Math.max(1e-9, ...words.slice(0, 1).map(says));
   const bars = (n) => $("#d-bars").replaceChildren(...words.slice(0, n).map((w) => el("div", {
