@@ -56,6 +56,8 @@ SUITE = (
           "where searching shards in groups on several threads pays"),
     Entry("dense-recall", "bench_dense_recall.py", ("--synthetic", "123000", "--queries", "200"), False,
           "recall of the HNSW graphs against exact dense search"),
+    Entry("words-shown", "bench_words_shown.py", ("--queries", "200"), False,
+          "the words shown: inflections collapsed, a picture's words by weight x IDF, and what it costs"),
     Entry("serve", "bench_serve.py", ("--top-k", "64"), False, "the search page: request to rendered results"),
     Entry("ray-ingest", "bench_ray_ingest.py", ("--rounds", "3"), False,
           "ingest --engine ray on this machine against one process (1 and 2 workers)"),

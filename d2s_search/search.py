@@ -7,6 +7,7 @@ every backend gets fusion for free.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ import numpy as np
 from .backends.base import Backend, Hit, Narrowing, SparseVector, WordFilter
 from .errors import QueryError
 from .filters import SearchFilter
+from .inflections import Word, inflections
 from .query_edits import AppliedEdits, apply_edits, parse_query
 from .terms import recognised_words
 
@@ -85,6 +87,12 @@ class SearchResult:
     filters: SearchFilter | None = None
 
     @property
+    def query_words(self) -> list[Word]:
+        """``query_terms`` with inflections collapsed: one entry per lemma group, its strongest
+        form's weight (d2s_search.inflections)."""
+        return inflections().strongest(self.query_terms)
+
+    @property
     def notice(self) -> str | None:
         if self.weak_query:
             return weak_query_notice(self.unrecognised_words)
@@ -99,6 +107,7 @@ class SearchResult:
             "unrecognised_words": self.unrecognised_words,
             "notice": self.notice,
             "query_terms": [{"term": t, "weight": w} for t, w in self.query_terms],
+            "query_words": [{"word": w, "weight": v, "terms": list(terms)} for w, v, terms in self.query_words],
             **({"query_edits": self.edits.to_json()} if self.edits else {}),
             **({"filters": self.filters.to_json()} if self.filters else {}),
             "results": [dict(rank=i + 1, **h.to_json()) for i, h in enumerate(self.hits)],
@@ -258,20 +267,45 @@ def browse_library(backend: Backend, options: SearchOptions, offset: int = 0) ->
                         filters=options.filters or None)
 
 
+def explain_depth(query: SparseVector, explain: int) -> int:
+    """How many matched terms to ask a backend for, so that the shown words are exact: every
+    term of the query when two of them are forms of one word (a group's contribution is the sum
+    of all its forms'), else just the ``explain`` shown."""
+    if explain <= 0:
+        return 0
+    return max(explain, len(query)) if inflections().groups_several(query) else explain
+
+
+def collapse_matches(hits: Sequence[Hit], explain: int, query: SparseVector) -> None:
+    """Fill each hit's ``words`` (inflections collapsed, contributions summed) from its matched
+    terms, and keep ``explain`` of each, in place."""
+    if explain <= 0:
+        return
+    collapse = inflections().matches(query)
+    for hit in hits:
+        raw = hit.matched
+        if raw:
+            hit.words = collapse(raw, explain)
+            if len(raw) > explain:
+                hit.matched = raw[:explain]
+
+
 def run_query(backend: Backend, query: QueryVectors, options: SearchOptions) -> SearchResult:
     options.validate()
     restrict = restrictions(backend, query, options)
+    depth = explain_depth(query.full, options.explain)
     start = time.perf_counter()
     if options.mode == "sparse":
-        hits = backend.sparse_search(query.full, options.k, explain=options.explain, **restrict)
+        hits = backend.sparse_search(query.full, options.k, explain=depth, **restrict)
     elif options.mode == "two-phase":
-        hits = backend.two_phase_search(query.own, query.full, options.k, options.candidates, explain=options.explain,
+        hits = backend.two_phase_search(query.own, query.full, options.k, options.candidates, explain=depth,
                                         **restrict)
     elif options.mode == "dense":
-        hits = backend.dense_search(query.dense, options.k, explain_with=query.full, explain=options.explain,
+        hits = backend.dense_search(query.dense, options.k, explain_with=query.full, explain=depth,
                                     **restrict)
     else:
-        hits = hybrid(backend, query, options)
+        hits = hybrid(backend, query, dataclasses.replace(options, explain=depth))
+    collapse_matches(hits, options.explain, query.full)
     took = (time.perf_counter() - start) * 1000
     fusion = None
     if options.mode == "hybrid":

@@ -54,12 +54,14 @@ def test_query_prints_every_hit_once_with_its_score_and_terms(tmp_path, tiny_bli
     code, out, _ = run_cli(["query", "a dog", "--index", index, "-k", "5", "--no-serve"], capsys)
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["#", "score", "path", "matched", "terms"]
+    assert lines[0].split() == ["#", "score", "path", "matched", "words"]
     assert lines[-1].startswith("5 result(s), sparse, ")
     text = " ".join(out.split())
     for hit in report["results"]:
         assert f"{hit['rank']} {hit['score']:.4f} " in text
         assert text.count(hit["path"].rpartition("/")[2]) == 1
-        for term in hit["matched"]:
-            assert f"{term['term']} {term['contribution']:.2f}" in text
+        # inflections collapsed: each word once, its forms' contributions summed
+        assert hit["words"] and len({w["word"] for w in hit["words"]}) == len(hit["words"])
+        for word in hit["words"]:
+            assert f"{word['word']} {word['contribution']:.2f}" in text
     assert all(cell_len(line) <= max(int(columns), 5 + 9 + 2 + 24 + 6 + 40) for line in lines)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from d2s_search.backends.base import Hit
+from d2s_search.inflections import Word
 
 
 def test_hits_compare_by_value_and_an_empty_container_equals_none_given():
@@ -34,7 +35,10 @@ def test_json_form():
     assert hit.to_json() == {
         "id": "a", "score": 1.5, "path": "/p/a.jpg", "url": "https://example.org/a.jpg",
         "matched": [{"term": "dog", "contribution": 1.0}, {"term": "car", "contribution": 0.5}],
+        "words": [],
     }
+    hit.words = [Word("dogs", 1.5, ("dogs", "dog"))]
+    assert hit.to_json()["words"] == [{"word": "dogs", "contribution": 1.5, "terms": ["dogs", "dog"]}]
     hit.parts = {"sparse": 1.0, "dense": 0.25}
     assert hit.to_json()["parts"] == {"sparse": 1.0, "dense": 0.25}
     assert "parts" not in Hit("b", 0.0, "b").to_json()

@@ -16,10 +16,12 @@ Number = (int, float)  # a float that happens to be whole prints as an int in so
 # key -> type, tuple of types, nested shape (dict), or [shape] for a list of that shape.
 # A key in OPTIONAL may be absent; every other key must be present; no other key may appear.
 MATCH = {"term": str, "contribution": float}
+WORD_MATCH = {"word": str, "contribution": float, "terms": [str]}  # inflections collapsed
 RESULT = {"rank": int, "id": str, "score": float, "path": str, "url": (str, NoneType), "matched": [MATCH],
-          "parts": {"sparse": float, "dense": float}}
+          "words": [WORD_MATCH], "parts": {"sparse": float, "dense": float}}
 QUERY = {"mode": str, "fusion": str, "took_ms": Number, "weak_query": bool, "unrecognised_words": [str],
-         "notice": (str, NoneType), "query_terms": [{"term": str, "weight": float}], "results": [RESULT],
+         "notice": (str, NoneType), "query_terms": [{"term": str, "weight": float}],
+         "query_words": [{"word": str, "weight": float, "terms": [str]}], "results": [RESULT],
          "note": str, "answered_by": str, "filters": {"after": str, "before": str, "folders": [str],
                                                      "where": [{"field": str, "op": str, "value": (str, float, bool)}],
                                                      "near": {"lat": float, "lon": float, "km": float}}}

@@ -92,7 +92,8 @@ def test_a_build_without_a_c_compiler_succeeds_says_so_once_and_ships_the_licenc
         "d2s_onnx_export",
     }
     for shipped in ("d2s_onnx_export/configs/offline-mini.json", "d2s_onnx_export/offline_mini/weights/head.safetensors",
-                    "d2s_onnx_export/offline_mini/model.py", "d2s_search/serve/static/index.html"):
+                    "d2s_onnx_export/offline_mini/model.py", "d2s_search/serve/static/index.html",
+                    "d2s_search/data/inflections.json"):
         assert shipped in names, shipped
 
 

@@ -89,6 +89,10 @@ class Hit:
     """One search result.
 
     ``matched``: (term, query_weight * doc_weight), largest first: why this image matched.
+    ``words``: the same with inflections collapsed (:mod:`d2s_search.inflections`): one
+    ``Word(word, contribution, terms)`` per lemma group, largest first, filled by the query
+    plans (a backend's own searches leave it empty); not compared by ``==`` (it follows from
+    the match).
     ``parts``: per-run scores of fused results, e.g. {"sparse": 3.1, "dense": 0.42}.
 
     Slotted, and the two containers are made on first use: a k=1000 search builds 1,000 hits,
@@ -96,16 +100,19 @@ class Hit:
     factories, and one object per hit for the garbage collector instead of three).
     """
 
-    __slots__ = ("id", "score", "path", "url", "_matched", "_parts")
+    # _words is left unset by the compiled hit builder (it writes the other slots): read with a default.
+    __slots__ = ("id", "score", "path", "url", "_matched", "_parts", "_words")
 
     def __init__(self, id: str, score: float, path: str, url: str | None = None,
-                 matched: list[tuple[str, float]] | None = None, parts: dict[str, float] | None = None) -> None:
+                 matched: list[tuple[str, float]] | None = None, parts: dict[str, float] | None = None,
+                 words: list | None = None) -> None:
         self.id = id
         self.score = score
         self.path = path
         self.url = url
         self._matched = matched
         self._parts = parts
+        self._words = words
 
     @property
     def matched(self) -> list[tuple[str, float]]:
@@ -116,6 +123,18 @@ class Hit:
     @matched.setter
     def matched(self, value: list[tuple[str, float]]) -> None:
         self._matched = value
+
+    @property
+    def words(self) -> list:
+        """``inflections.Word`` entries: (word, contribution, terms)."""
+        words = getattr(self, "_words", None)
+        if words is None:
+            words = self._words = []
+        return words
+
+    @words.setter
+    def words(self, value: list) -> None:
+        self._words = value
 
     @property
     def parts(self) -> dict[str, float]:
@@ -147,6 +166,8 @@ class Hit:
             "path": self.path,
             "url": self.url,
             "matched": [{"term": t, "contribution": c} for t, c in self._matched or ()],
+            "words": [{"word": w, "contribution": c, "terms": list(terms)}
+                      for w, c, terms in getattr(self, "_words", None) or ()],
             **({"parts": self._parts} if self._parts else {}),
         }
 

@@ -387,7 +387,8 @@ LOCAL_TWO_PHASE_NOTE = ("on the local index two-phase misses most of the exact t
 @click.option("--fusion", type=click.Choice(["minmax", "rrf"]), default="minmax", show_default=True,
               help="How hybrid fuses the runs: weighted min-max scores or reciprocal rank fusion.")
 @click.option("--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="Dense weight in min-max fusion.")
-@click.option("--explain", type=click.IntRange(0, 100), default=5, show_default=True, help="Matched terms shown per hit.")
+@click.option("--explain", type=click.IntRange(0, 100), default=5, show_default=True, help="Matched words shown per hit (forms of one word such as dog, dogs "
+              "as one, their contributions summed).")
 @click.option("--server-side", is_flag=True, help="OpenSearch encodes the text (neural_sparse with the model "
               "from register-model; falls back to the search template d2s-sparse).")
 @click.option("--model-id", envvar="D2S_OPENSEARCH_MODEL_ID", help="ml-commons model for --server-side "
@@ -600,7 +601,7 @@ def _print_hits(result, words: bool = False) -> None:
     if getattr(result, "filters", None):
         click.secho(shown(f"only: {result.filters.describe()}"), dim=True)
     if words:
-        strongest = ", ".join(f"{t} {w:.2f}" for t, w in list(result.query_terms)[:SHOWN_QUERY_WORDS])
+        strongest = ", ".join(f"{w.word} {w.weight:.2f}" for w in result.query_words[:SHOWN_QUERY_WORDS])
         click.secho(shown(f"query words (text + picture): {strongest}"), dim=True)
     if not result.hits:
         echo_line(f"no results ({result.mode}, {result.took_ms:.1f} ms)")
@@ -613,8 +614,10 @@ def _print_hits(result, words: bool = False) -> None:
     library = result.mode == "library"  # no query: no score to show
     rows = [(str(rank), "" if library else f"{hit.score:.4f}", fit_path(shown(hit.path), budget))
             for rank, hit in enumerate(result.hits, 1)]
-    matched = [[shown(f"{t} {c:.2f}") for t, c in hit.matched] for hit in result.hits]
-    header, *lines = table_lines(("#", "" if library else "score", "path", "" if library else "matched terms"), rows,
+    # Inflections collapsed (dog, dogs: one word), as the page shows them; a hit explained by
+    # something other than the query plans (no words) shows its raw terms.
+    matched = [[shown(f"{t} {c:.2f}") for t, c, *_ in (hit.words or hit.matched)] for hit in result.hits]
+    header, *lines = table_lines(("#", "" if library else "score", "path", "" if library else "matched words"), rows,
                                  matched, right={0, 1}, width=width)
     click.secho(header, bold=True)
     for line in lines:

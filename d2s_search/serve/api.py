@@ -201,7 +201,8 @@ async def facets(
 @router.get("/documents/{doc_id}", response_model=schemas.DocumentDetail, summary="A document and its words",
             responses={404: ERRORS[404]})
 async def document(request: Request, svc: Service, doc_id: DocId) -> schemas.DocumentDetail:
-    return schemas.document_detail(await svc.run(svc.document, doc_id), mounted_at(request))
+    doc = await svc.run(svc.document, doc_id)
+    return schemas.document_detail(doc, mounted_at(request), await svc.run(svc.document_words, doc))
 
 
 @router.get("/documents/{doc_id}/thumbnail", response_class=FileResponse, summary="Thumbnail (320 px JPEG)",

@@ -373,6 +373,7 @@ def to_result(answer: dict):
     """A :class:`~d2s_search.search.SearchResult` from the API's JSON, or None if it has
     the wrong shape."""
     from ..backends.base import Hit
+    from ..inflections import Word
     from ..search import SearchResult
 
     try:
@@ -384,6 +385,8 @@ def to_result(answer: dict):
                 url=None if r.get("url") is None else str(r["url"]),
                 matched=[(str(m["term"]), float(m["contribution"])) for m in r["matched"]],
                 parts={str(k): float(v) for k, v in (r.get("parts") or {}).items()},
+                words=[Word(str(w["word"]), float(w["contribution"]), tuple(str(t) for t in w["terms"]))
+                       for w in r["words"]],
             )
             for r in answer["results"]
         ]

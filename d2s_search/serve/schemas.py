@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from ..backends.base import Document, Hit
 from ..filters import SearchFilter
+from ..inflections import PictureWord as PictureWordEntry
 from ..metadata import iso_time
 from .service import Searched
 
@@ -41,6 +42,28 @@ class Match(BaseModel):
     contribution: float = Field(description="query weight x document weight")
 
 
+class WordMatch(BaseModel):
+    word: str = Field(description="A word as shown: its strongest form in this match (dogs, dog).")
+    contribution: float = Field(description="The sum of its forms' contributions: a result's words add up to its "
+                                "sparse score.")
+    terms: list[str] = Field(description="The vocabulary terms it stands for, strongest first.")
+
+
+class QueryWord(BaseModel):
+    word: str = Field(description="A word as shown: its strongest form in the query.")
+    weight: float = Field(description="Its strongest form's weight.")
+    own: bool = Field(description="One of its forms is a word the query typed whole.")
+    terms: list[str] = Field(description="The vocabulary terms it stands for (among the 50 strongest), strongest first.")
+
+
+class PictureWord(BaseModel):
+    word: str = Field(description="A word as shown: its strongest form in the picture.")
+    weight: float = Field(description="Its strongest form's weight.")
+    idf: float | None = Field(description="log(N / df) of that form in this index; null where the index does not "
+                              "count document frequencies (OpenSearch, Elasticsearch).")
+    terms: list[str] = Field(description="The vocabulary terms it stands for, strongest first.")
+
+
 class Result(BaseModel):
     rank: int
     id: str = Field(description="SHA-256 of the image file")
@@ -48,7 +71,9 @@ class Result(BaseModel):
     path: str
     name: str
     url: str | None = None
-    matched: list[Match] = Field(description="The words that contributed most, largest first.")
+    matched: list[Match] = Field(description="The terms that contributed most, largest first.")
+    words: list[WordMatch] = Field(default_factory=list, description="The same with inflections collapsed (dog, "
+                                   "dogs: one word), largest first: what the page shows.")
     parts: dict[str, float] | None = Field(None, description="Per-run scores of a fused (hybrid) hit.")
     taken: str | None = Field(None, description="The library: when the picture was taken (EXIF, else the file's "
                               "time), ISO 8601 UTC; null when unknown, and in searches.")
@@ -110,6 +135,8 @@ class SearchResponse(BaseModel):
     search_ms: float = Field(description="Time in the backend, fusion included.")
     fusion: str | None = Field(None, description="Hybrid only: who fused the runs, e.g. client-minmax.")
     query_terms: list[QueryTerm] = Field(description="The query's 50 strongest words.")
+    query_words: list[QueryWord] = Field(default_factory=list, description="The same with inflections collapsed, "
+                                         "strongest first: what the page shows.")
     weak_query: bool = Field(False, description="True when the model recognises none of the typed words: the results are guesses.")
     unrecognised_words: list[str] = Field(default_factory=list, description="Typed words the model's vocabulary does not know.")
     notice: str | None = Field(None, description="A sentence for the user when the query is weak or has a word "
@@ -144,6 +171,9 @@ class DocumentDetail(BaseModel):
     ingested_at: str | None
     term_count: int
     terms: list[Term] = Field(description="The document's whole sparse vector, strongest first.")
+    words: list[PictureWord] = Field(default_factory=list, description="Its words with inflections collapsed, "
+                                     "ordered by what they say about this picture: weight x IDF (by weight where "
+                                     "idf is null).")
     taken: str | None = Field(None, description="When the picture was taken (EXIF, else the file's time), ISO 8601 UTC.")
     camera: str | None = None
     location: Position | None = Field(None, description="Where it was taken (EXIF GPS).")
@@ -190,7 +220,8 @@ def picture_urls(doc_id: str, root: str = "") -> dict[str, str]:
 def result(rank: int, hit: Hit, root: str = "", taken: float | None = None) -> Result:
     return Result(
         rank=rank, id=hit.id, score=hit.score, path=hit.path, name=os.path.basename(hit.path) or hit.id[:12],
-        url=hit.url, matched=[Match(term=t, contribution=c) for t, c in hit.matched], parts=hit.parts or None,
+        url=hit.url, matched=[Match(term=t, contribution=c) for t, c in hit.matched],
+        words=[WordMatch(word=w, contribution=c, terms=list(terms)) for w, c, terms in hit.words], parts=hit.parts or None,
         taken=iso_time(taken) if taken is not None else None, **picture_urls(hit.id, root),
     )
 
@@ -203,6 +234,8 @@ def search_response(searched: Searched, query: QueryInfo, k: int, root: str = ""
     return SearchResponse(
         query=query, mode=res.mode, k=k, encode_ms=round(searched.encode_ms, 3), search_ms=round(res.took_ms, 3), fusion=res.fusion,
         query_terms=[QueryTerm(term=t, weight=w, own=t in searched.own_terms) for t, w in res.query_terms],
+        query_words=[QueryWord(word=w, weight=v, own=not searched.own_terms.isdisjoint(terms), terms=list(terms))
+                     for w, v, terms in res.query_words],
         weak_query=res.weak_query, unrecognised_words=res.unrecognised_words, notice=res.notice,
         query_edits=QueryEdits(**res.edits.to_json()) if getattr(res, "edits", None) else None,
         filters=filters(res.filters), offset=offset,
@@ -222,13 +255,15 @@ def facets(counted: dict, applied: SearchFilter | None) -> Facets:
                   types=counted["types"], located=counted["located"], filters=filters(applied))
 
 
-def document_detail(doc: Document, root: str = "") -> DocumentDetail:
+def document_detail(doc: Document, root: str = "", words: list[PictureWordEntry] | None = None) -> DocumentDetail:
+    """``words``: the picture's words as :func:`d2s_search.inflections.picture_words` orders them."""
     terms = sorted(doc.sparse.items(), key=lambda kv: (-kv[1], kv[0]))
     meta = doc.metadata
     return DocumentDetail(
         id=doc.id, path=doc.path, name=os.path.basename(doc.path) or doc.id[:12], url=doc.url, width=doc.width,
         height=doc.height, size_bytes=doc.size_bytes, ingested_at=_iso(doc.ingested_at), term_count=len(terms),
         terms=[Term(term=t, weight=w) for t, w in terms],
+        words=[PictureWord(word=w.word, weight=w.weight, idf=w.idf, terms=list(w.terms)) for w in words or ()],
         taken=iso_time(meta.taken_at) if meta.taken_at is not None else None, camera=meta.camera,
         location=Position(lat=meta.location[0], lon=meta.location[1]) if meta.location else None,
         fields=dict(meta.fields), **picture_urls(doc.id, root),

@@ -28,6 +28,7 @@ from ..bundle import Bundle
 from ..encoder import Encoder
 from ..errors import QueryError
 from ..filters import BUILT_IN_FIELDS, SearchFilter, build_filter, parse_where
+from ..inflections import PictureWord, picture_words
 from ..search import (
     QueryVectors,
     SearchOptions,
@@ -193,6 +194,12 @@ class SearchService:
         if not docs:
             raise DocumentNotFound(f"no document with id {doc_id} in this index")
         return docs[0]
+
+    def document_words(self, doc: Document) -> list[PictureWord]:
+        """The picture's words by weight x IDF where the index counts document frequencies
+        (local), else by weight (docs/design-decisions.md, "Words shown")."""
+        counts = getattr(self.backend, "document_frequencies", None)
+        return picture_words(doc.sparse, counts(doc.sparse) if counts is not None else None)
 
     def status(self) -> dict:
         self.field_types(fresh=True)

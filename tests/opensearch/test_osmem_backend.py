@@ -352,3 +352,26 @@ def test_identity_dim_checked_on_upsert(backend):
 
 def test_index_identity_type():
     assert IndexIdentity("x", 8).model == ""
+
+
+def test_words_shown_from_a_cluster(backend):
+    """Forms of one word collapsed from the cluster's stored weights, their contributions summed
+    past the raw terms kept; a picture's own words in weight order (a cluster counts no df)."""
+    from d2s_search.inflections import Word
+    from d2s_search.search import QueryVectors, SearchOptions, run_query
+    from d2s_search.serve.service import SearchService
+
+    dense = np.ones(8, dtype=np.float32) / np.sqrt(8)
+    docs = [Document(id=f"{i:064x}", path=f"/p/{i}.jpg", size_bytes=1, width=1, height=1, sparse=sparse, dense=dense)
+            for i, sparse in enumerate([{"dog": 1.0, "dogs": 0.5, "car": 1.25, "beach": 0.25},
+                                        {"dog": 0.25, "beach": 1.0}])]
+    backend.upsert(docs)
+    query = QueryVectors(full={"dog": 1.0, "dogs": 1.0, "car": 1.0}, own={"dog": 1.0}, dense=dense)
+    (first, second) = run_query(backend, query, SearchOptions(k=2, explain=1)).hits
+    assert first.id == docs[0].id and first.score == 2.75
+    assert first.matched == [("car", 1.25)]  # the strongest raw term; dog 1.0 + dogs 0.5 beat it as a word
+    assert first.words == [Word("dog", 1.5, ("dog", "dogs"))]
+    assert second.words == [Word("dog", 0.25, ("dog",))]
+    words = SearchService(None, backend).document_words(docs[0])
+    assert [(w.word, w.weight, w.idf, w.terms) for w in words] == [
+        ("car", 1.25, None, ("car",)), ("dog", 1.0, None, ("dog", "dogs")), ("beach", 0.25, None, ("beach",))]

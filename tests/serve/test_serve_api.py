@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import io
+import math
 import shutil
 
 import pytest
 from PIL import Image
 
 from d2s_search.backends.local import LocalBackend
+from d2s_search.backends.opensearch.features import lucene_feature_value
 from d2s_search.bundle import Bundle
 from d2s_search.encoder import Encoder
 from d2s_search.images import content_id
+from d2s_search.inflections import inflections
 from d2s_search.search import SearchOptions, encode_text_query, run_query
 from tests.helpers import jpeg_bytes, write_image
 from tests.serve.conftest import make_app, make_index
+
+infl = inflections()
 
 MODES = ("sparse", "two-phase", "dense", "hybrid")
 MISSING_ID = "0" * 64
@@ -295,3 +300,46 @@ def test_loopback_names_are_answered_and_others_refused(tmp_path, tiny_blip_bund
         for host in ("evil.example", "evil.example:8000", "[::2]:8000", "127.0.0.2", "localhost.evil.example", ""):
             answer = client.get("/api/status", headers={"host": host})
             assert answer.status_code == 400 and answer.text == "Invalid host header", host
+
+
+def test_a_documents_words_go_by_weight_times_idf_from_a_brute_force_count(client, direct, a_doc):
+    _, backend = direct
+    docs = backend.get([r[0] for r in backend._connect(False).execute("SELECT id FROM docs")])
+    df = {}
+    for doc in docs:
+        for term in doc.sparse:
+            df[term] = df.get(term, 0) + 1
+    body = client.get(f"/api/documents/{a_doc}").json()
+    stored = {t["term"]: t["weight"] for t in body["terms"]}
+    words = body["words"]
+    assert sorted(t for w in words for t in w["terms"]) == sorted(stored)  # every term, once
+    for w in words:  # its strongest form names it and gives its weight and IDF
+        assert w["terms"][0] == w["word"] and w["weight"] == stored[w["word"]] == max(stored[t] for t in w["terms"])
+        assert w["idf"] == pytest.approx(math.log(len(docs) / df[w["word"]]))
+        assert len({infl.key(t) for t in w["terms"]}) == 1  # forms of one word
+    assert len({infl.key(w["word"]) for w in words}) == len(words)  # each word once
+    keys = [(-w["weight"] * w["idf"], -w["weight"], w["word"]) for w in words]
+    assert keys == sorted(keys)
+
+
+def test_matched_words_sum_their_forms_contributions(client, direct):
+    encoder, backend = direct
+    body = client.get("/api/search", params={"q": "two dogs and a dog in cars", "k": 6, "explain": 8}).json()
+    query = encode_text_query(encoder, "two dogs and a dog in cars").full
+    assert infl.groups_several(query)  # the case that matters: two forms of a word in the query
+    for r in body["results"]:
+        (doc,) = backend.get([r["id"]])
+        sums: dict[str, list] = {}
+        for term in set(query) & set(doc.sparse):
+            sums.setdefault(infl.key(term), []).append((term, query[term] * lucene_feature_value(doc.sparse[term])))
+        # named by the form that contributed most, the sum of its forms' contributions
+        want = sorted(((min(f, key=lambda tc: (-tc[1], tc[0]))[0], math.fsum(c for _, c in f)) for f in sums.values()),
+                      key=lambda wc: (-wc[1], wc[0]))[:8]
+        got = [(w["word"], w["contribution"]) for w in r["words"]]
+        assert [g[0] for g in got] == [w[0] for w in want]
+        assert [g[1] for g in got] == pytest.approx([w[1] for w in want], rel=1e-5)
+    # the query's 50 strongest terms, one entry per word, each its strongest form's weight
+    shown = [infl.key(w["word"]) for w in body["query_words"]]
+    weights = {t["term"]: t["weight"] for t in body["query_terms"]}
+    assert len(shown) == len(set(shown)) and sorted(t for w in body["query_words"] for t in w["terms"]) == sorted(weights)
+    assert all(w["weight"] == max(weights[t] for t in w["terms"]) for w in body["query_words"])

@@ -103,17 +103,23 @@ def test_detail_view_and_more_like_this(page, live_server):
     detail = api(live_server, f"/api/documents/{doc_id}")
     assert page.inner_text("#d-name") == detail["name"]
     bars = page.locator("#d-bars .bar-row")
-    assert bars.count() == 40  # the strongest 40 of its 64 words, then "show more"
-    assert bars.first.locator(".term").inner_text() == detail["terms"][0]["term"]
-    # The query's words: those the picture has too are highlighted.
+    # One bar per word (its 64 terms, inflections collapsed), in the API's order (weight x IDF):
+    # the strongest 40, then "show more".
+    words = detail["words"]
+    assert 40 < len(words) <= 64 and sum(len(w["terms"]) for w in words) == 64
+    assert bars.count() == 40 and page.inner_text("#d-count") == f"({len(words)})"
+    assert [bars.nth(i).locator(".term").inner_text() for i in range(5)] == [w["word"] for w in words[:5]]
+    # The query's words: those with a form the picture has too are highlighted.
     query_chips = page.locator("#d-query-terms .chip")
-    highlighted = page.locator("#d-query-terms .chip.hit").all_inner_texts()
     assert query_chips.count() > 0
-    assert set(highlighted) == {t["term"] for t in detail["terms"]} & set(query_chips.all_inner_texts())
+    carried = {t["term"] for t in detail["terms"]}
+    chip_terms = [set(c.split()) for c in query_chips.evaluate_all("cs => cs.map(c => c.dataset.terms)")]
+    hits = [c.get_attribute("class").endswith(" hit") for c in query_chips.all()]
+    assert hits == [bool(terms & carried) for terms in chip_terms]
     assert page.locator("#d-bars .bar-row.in-query").count() > 0
     shot(page, "04-detail")
     page.click("#d-all")
-    assert bars.count() == 64
+    assert bars.count() == len(words)
     before = searches(page)
     page.click("#d-more")
     wait_for_search(page, before)

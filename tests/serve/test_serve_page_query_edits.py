@@ -87,3 +87,47 @@ def test_the_rewriting_rules(page, text, term, action, edited):
     page.goto("/")
     page.wait_for_selector("body[data-ready=true]")
     assert page.evaluate("([t, w, a]) => window.d2s.editedQuery(t, w, a)", [text, term, action]) == edited
+
+
+def _answer_with_forms(text: str) -> dict:
+    """A search answer whose query and hit hold two forms of one word (the tiny random head's
+    strongest words rarely do), in the API's shape."""
+    doc = "ab" * 32
+    return {
+        "query": {"kind": "text", "text": text}, "mode": "sparse", "k": 10, "encode_ms": 1.0, "search_ms": 1.0,
+        "query_terms": [{"term": "dogs", "weight": 1.5, "own": True}, {"term": "car", "weight": 1.0, "own": False},
+                        {"term": "dog", "weight": 0.5, "own": False}],
+        "query_words": [{"word": "dogs", "weight": 1.5, "own": True, "terms": ["dogs", "dog"]},
+                        {"word": "car", "weight": 1.0, "own": False, "terms": ["car"]}],
+        "results": [{"rank": 1, "id": doc, "score": 2.25, "path": "/p/a.jpg", "name": "a.jpg", "url": None,
+                     "matched": [{"term": "dogs", "contribution": 1.5}, {"term": "dog", "contribution": 0.5},
+                                 {"term": "car", "contribution": 0.25}],
+                     "words": [{"word": "dogs", "contribution": 2.0, "terms": ["dogs", "dog"]},
+                               {"word": "car", "contribution": 0.25, "terms": ["car"]}],
+                     "thumbnail": f"/api/documents/{doc}/thumbnail", "preview": f"/api/documents/{doc}/preview"}],
+    }
+
+
+def test_a_word_with_two_forms_is_one_chip_and_its_edits_take_both(page):
+    import json
+    from urllib.parse import parse_qs, urlparse
+
+    def answer(route):
+        text = parse_qs(urlparse(route.request.url).query)["q"][0]
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(_answer_with_forms(text)))
+
+    page.route("**/api/search?*", answer)
+    page.goto("/?q=two+dogs")
+    page.wait_for_selector("#grid[data-state=done]")
+    chips = page.locator("#query-terms .chip.q")
+    assert chips.all_inner_texts() == ["dogs", "car"]  # dog and dogs: one chip, named by its strongest form
+    assert "(dogs, dog)" in chips.first.get_attribute("title")
+    card = page.locator(".card .chips .chip")
+    assert card.all_inner_texts() == ["dogs", "car"]
+    assert card.first.get_attribute("title") == "dogs (dogs, dog): adds 2.000"
+    edit(page, "dogs", "remove dogs")
+    assert page.input_value("#q") == "two dogs -dogs -dog"  # removing the word removes both forms
+    page.goto("/?q=two+dogs")
+    page.wait_for_selector("#grid[data-state=done]")
+    edit(page, "dogs", "weigh dogs up")
+    assert page.input_value("#q") == "two dogs^2 dog^2"  # each form weighed, the untyped one added

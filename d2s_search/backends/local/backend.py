@@ -33,7 +33,7 @@ from ...metadata import NO_METADATA, Metadata
 from ...search import minmax_normalised
 from ..base import Document, Hit, IndexIdentity, SparseVector, WordFilter
 from . import cache as cache_mod
-from . import graph, kernels, metadata_table, narrowing, store
+from . import frequencies, graph, kernels, metadata_table, narrowing, store
 from . import identity as index_identity
 from . import paths as doc_paths
 from .cache import CacheUnusable, Shard, Structures
@@ -1183,6 +1183,19 @@ class LocalBackend:
             rescored = self._rescore(state, rows, columns)
             order = np.lexsort((np.arange(rows.size), -rescored))[:k]  # ties keep the first pass's order
             return self._hits(state, rows[order], rescored[order], columns, explain)
+
+        return self._searching(run)
+
+    @_db_errors
+    def document_frequencies(self, terms: Iterable[str]) -> tuple[int, dict[str, int]]:
+        """(documents in the index, term -> how many of them carry it) for ``terms``: exact,
+        from the posting lists' lengths (what a picture's words are ordered by, weight x IDF)."""
+        terms = list(terms)
+
+        def run(state: Structures) -> tuple[int, dict[str, int]]:
+            known = [t for t in terms if t in self._term_ids]
+            counts = frequencies.document_frequencies(state, np.array([self._term_ids[t] for t in known], np.int64))
+            return state.size, {t: 0 for t in terms} | dict(zip(known, counts.tolist()))
 
         return self._searching(run)
 

@@ -24,7 +24,7 @@ from d2s_search.backends.opensearch.features import decode_features, matched_ter
 from d2s_search.backends.opensearch.ml_commons import DEPLOYED, MLCommons, MLCommonsUnavailable
 from d2s_search.backends.opensearch.search_template import TEMPLATE_ID, search_template_body
 from d2s_search.errors import QueryError
-from d2s_search.search import SearchResult
+from d2s_search.search import SearchResult, collapse_matches, explain_depth
 
 log = logging.getLogger("d2s_search.server_side")
 
@@ -90,7 +90,9 @@ def _server_side(backend: Any, text: str, model_id: str, k: int, explain: int, o
             raise MLCommonsUnavailable(f"{backend.url} has no neural-search plugin: {reason}")
         raise QueryError(f"server-side search failed: {reason}{_model_hint(reason, model_id)}")
     query_terms = MLCommons(backend.http).predict(model_id, [text])[0] if explain > 0 else {}
-    return _hits(reply.body.get("hits", {}).get("hits", []), query_terms, explain), query_terms
+    hits = _hits(reply.body.get("hits", {}).get("hits", []), query_terms, explain_depth(query_terms, explain))
+    collapse_matches(hits, explain, query_terms)
+    return hits, query_terms
 
 
 def template_query(
@@ -146,7 +148,8 @@ def run_server_side(
     log.warning("no deployed model for this bundle; using the search template %s", TEMPLATE_ID)
     vectors = encode_text_query(encoder_factory(), text, top_k=max_terms)
     start = time.perf_counter()
-    hits = template_query(backend, vectors.full, k, explain)
+    hits = template_query(backend, vectors.full, k, explain_depth(vectors.full, explain))
+    collapse_matches(hits, explain, vectors.full)
     took = (time.perf_counter() - start) * 1000
     top = sorted(vectors.full.items(), key=lambda tw: (-tw[1], tw[0]))[:50]
     return SearchResult(mode="server-side (search template)", hits=hits, took_ms=took, query_terms=top)

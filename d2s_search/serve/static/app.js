@@ -34,7 +34,7 @@ const bytes = (n) => (n == null ? "—" : n > 1e9 ? `${(n / 1e9).toFixed(2)} GB`
 // --- state ----------------------------------------------------------------------------
 
 const state = {
-  controller: null, last: null, picture: null, pictures: [], queryTerms: [], searches: 0,
+  controller: null, last: null, picture: null, pictures: [], queryTerms: [], queryWords: [], searches: 0,
   actions: 0, // user actions that show something: a pending start view gives way to them
   status: null, // the promise of the first /api/status answer (null when it failed)
   canFilter: false, // the index keeps dates, cameras, places and fields
@@ -417,7 +417,8 @@ function showMessage(text, kind = "info") {
 
 function render(data, label) {
   state.last = data;
-  state.queryTerms = data.query_terms;
+  state.queryTerms = data.query_terms; // raw vocabulary terms: what a picture's terms are matched against
+  state.queryWords = shownWords(data);
   const grid = $("#grid");
   const library = data.query.kind === "library";
   const took = data.encode_ms ? `${fmt(data.encode_ms, 1)} ms encoding + ${fmt(data.search_ms, 1)} ms search`
@@ -429,7 +430,7 @@ function render(data, label) {
     library ? null : el("span", { class: "mode-label" }, data.mode), library ? null : " · ",
     data.filters ? el("span", { class: "only" }, `only ${activeFilters().map(([text]) => text).join(", ")} · `) : null, took,
   ].filter((part) => part !== null));
-  renderQueryTerms(data.query_terms, data.query.kind, data.query_edits);
+  renderQueryTerms(state.queryWords, data.query.kind, data.query_edits);
   renderNotice(data.notice);
   $("#more").hidden = !(library && data.results.length === data.k);
   grid.dataset.mode = data.mode;
@@ -443,9 +444,22 @@ function render(data, label) {
     return;
   }
   // Chip sizes share one scale over the page, so a big word means a big contribution anywhere.
-  const top = Math.max(1e-9, ...data.results.flatMap((r) => r.matched.map((m) => m.contribution)));
+  const top = Math.max(1e-9, ...data.results.flatMap((r) => matchedWords(r).map((m) => m.contribution)));
   grid.replaceChildren(...data.results.map((r) => card(r, top, library)));
   grid.dataset.state = "done";
+}
+
+// Words as a person reads them: inflections collapsed (dog, dogs: one word, named by its
+// strongest form here), each standing for its vocabulary terms. An answer without them (an
+// older server) shows its raw terms, each a word of its own.
+function shownWords(data) {
+  if (data.query_words && (data.query_words.length || !data.query_terms.length)) return data.query_words;
+  return data.query_terms.map((t) => ({ word: t.term, weight: t.weight, own: t.own, terms: [t.term] }));
+}
+
+function matchedWords(r) {
+  if (r.words && (r.words.length || !r.matched.length)) return r.words;
+  return r.matched.map((m) => ({ word: m.term, contribution: m.contribution, terms: [m.term] }));
 }
 
 // A query the model does not understand (no word it knows) still gets pictures: say that
@@ -472,7 +486,7 @@ function renderQueryTerms(terms, kind, edits = null) {
   const editable = kind === "text";
   box.replaceChildren(
     el("span", { class: "label" }, kind === "text" ? "query words" : "its words"),
-    ...shown.map((t) => queryWord(t, top, editable)),
+    ...shown.map((w) => queryWord(w, top, editable)),
     ...excluded.map((term) => el("span", { class: "qword", dataset: { term } },
       el("span", { class: "chip q excluded", title: `${term}: removed, and pictures carrying it left out` }, term),
       editable ? editButton(term, "restore", "↺", `put ${term} back`) : null)),
@@ -482,23 +496,28 @@ function renderQueryTerms(terms, kind, edits = null) {
 
 const EDITABLE_TERM = /^[\p{L}\p{N}]+$/u; // whole words: not word pieces (##s) or punctuation
 
-function queryWord(t, top, editable) {
+const forms = (w) => (w.terms.length > 1 ? ` (${w.terms.join(", ")})` : "");
+
+// A word's edits apply to every form it stands for: removing "dogs" removes "dog" too.
+function queryWord(w, top, editable) {
   const chip = el("span", {
-    class: `chip q${t.own ? " own" : ""}`, title: `${t.term}: weight ${fmt(t.weight)}${t.own ? " (typed)" : " (expansion)"}`,
-    style: { "--w": (t.weight / top).toFixed(3) },
-  }, t.term);
-  if (!editable || !EDITABLE_TERM.test(t.term)) return chip;
-  return el("span", { class: "qword", dataset: { term: t.term } }, chip,
-    editButton(t.term, 2, "+", `weigh ${t.term} up`),
-    editButton(t.term, 0.5, "−", `weigh ${t.term} down`),
-    editButton(t.term, "remove", "×", `remove ${t.term} and the pictures carrying it`));
+    class: `chip q${w.own ? " own" : ""}`,
+    title: `${w.word}${forms(w)}: weight ${fmt(w.weight)}${w.own ? " (typed)" : " (expansion)"}`,
+    style: { "--w": (w.weight / top).toFixed(3) }, dataset: { terms: w.terms.join(" ") },
+  }, w.word);
+  const terms = w.terms.filter((t) => EDITABLE_TERM.test(t));
+  if (!editable || !terms.length) return chip;
+  return el("span", { class: "qword", dataset: { term: w.word } }, chip,
+    editButton(terms, 2, "+", `weigh ${w.word} up`),
+    editButton(terms, 0.5, "−", `weigh ${w.word} down`),
+    editButton(terms, "remove", "×", `remove ${w.word} and the pictures carrying it`));
 }
 
-function editButton(term, action, text, label) {
+function editButton(terms, action, text, label) {
   return el("button", {
     type: "button", class: "act", "aria-label": label, title: label, dataset: { act: String(action) },
     onclick: () => {
-      $("#q").value = editedQuery($("#q").value, term, action);
+      $("#q").value = [].concat(terms).reduce((query, term) => editedQuery(query, term, action), $("#q").value);
       searchText(null, true);
     },
   }, text);
@@ -564,16 +583,16 @@ function card(r, top, library = false) {
           r.taken ? r.taken.slice(0, 10) : "undated")
         : el("span", { class: "score", title: partsTitle(r) }, fmt(r.score)),
       el("span", { class: "name", title: r.path }, r.name)),
-    el("div", { class: "chips" }, r.matched.map((m) => chip(m, top))),
+    el("div", { class: "chips" }, matchedWords(r).map((m) => chip(m, top))),
   );
 }
 
 function chip(m, top) {
   const w = Math.max(0, m.contribution / top);
   return el("span", {
-    class: "chip", title: `${m.term}: adds ${fmt(m.contribution)}`,
+    class: "chip", title: `${m.word}${forms(m)}: adds ${fmt(m.contribution)}`,
     style: { "--w": w.toFixed(3), "font-size": `${(0.72 + 0.36 * w).toFixed(3)}rem` },
-  }, m.term);
+  }, m.word);
 }
 
 const when = (iso) => iso.replace("T", " ").replace(/(\.\d+)?Z$/, " UTC");
@@ -614,25 +633,35 @@ async function openDetail(id) {
 
   const weights = new Map(doc.terms.map((t) => [t.term, t.weight]));
   const queryWeights = new Map(state.queryTerms.map((t) => [t.term, t.weight]));
-  $("#d-query").hidden = !state.queryTerms.length;
-  $("#d-query-terms").replaceChildren(...state.queryTerms.slice(0, QUERY_TERMS_SHOWN).map((t) => {
-    const w = weights.get(t.term);
+  $("#d-query").hidden = !state.queryWords.length;
+  $("#d-query-terms").replaceChildren(...state.queryWords.slice(0, QUERY_TERMS_SHOWN).map((w) => {
+    // what the word's forms add to this picture's score (the query's raw weights x the picture's)
+    const adds = w.terms.reduce((sum, t) => sum + (weights.get(t) || 0) * (queryWeights.get(t) || 0), 0);
+    const carried = w.terms.some((t) => weights.has(t));
     return el("span", {
-      class: `chip q${w ? " hit" : ""}`,
-      title: w ? `${t.term}: in the picture, adds ${fmt(t.weight * w)}` : `${t.term}: not in the picture`,
-    }, t.term);
+      class: `chip q${carried ? " hit" : ""}`, dataset: { terms: w.terms.join(" ") },
+      title: carried ? `${w.word}${forms(w)}: in the picture, adds ${fmt(adds)}` : `${w.word}: not in the picture`,
+    }, w.word);
   }));
-  $("#d-count").textContent = `(${doc.term_count})`;
-  const top = doc.terms.length ? doc.terms[0].weight : 1;
-  const bars = (n) => $("#d-bars").replaceChildren(...doc.terms.slice(0, n).map((t) => el("div", {
-    class: `bar-row${queryWeights.has(t.term) ? " in-query" : ""}`, title: `${t.term}: ${fmt(t.weight, 4)}`,
-  }, el("span", { class: "term" }, t.term),
-     el("span", { class: "bar" }, el("span", { style: { width: `${(100 * t.weight / top).toFixed(1)}%` } })),
-     el("span", { class: "value" }, fmt(t.weight)))));
+  // A picture's words by what they say about it: weight x IDF (by weight where the index has no
+  // document frequencies); the bar is that value, the weight and IDF are in the title.
+  const words = doc.words && doc.words.length ? doc.words
+    : doc.terms.map((t) => ({ word: t.term, weight: t.weight, idf: null, terms: [t.term] }));
+  $("#d-count").textContent = `(${words.length})`;
+  $("#d-count").title = `${doc.term_count} terms, forms of one word counted once`;
+  const says = (w) => (w.idf === null ? w.weight : w.weight * w.idf);
+  const top = Math.max(1e-9, ...words.slice(0, 1).map(says));
+  const bars = (n) => $("#d-bars").replaceChildren(...words.slice(0, n).map((w) => el("div", {
+    class: `bar-row${w.terms.some((t) => queryWeights.has(t)) ? " in-query" : ""}`,
+    title: `${w.word}${forms(w)}: weight ${fmt(w.weight, 4)}${w.idf === null ? "" : ` × IDF ${fmt(w.idf, 2)}`}`,
+    dataset: { terms: w.terms.join(" ") },
+  }, el("span", { class: "term" }, w.word),
+     el("span", { class: "bar" }, el("span", { style: { width: `${(100 * Math.max(0, says(w)) / top).toFixed(1)}%` } })),
+     el("span", { class: "value" }, fmt(says(w))))));
   bars(BARS_SHOWN);
   const more = $("#d-all");
-  more.hidden = doc.terms.length <= BARS_SHOWN;
-  more.textContent = doc.terms.length > BARS_MAX ? `Show the top ${BARS_MAX} words` : `Show all ${doc.terms.length} words`;
+  more.hidden = words.length <= BARS_SHOWN;
+  more.textContent = words.length > BARS_MAX ? `Show the top ${BARS_MAX} words` : `Show all ${words.length} words`;
   more.onclick = () => { bars(BARS_MAX); more.hidden = true; };
   if (!dialog.open) dialog.showModal();
 }
