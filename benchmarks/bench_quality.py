@@ -22,6 +22,8 @@ and dense R@1 and their ratio, FLOPs, terms per image and the widest image term 
 images it is active on, beside the share of the images whose captions contain it), Exact@20,
 the widest query expansion, and image term precision@10 (of an image's 10 strongest terms, the
 share that are words of its own captions, inflections of one word counted as that word).
+Expansions: for 50 test queries, their 5 strongest terms that are not their own words, and the
+share of them a person judged unrelated to the query (``judgements/expansions.tsv``).
 """
 
 from __future__ import annotations
@@ -139,13 +141,12 @@ def caption_words(split) -> list[set[str]]:
     return words
 
 
-def _singular(word: str) -> str:
-    return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
-
-
 def term_precision(docs, n_targets: int, words: list[set[str]], names: list[str], k: int = 10) -> float:
-    """Mean share of an image's ``k`` strongest terms that are words of its own captions, a
-    plural (``dogs`` for ``dog``) counted as its word."""
+    """Mean share of an image's ``k`` strongest terms that are words of its own captions, an
+    inflection (``dogs`` for ``dog``, d2s_search.inflections) counted as its word."""
+    from d2s_search.inflections import inflections
+
+    key = inflections().key
     shares = []
     for row in range(n_targets):
         s, e = docs.indptr[row], docs.indptr[row + 1]
@@ -153,8 +154,8 @@ def term_precision(docs, n_targets: int, words: list[set[str]], names: list[str]
             shares.append(0.0)
             continue
         top = docs.indices[s:e][np.argsort(-docs.data[s:e], kind="stable")[:k]]
-        own = {_singular(w) for w in words[row]}
-        shares.append(sum(_singular(names[t]) in own for t in top) / len(top))
+        own = {key(w) for w in words[row]}
+        shares.append(sum(key(names[t]) in own for t in top) / len(top))
     return float(np.mean(shares))
 
 
@@ -187,10 +188,10 @@ def score(head, split, tokens, distractors: np.ndarray, size: int, names: list[s
             "image_term_precision@10": round(term_precision(d, n, words, names), 3)}
 
 
-def recalibrate(head, splits, tok, terms: int, floors: bool, budget: float = 12.0) -> None:
+def recalibrate(head, splits, tok, terms: int, max_share: float, budget: float = 12.0) -> None:
     """What ``train`` does after its last epoch, on these weights: the document shift chosen on
     validation (plus up to 4,000 training images) within ``budget`` with images cut to ``terms``,
-    then the floors of terms on too many images (on the training and validation images)."""
+    then the floors of terms on more than ``max_share`` of the training images (0: none)."""
     from d2s_search.train.calibrate import choose_document_floors, choose_document_shift
     from d2s_search.train.validation import pick_distractors
     from d2s_search.train.vocab import tokenize_captions
@@ -202,9 +203,9 @@ def recalibrate(head, splits, tok, terms: int, floors: bool, budget: float = 12.
     extra = pick_distractors(splits["train"].image_emb, splits["train"].caption_image, 4000)
     choose_document_shift(head, splits["val"], val_tokens, "c+w", budget, boosts=(head.config.query_word_boost,),
                           distractors=extra)
-    if floors:
+    if max_share > 0:
         train = splits["train"]
-        choose_document_floors(head, train, tokenize_captions(train.captions, tok))
+        choose_document_floors(head, train, tokenize_captions(train.captions, tok), max_share)
 
 
 JUDGED = Path(__file__).parent / "judgements" / "expansions.tsv"
@@ -247,8 +248,8 @@ def judged_share(listed: list[tuple[str, list[str]]], path: Path = JUDGED) -> di
             "unrelated_share": round(sum(v == "unrelated" for v in judged) / len(judged), 3) if judged else None}
 
 
-def score_head(path: Path, data: Path, variant: tuple[int, bool] | None = None) -> dict:
-    """Every column for the head at ``path``; ``variant`` (terms, floors): recalibrated first."""
+def score_head(path: Path, data: Path, variant: tuple[int, float] | None = None) -> dict:
+    """Every column for the head at ``path``; ``variant`` (terms, max share): recalibrated first."""
     import torch
     from d2s_onnx_export.head import load_head
 
@@ -286,9 +287,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per training run")
     parser.add_argument("--head", action="append", type=Path, default=[],
                         help="score this trained head too (no training)")
-    parser.add_argument("--variant", action="append", default=[], metavar="TERMS,on|off",
-                        help="with --head: also recalibrate it as train would with --document-terms TERMS, "
-                             "floors on or off")
+    parser.add_argument("--variant", action="append", default=[], metavar="TERMS,SHARE",
+                        help="with --head: also recalibrate it as train would with --document-terms TERMS "
+                             "--max-image-share SHARE")
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
     summary = _common.provenance(threads=f"{args.threads} torch thread(s)")
@@ -303,9 +304,9 @@ def main() -> None:
     for path in args.head:
         rows.append({"recipe": str(path), "seed": None, **score_head(path, data)})
         for spec in args.variant:
-            terms, floors = spec.split(",")
-            rows.append({"recipe": f"{path}, recalibrated: {terms} terms, floors {floors}", "seed": None,
-                         **score_head(path, data, (int(terms), floors == "on"))})
+            terms, share = spec.split(",")
+            rows.append({"recipe": f"{path}, recalibrated: {terms} terms, terms on at most {share} of images",
+                         "seed": None, **score_head(path, data, (int(terms), float(share)))})
     summary["heads"] = rows
     ratios = [r["test"]["5000"]["ratio"] for r in rows]
     summary["mean_test_5k_ratio"] = round(statistics.mean(ratios), 3) if ratios else None
@@ -318,17 +319,20 @@ def render(summary: dict) -> str:
         v1, v5, t1, t5 = r["val"]["1000"], r["val"]["5000"], r["test"]["1000"], r["test"]["5000"]
         term, share, in_caps = t5["widest_image_term"]
         expansion, exp_share = t5["widest_expansion"]
+        judged = r["expansions"]["judged"]
+        unrelated = "–" if judged["unrelated_share"] is None else f"{judged['unrelated_share']:.0%} of {judged['judged']}"
+        cut = f"{r['document_terms']}" if r["document_terms"] else "all"
         rows.append([r["recipe"] if r["seed"] is None else f"{r['recipe']}, seed {r['seed']}",
-                     f"{r['document_shift']:g} / {r['query_word_boost']:g}",
+                     f"{r['document_shift']:g} / {cut} / {r['document_floors']}",
                      f"{v1['ratio']:.3f}", f"{v5['ratio']:.3f}",
                      f"{t1['R@1']:.3f} / {t1['dense_R@1']:.3f} = **{t1['ratio']:.3f}**",
                      f"{t5['R@1']:.3f} / {t5['dense_R@1']:.3f} = **{t5['ratio']:.3f}**",
                      f"{v5['ratio'] - t5['ratio']:+.3f}", f"{t5['FLOPs']:.1f}", f"{t5['terms_per_image']:.0f}",
                      f"{term} {share:.0%} ({in_caps:.0%})", f"{expansion} {exp_share:.0%}",
-                     f"{t5['image_term_precision@10']:.2f}"])
-    head = ["head", "shift / boost", "val 1k", "val 5k", "test 1k: sparse / dense R@1", "test 5k: sparse / dense R@1",
-            "drop val → test (5k)", "test 5k FLOPs", "terms / image", "widest image term (its captions)",
-            "widest expansion", "image term P@10"]
+                     f"{t5['image_term_precision@10']:.2f}", unrelated])
+    head = ["head", "shift / terms kept / floors", "val 1k", "val 5k", "test 1k: sparse / dense R@1",
+            "test 5k: sparse / dense R@1", "drop val → test (5k)", "test 5k FLOPs", "terms / image",
+            "widest image term (its captions)", "widest expansion", "image term P@10", "expansions judged unrelated"]
     return _common.table(head, rows) + "\n\n" + _common.caption(summary)
 
 

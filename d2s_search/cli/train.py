@@ -269,9 +269,12 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
             else:
                 among = (f"the {n_val:,} validation and {chosen['distractors']:,} training images"
                          if chosen.get("distractors") else f"the {n_val:,} validation images")
+                cap = f" (at most {head.config.document_terms})" if head.config.document_terms else ""
+                floors = chosen.get("document_floors")
+                held = f"; {floors} common terms held back by a floor" if floors else ""
                 click.echo(f"document shift {chosen['document_shift']:g}, query word boost "
-                           f"{chosen['query_word_boost']:g}: images keep {row['terms_per_image']:.0f} terms; val R@1 "
-                           f"{row['R@1']:.4f} among {among} (as searched), FLOPs {row['FLOPs']:.1f} "
+                           f"{chosen['query_word_boost']:g}: images keep {row['terms_per_image']:.0f} terms{cap}{held}; "
+                           f"val R@1 {row['R@1']:.4f} among {among} (as searched), FLOPs {row['FLOPs']:.1f} "
                            f"(budget {flops_budget:g})")
     return EXIT_OK
 
