@@ -125,6 +125,31 @@ def nn_summary(vectors: np.ndarray) -> dict:
     return {f"p{p}": round(float(np.percentile(d, p)), 3) for p in (10, 50, 90)}
 
 
+def render(summary: dict) -> str:
+    """Recall and p50 per graph and width (time as a share of the exact scan's, same run),
+    then a shard's graph against its scan by shard size."""
+    c, exact = summary["collection"], summary["exact_p50_ms"]
+    head = (f"{c['model']} real-shaped: {c['documents']:,} documents ({c['sources']:,} real vectors tiled, noise "
+            f"{c['noise']}), {c['queries']} {c['split']} queries; nearest-neighbour distance p10/p50/p90 "
+            f"{'/'.join(str(v) for v in c['nn_distance_documents'].values())} (real: "
+            f"{'/'.join(str(v) for v in c['nn_distance_sources'].values())}); exact p50 {exact['k10']} ms (k=10)"
+            + (f", {exact['k1000']} ms (k=1000)" if exact["k1000"] else ""))
+    rows = []
+    for run in summary["runs"]:
+        for k in ("k10", "k1000"):
+            for r in run.get(k, []):
+                rows.append((run["graphs"], run["M"], run["efConstruction"], run["build_s"], r["k"], r["ef"],
+                             r[f"recall@{r['k']}"], r["p50_ms"], _common.ratio(r["p50_ms"], exact[k])))
+    out = [head, "", _common.table(("graphs", "M", "efConstruction", "build s", "k", "candidates", "recall@k",
+                                    "p50 ms", "p50 / exact"), rows)]
+    if summary.get("shard_sizes"):
+        out += ["", _common.table(("shard rows", "scan p50 ms", "graph p50 ms", "graph / scan", "graph recall@10"),
+                                  [(r["shard_rows"], r["scan_p50_ms"], r["graph_p50_ms"],
+                                    _common.ratio(r["graph_p50_ms"], r["scan_p50_ms"]), r["recall@10"])
+                                   for r in summary["shard_sizes"]])]
+    return "\n".join(out + ["", _common.caption(summary)])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=("offline-mini", "clip"), default="offline-mini")

@@ -39,6 +39,7 @@ def forced(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cache, "SHARD_ROWS", 256)
     monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 0)
+    monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
     monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
     monkeypatch.setattr(graph, "EF_SEARCH", 8)
     docs = documents(700)

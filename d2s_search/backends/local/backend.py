@@ -55,6 +55,11 @@ APPROXIMATE_DENSE_FROM = 100_000
 # asks 10,000 candidates) is a scan of the shard's vectors: faster there, and exact
 # (65,536 rows, one thread: graph 0.5 ms at k=100, 5 ms at 1,000, 16 ms at 2,000; scan 3-8 ms).
 GRAPH_K_SHARE = 1 / 48
+# A shard of fewer rows gets no graph and is scanned even above APPROXIMATE_DENSE_FROM (the
+# last shard of a large index, until it grows): its scan is about as fast and exact (real-shaped
+# vectors, 384-d, one thread, k=10: 2,000 rows scanned in 0.15 ms, 0.19 through a graph; 8,000
+# rows 0.52 against 0.27 ms; benchmarks/bench_graph_params.py --shard-sizes).
+GRAPH_FROM_ROWS = 4096
 # The most candidates a graph search may be asked for (LocalBackend.dense_ef): past a few
 # thousand a scan of the shard is faster and exact.
 MAX_DENSE_EF = 100_000
@@ -666,16 +671,10 @@ class LocalBackend:
         }
 
     def _graph_recall(self) -> float | None:
-        """The shards' sampled recall@10 (graph.sampled_recall, at graph.EF_SEARCH candidates),
-        pooled over the shards that recorded one; None when no graph has (exact, or a cache
-        written before it was measured)."""
-        if not graph.available():
-            return None
-        try:
-            shards = self._search_state().shards
-        except (CacheUnusable, IndexStoreError):
-            return None
-        measured = [s.graph_recall for s in shards if "hnsw" in s.arrays and s.graph_recall is not None]
+        """The graphs' sampled recall@10 (graph.sampled_recall, at graph.EF_SEARCH candidates),
+        pooled over the shards that recorded one, read from the cache's header (stats builds
+        nothing); None when no graph has one (exact, no cache yet, or one written before)."""
+        measured = cache_mod.recorded_recalls(self.cache_dir)
         wanted = sum(w for _, w in measured)
         return round(sum(f for f, _ in measured) / wanted, 3) if wanted else None
 
@@ -870,21 +869,21 @@ class LocalBackend:
                 "memory for this run: every document is stored, and the first search after space is freed writes it")
 
     def _dense_graphs(self, built: Structures) -> None:
-        """From APPROXIMATE_DENSE_FROM documents on, every shard gets an HNSW graph over its
-        vectors (full shards keep theirs across appends; a shard whose graph faiss cannot
-        build stays exact); below it, graphs are dropped."""
+        """From APPROXIMATE_DENSE_FROM documents on, every shard of GRAPH_FROM_ROWS rows or more
+        gets an HNSW graph over its vectors (full shards keep theirs across appends; a shard
+        whose graph faiss cannot build stays exact); below it, graphs are dropped."""
         approximate = built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and graph.available()
         if built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and not approximate:
             self._warn(graph.unavailable_note(APPROXIMATE_DENSE_FROM), kind="note")  # the `faiss` extra
         for shard in built.shards:
-            if approximate and "hnsw" not in shard.arrays and shard.rows:
+            if approximate and "hnsw" not in shard.arrays and shard.rows >= max(GRAPH_FROM_ROWS, 1):
                 blob = graph.build(shard.dense_rows())
                 if blob is not None:
                     shard.attach_graph(blob, built.dim)
                     shard.dirty.add("hnsw")
                     shard.graph_recall = graph.sampled_recall(self._graph_of(shard), shard.dense_rows(),
                                                               graph.EF_SEARCH)
-            elif not approximate and "hnsw" in shard.arrays:
+            elif "hnsw" in shard.arrays and not (approximate and shard.rows >= GRAPH_FROM_ROWS):
                 shard.detach_graph()
 
     # -- search ---------------------------------------------------------------------------

@@ -475,6 +475,33 @@ def _stamp_written(state_dir: Path, header_crc: int, known: dict[str, int]) -> N
         stamp.discard()
 
 
+def _current_header(pointer: Path) -> tuple[Path, str, dict]:
+    """(state folder, header CRC as written, header) of the state ``pointer`` names, its
+    checksum checked; raises CacheUnusable, OSError or ValueError."""
+    name, crc = pointer.read_text(encoding="ascii").split()
+    if not name.startswith("state-") or "/" in name:
+        raise CacheUnusable(f"{pointer} names no cache state")
+    state_dir = pointer.parent / name
+    header_bytes = (state_dir / "header.json").read_bytes()
+    if zlib.crc32(header_bytes) != int(crc):
+        raise CacheUnusable("the cache header does not match its checksum")
+    return state_dir, crc, json.loads(header_bytes)
+
+
+def recorded_recalls(cache_dir: Path) -> list[tuple[int, int]]:
+    """The valid (found, wanted) of the graphs in the current state, from its header alone
+    (nothing else read or built: what index stats shows); [] when there is none."""
+    try:
+        _, _, header = _current_header(cache_dir / POINTER)
+        if header.get("format") != CACHE_FORMAT:
+            return []
+        shards = header["shards"]
+        values = [recorded_recall(meta.get("graph_recall")) for meta in shards if "hnsw" in meta["files"]]
+    except (CacheUnusable, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    return [v for v in values if v is not None]
+
+
 def recorded_recall(value: object) -> tuple[int, int] | None:
     """A graph's (found, wanted) as read from a header: None unless two integers with
     0 <= found <= wanted and wanted at most what a build samples (a bad value is only unknown)."""
@@ -522,14 +549,7 @@ def load(cache_dir: Path, verify: bool = True) -> Structures:
             raise CacheUnusable("no cache yet")
         if not pointer.is_file() or pointer.is_symlink():
             raise CacheUnusable(f"{pointer} is not a regular file")
-        name, crc = pointer.read_text(encoding="ascii").split()
-        if not name.startswith("state-") or "/" in name:
-            raise CacheUnusable(f"{pointer} names no cache state")
-        state_dir = cache_dir / name
-        header_bytes = (state_dir / "header.json").read_bytes()
-        if zlib.crc32(header_bytes) != int(crc):
-            raise CacheUnusable("the cache header does not match its checksum")
-        header = json.loads(header_bytes)
+        state_dir, crc, header = _current_header(pointer)
         if header.get("format") != CACHE_FORMAT or header.get("shard_rows") != SHARD_ROWS:
             raise CacheUnusable("the cache was written in another format")
         stamped = cache_stamp.read(state_dir, int(crc)) if verify else None
