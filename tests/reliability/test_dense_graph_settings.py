@@ -149,3 +149,27 @@ def test_bad_ef_on_the_command_line_is_one_line(tmp_path, capsys, given):
 def test_ef_is_for_the_local_index(tmp_path, capsys):
     code, _, err = run_cli(["query", "dog", "--url", "http://127.0.0.1:9", "--ef", "32"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--ef" in err
+
+
+def test_query_ef_reaches_the_graph_search(tmp_path, tiny_blip_bundle, image_folder, capsys, monkeypatch):
+    """`query --ef N` on a local index with graphs: each graph is asked for max(N, k)
+    candidates; without it, the default."""
+    from d2s_search.backends.local import backend as backend_mod
+
+    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 0)
+    monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
+    index = tmp_path / "idx"
+    code, _ = run_cli_json(["ingest", image_folder, "--bundle", tiny_blip_bundle, "--index", index], capsys)
+    assert code == 0
+    asked = []
+    real = graph._search_parameters.__wrapped__
+    monkeypatch.setattr(graph, "_search_parameters", lambda ef: asked.append(ef) or real(ef))
+    base = ["query", "a dog", "--mode", "dense", "-k", "3", "--no-serve", "--bundle", tiny_blip_bundle, "--index", index]
+    for extra, width in (([], graph.EF_SEARCH), (["--ef", "21"], 21), (["--ef", "2"], 3)):
+        asked.clear()
+        code, result = run_cli_json([*base, *extra], capsys)
+        assert code == 0 and len(result["results"]) == 3 and asked == [width]
+    monkeypatch.setenv("D2S_DENSE_EF", "17")
+    asked.clear()
+    assert run_cli_json(base, capsys)[0] == 0 and asked == [17]
