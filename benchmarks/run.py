@@ -56,7 +56,7 @@ SUITE = (
           "where searching shards in groups on several threads pays"),
     Entry("dense-recall", "bench_dense_recall.py", ("--synthetic", "123000", "--queries", "200"), False,
           "recall of the HNSW graphs against exact dense search"),
-    Entry("graph-params", "bench_graph_params.py", ("--split", "test", "--builds", "32x40,16x40", "--widths",
+    Entry("graph-params", "bench_graph_params.py", ("--split", "test", "--builds", "32x80,32x40", "--widths",
                                                     "16,32,64,128", "--k1000"), False,
           "the graphs' parameters on a real-shaped 123k collection: recall@10 and @1000 and p50 per width"),
     Entry("serve", "bench_serve.py", ("--top-k", "64"), False, "the search page: request to rendered results"),
