@@ -173,3 +173,14 @@ def test_query_ef_reaches_the_graph_search(tmp_path, tiny_blip_bundle, image_fol
     monkeypatch.setenv("D2S_DENSE_EF", "17")
     asked.clear()
     assert run_cli_json(base, capsys)[0] == 0 and asked == [17]
+    monkeypatch.delenv("D2S_DENSE_EF")
+    config_dir = tmp_path / "cfg"
+    config_dir.mkdir()
+    monkeypatch.setenv("D2S_CONFIG_DIR", str(config_dir))
+    monkeypatch.chdir(tmp_path)
+    (config_dir / "config.toml").write_text("dense_ef = 19\n")
+    asked.clear()
+    assert run_cli_json(base, capsys)[0] == 0 and asked == [19]
+    (config_dir / "config.toml").write_text("dense_ef = 0\n")
+    code, out, err = run_cli(base, capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "--ef" in err
