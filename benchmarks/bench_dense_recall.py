@@ -45,6 +45,7 @@ CLIP = Path(os.environ.get("D2S_SHARED_DATA") or Path(__file__).resolve().parent
 def index_of(vectors: np.ndarray, folder: Path, approximate: bool) -> local_pkg.LocalBackend:
     backend_mod.APPROXIMATE_DENSE_FROM = 0 if approximate else 10**12
     backend_mod.GRAPH_K_SHARE = 1.0  # the graph for every k (small sets would otherwise be scanned)
+    backend_mod.GRAPH_FROM_ROWS = 0  # and for shards of any size
     b = local_pkg.LocalBackend(folder / ("graph" if approximate else "exact"))
     b.open(IndexIdentity(f"dense-{len(vectors)}", vectors.shape[1], "recall"))
     for lo in range(0, len(vectors), 5000):

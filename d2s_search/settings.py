@@ -25,7 +25,7 @@ else:  # Python 3.10: the same parser, from PyPI (a dependency there only)
 
 # Keys a config file may set, and the option names they feed (same name, '-' -> '_').
 CONFIG_KEYS = ("bundle", "index", "backend", "url", "index_name", "device", "batch_size", "mode", "k", "search_threads",
-               "exclude")
+               "exclude", "dense_ef")
 
 
 def backend_kind(backend: str | None, url: str | None) -> str:

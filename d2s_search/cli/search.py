@@ -398,6 +398,9 @@ LOCAL_TWO_PHASE_NOTE = ("on the local index two-phase misses most of the exact t
 @click.option("-0", "--print0", is_flag=True, help="Print only the hits' paths as their exact bytes, each ended by a "
               "NUL (for xargs -0; names with newlines stay whole).")
 @click.option("--no-serve", is_flag=True, help="Search in this process even when `d2s-search serve` runs on this index.")
+@click.option("--ef", "dense_ef", envvar="D2S_DENSE_EF", show_envvar=True, type=click.IntRange(1, 100_000), default=None,
+              help="Dense search of a local index of 100,000+ pictures: candidates each graph proposes, rescored "
+              "exactly (default 64, at least k): more finds more of the exact top k, slower.")
 @filter_options
 @click.option("--offset", type=click.IntRange(0), default=0, help="The library (no TEXT, no --image): skip this many.")
 @bundle_option
@@ -406,7 +409,7 @@ LOCAL_TWO_PHASE_NOTE = ("on the local index two-phase misses most of the exact t
 @device_option
 @json_option
 def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side, model_id, paths_only, print0, no_serve,
-          after, before, folders, where, near, offset, bundle, backend, index, url, index_name, search_threads, device,
+          dense_ef, after, before, folders, where, near, offset, bundle, backend, index, url, index_name, search_threads, device,
           as_json) -> int:
     """Search the index by TEXT, by --image PATH (a file or an http(s) URL), or by both (the sum
     of the two queries). With neither: the library, newest pictures first (by date taken).
@@ -434,12 +437,14 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
     options.validate()
     picture = _query_picture(image_path) if image_path is not None else None  # before any index or model
     local = backend_kind(backend, url) == "local"
+    if dense_ef is not None and not local:
+        raise click.UsageError("--ef sets the local index's graph search; a cluster's kNN has its own settings")
     note = LOCAL_TWO_PHASE_NOTE if local and mode == "two-phase" else None
     if server_side and text is not None and _edited(text):
         raise click.UsageError("--server-side encodes the text in the cluster: -word, +word and word^N need a "
                                "local model (leave out --server-side)")
     if text is not None and picture is None and not server_side and not no_serve and local and not _edited(text) \
-            and not narrowed:
+            and not narrowed and dense_ef is None:
         answered = _ask_running_serve(text, options, index, bundle)
         if answered is not None:
             result, address = answered
@@ -449,6 +454,8 @@ def query(text, image_path, mode, k, window, fusion, alpha, explain, server_side
 
     opened = open_index(backend, index, url, index_name, bundle, create=False, threads=search_threads)
     bundle_obj, store = opened.bundle, opened.store
+    if dense_ef is not None:
+        store.dense_ef = dense_ef
     if server_side:
         from d2s_search.backends.opensearch.server_side import run_server_side
 

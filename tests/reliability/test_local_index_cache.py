@@ -264,6 +264,7 @@ import numpy as np
 from d2s_search.backends.local import LocalBackend
 from d2s_search.backends.local import backend as backend_mod
 backend_mod.APPROXIMATE_DENSE_FROM = 0
+backend_mod.GRAPH_FROM_ROWS = 0  # graphs on shards of any size
 backend_mod.GRAPH_K_SHARE = 1.0  # the graph, not a scan, for k=10 on 300 rows
 backend = LocalBackend(sys.argv[1])
 backend.open(None, create=False)
@@ -291,6 +292,7 @@ def graph_index(tmp_path, monkeypatch):
     from d2s_search.backends.local import backend as backend_mod
 
     monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 0)
+    monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
     monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
     docs = synthetic_docs(300, seed=3)
     backend = filled_index(tmp_path / "idx", docs)

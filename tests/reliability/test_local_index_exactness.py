@@ -157,6 +157,7 @@ def test_dense_is_exact_below_the_threshold_and_a_graph_above(tmp_path, monkeypa
 
     monkeypatch.setattr(cache, "SHARD_ROWS", 64)
     monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 300)
+    monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
     monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)  # tiny shards: the graph for every k < rows
     rng = np.random.default_rng(11)
     centres = rng.normal(size=(12, 16)).astype(np.float32) * 3
@@ -195,6 +196,7 @@ def test_dense_is_exact_below_the_threshold_and_a_graph_above(tmp_path, monkeypa
     monkeypatch.undo()
     monkeypatch.setattr(cache, "SHARD_ROWS", 64)
     monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 300)
+    monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
     monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
     old_dir = reopened._search_state().state_dir
     more = clustered_docs(rng, centres, 100, 650)
@@ -227,6 +229,7 @@ def test_dense_graph_recall_on_real_clip_embeddings(tmp_path, monkeypatch):
     captions = np.load(clip / "text_embeddings.npy")[::7]
     monkeypatch.setattr(cache, "SHARD_ROWS", 32)
     monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 0)
+    monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
     monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
     backend = LocalBackend(tmp_path / "clip")
     backend.open(IndexIdentity("clip", images.shape[1], "clip"))

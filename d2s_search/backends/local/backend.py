@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import numbers
 import os
 import shutil
 import sqlite3
@@ -54,6 +55,14 @@ APPROXIMATE_DENSE_FROM = 100_000
 # asks 10,000 candidates) is a scan of the shard's vectors: faster there, and exact
 # (65,536 rows, one thread: graph 0.5 ms at k=100, 5 ms at 1,000, 16 ms at 2,000; scan 3-8 ms).
 GRAPH_K_SHARE = 1 / 48
+# A shard of fewer rows gets no graph and is scanned even above APPROXIMATE_DENSE_FROM (the
+# last shard of a large index, until it grows): its scan is about as fast and exact (real-shaped
+# vectors, 384-d, one thread, k=10: 2,000 rows scanned in 0.15 ms, 0.19 through a graph; 8,000
+# rows 0.52 against 0.27 ms; benchmarks/bench_graph_params.py --shard-sizes).
+GRAPH_FROM_ROWS = 4096
+# The most candidates a graph search may be asked for (LocalBackend.dense_ef): past a few
+# thousand a scan of the shard is faster and exact.
+MAX_DENSE_EF = 100_000
 # Without the compiled kernel's table lookup (kernels.explain_slots), explanations of this many
 # hits of a shard or more are read from the query's posting lists (one binary search per term)
 # rather than from each hit's own postings.
@@ -94,14 +103,16 @@ def _db_errors(method):
 class LocalBackend:
     name = "local"
 
-    def __init__(self, path: str | Path, threads: int | None = 1) -> None:
+    def __init__(self, path: str | Path, threads: int | None = 1, dense_ef: int | None = None) -> None:
         """``threads``: how many shards are searched at once (1: one after another in the
         calling thread; None or 0: one per CPU). The compiled kernel and faiss release the GIL,
-        so shards score in parallel; an index of one shard (65,536 documents) is not split."""
+        so shards score in parallel; an index of one shard (65,536 documents) is not split.
+        ``dense_ef``: candidates a graph search rescores (:attr:`dense_ef`)."""
         self.path = Path(path).expanduser()
         if threads is not None and threads < 0:
             raise QueryError(f"search threads must be >= 0, got {threads}")
         self.threads = threads or os.cpu_count() or 1
+        self.dense_ef = dense_ef
         self._pool: ThreadPoolExecutor | None = None
         self._db: sqlite3.Connection | None = None
         self._terms: list[str] = [""]  # term id -> term (ids start at 1)
@@ -117,6 +128,22 @@ class LocalBackend:
         self._per_thread = threading.local()  # each search thread's kernels.QueryTop buffers
         self.identity: IndexIdentity | None = None
         self.last_fusion: str | None = None  # who fused the last hybrid search (run_query reports it)
+
+    @property
+    def dense_ef(self) -> int:
+        """Candidates each shard's graph proposes and the float vectors rescore (at least k):
+        more is slower and finds more of the exact top k (docs/benchmarks.md, "Dense recall of
+        the graphs"). Setting None goes back to the default, graph.EF_SEARCH."""
+        return self._dense_ef or graph.EF_SEARCH
+
+    @dense_ef.setter
+    def dense_ef(self, value: int | None) -> None:
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= MAX_DENSE_EF:
+                raise QueryError(f"dense search candidates (--ef) must be a whole number from 1 to {MAX_DENSE_EF:,}, "
+                                 f"got {value!r}")
+            value = int(value)
+        self._dense_ef = value
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -638,8 +665,18 @@ class LocalBackend:
             "sparse_query": "compiled" if kernels._c_query is not None and kernels.c_kernel_loaded() else "python",
             # "hnsw": dense search proposes candidates from graphs (approximate), see APPROXIMATE_DENSE_FROM
             "dense_search": "hnsw" if docs >= APPROXIMATE_DENSE_FROM and graph.available() else "exact",
+            # recall@10 of the graphs at the default candidates, measured when they were built
+            "dense_recall_at_10": self._graph_recall() if docs >= APPROXIMATE_DENSE_FROM else None,
             "metadata": self._metadata_counts(db),
         }
+
+    def _graph_recall(self) -> float | None:
+        """The graphs' sampled recall@10 (graph.sampled_recall, at graph.EF_SEARCH candidates),
+        pooled over the shards that recorded one, read from the cache's header (stats builds
+        nothing); None when no graph has one (exact, no cache yet, or one written before)."""
+        measured = cache_mod.recorded_recalls(self.cache_dir)
+        wanted = sum(w for _, w in measured)
+        return round(sum(f for f, _ in measured) / wanted, 3) if wanted else None
 
     def _metadata_counts(self, db: sqlite3.Connection) -> dict:
         """How many documents have a date taken (from EXIF or their file), a GPS position, a
@@ -832,19 +869,21 @@ class LocalBackend:
                 "memory for this run: every document is stored, and the first search after space is freed writes it")
 
     def _dense_graphs(self, built: Structures) -> None:
-        """From APPROXIMATE_DENSE_FROM documents on, every shard gets an HNSW graph over its
-        vectors (full shards keep theirs across appends; a shard whose graph faiss cannot
-        build stays exact); below it, graphs are dropped."""
+        """From APPROXIMATE_DENSE_FROM documents on, every shard of GRAPH_FROM_ROWS rows or more
+        gets an HNSW graph over its vectors (full shards keep theirs across appends; a shard
+        whose graph faiss cannot build stays exact); below it, graphs are dropped."""
         approximate = built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and graph.available()
         if built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and not approximate:
             self._warn(graph.unavailable_note(APPROXIMATE_DENSE_FROM), kind="note")  # the `faiss` extra
         for shard in built.shards:
-            if approximate and "hnsw" not in shard.arrays and shard.rows:
+            if approximate and "hnsw" not in shard.arrays and shard.rows >= max(GRAPH_FROM_ROWS, 1):
                 blob = graph.build(shard.dense_rows())
                 if blob is not None:
                     shard.attach_graph(blob, built.dim)
                     shard.dirty.add("hnsw")
-            elif not approximate and "hnsw" in shard.arrays:
+                    shard.graph_recall = graph.sampled_recall(self._graph_of(shard), shard.dense_rows(),
+                                                              graph.EF_SEARCH)
+            elif "hnsw" in shard.arrays and not (approximate and shard.rows >= GRAPH_FROM_ROWS):
                 shard.detach_graph()
 
     # -- search ---------------------------------------------------------------------------
@@ -1121,7 +1160,7 @@ class LocalBackend:
             if ("hnsw" in shard.arrays and n_allowed >= GRAPH_FILTER_SHARE * shard.rows
                     and k < GRAPH_K_SHARE * shard.rows and graph.available()):
                 rows, scores = graph.search_allowed(self._graph_of(shard), shard.dense_rows(), query, k,
-                                                    graph.EF_SEARCH, mine)
+                                                    self.dense_ef, mine)
                 if rows.size >= min(k, n_allowed):  # else too few reached: the exact scan below
                     out.append((rows + shard.start, scores))
                     continue
@@ -1332,7 +1371,7 @@ class LocalBackend:
                 shard = state.shards[j]
                 self._validated(shard)
                 if "hnsw" in shard.arrays and k < GRAPH_K_SHARE * shard.rows and graph.available():
-                    rows, scores = graph.search(self._graph_of(shard), shard.dense_rows(), query, k, graph.EF_SEARCH)
+                    rows, scores = graph.search(self._graph_of(shard), shard.dense_rows(), query, k, self.dense_ef)
                 else:
                     scores = shard.arrays["dense"] @ query
                     rows = kernels.top_rows_any_sign(scores, k)

@@ -93,6 +93,9 @@ class Shard:
     validated: bool = False
     dirty: set[str] = field(default_factory=set)  # arrays changed since loaded (never hard-linked)
     _views: dict[str, memoryview] = field(default_factory=dict, repr=False)
+    # (found, wanted) of the graph's sampled recall at its build (graph.sampled_recall): what
+    # index stats reports; kept in the header beside the shard's files, None when not measured
+    graph_recall: tuple[int, int] | None = None
     _graph: object = field(default=None, repr=False)  # the faiss index over ``hnsw``, once checked
     _bound: BoundShard | None = field(default=None, repr=False)
 
@@ -180,6 +183,7 @@ class Shard:
         """Back to scanning every vector (the graph's file goes)."""
         del self.arrays["hnsw"]
         self._graph = None
+        self.graph_recall = None
 
     def string(self, name: str, row: int) -> str:
         """One row's string, read with plain indexing (no array calls)."""
@@ -428,7 +432,10 @@ def save(cache_dir: Path, structures: Structures, reuse: Structures | None) -> P
                 files[name] = _write_array(target, array)
                 known[target.name] = files[name][1]
             shard.files = files
-            shards_meta.append({"start": shard.start, "rows": shard.rows, "files": files})
+            meta = {"start": shard.start, "rows": shard.rows, "files": files}
+            if shard.graph_recall is not None and "hnsw" in shard.arrays:
+                meta["graph_recall"] = list(shard.graph_recall)
+            shards_meta.append(meta)
         header = {
             "format": CACHE_FORMAT, "index_id": structures.index_id, "generation": structures.generation,
             "mutations": structures.mutations, "max_seq": structures.max_seq, "dim": structures.dim,
@@ -468,6 +475,44 @@ def _stamp_written(state_dir: Path, header_crc: int, known: dict[str, int]) -> N
         stamp.discard()
 
 
+def _current_header(pointer: Path) -> tuple[Path, str, dict]:
+    """(state folder, header CRC as written, header) of the state ``pointer`` names, its
+    checksum checked; raises CacheUnusable, OSError or ValueError."""
+    name, crc = pointer.read_text(encoding="ascii").split()
+    if not name.startswith("state-") or "/" in name:
+        raise CacheUnusable(f"{pointer} names no cache state")
+    state_dir = pointer.parent / name
+    header_bytes = (state_dir / "header.json").read_bytes()
+    if zlib.crc32(header_bytes) != int(crc):
+        raise CacheUnusable("the cache header does not match its checksum")
+    return state_dir, crc, json.loads(header_bytes)
+
+
+def recorded_recalls(cache_dir: Path) -> list[tuple[int, int]]:
+    """The valid (found, wanted) of the graphs in the current state, from its header alone
+    (nothing else read or built: what index stats shows); [] when there is none."""
+    try:
+        _, _, header = _current_header(cache_dir / POINTER)
+        if header.get("format") != CACHE_FORMAT:
+            return []
+        shards = header["shards"]
+        values = [recorded_recall(meta.get("graph_recall")) for meta in shards if "hnsw" in meta["files"]]
+    except (CacheUnusable, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    return [v for v in values if v is not None]
+
+
+def recorded_recall(value: object) -> tuple[int, int] | None:
+    """A graph's (found, wanted) as read from a header: None unless two integers with
+    0 <= found <= wanted and wanted at most what a build samples (a bad value is only unknown)."""
+    if not isinstance(value, list) or len(value) != 2 or not all(type(x) is int for x in value):
+        return None
+    found, wanted = value
+    if not 0 <= found <= wanted or not 0 < wanted <= graph.RECALL_SAMPLE * graph.RECALL_K:
+        return None
+    return found, wanted
+
+
 def _same_shard(reuse: Structures | None, j: int, shard: Shard) -> Shard | None:
     if reuse is None or reuse.state_dir is None or j >= len(reuse.shards):
         return None
@@ -504,14 +549,7 @@ def load(cache_dir: Path, verify: bool = True) -> Structures:
             raise CacheUnusable("no cache yet")
         if not pointer.is_file() or pointer.is_symlink():
             raise CacheUnusable(f"{pointer} is not a regular file")
-        name, crc = pointer.read_text(encoding="ascii").split()
-        if not name.startswith("state-") or "/" in name:
-            raise CacheUnusable(f"{pointer} names no cache state")
-        state_dir = cache_dir / name
-        header_bytes = (state_dir / "header.json").read_bytes()
-        if zlib.crc32(header_bytes) != int(crc):
-            raise CacheUnusable("the cache header does not match its checksum")
-        header = json.loads(header_bytes)
+        state_dir, crc, header = _current_header(pointer)
         if header.get("format") != CACHE_FORMAT or header.get("shard_rows") != SHARD_ROWS:
             raise CacheUnusable("the cache was written in another format")
         stamped = cache_stamp.read(state_dir, int(crc)) if verify else None
@@ -542,6 +580,7 @@ def load(cache_dir: Path, verify: bool = True) -> Structures:
                     shard.attach_graph(shard.arrays["hnsw"], int(header["dim"]))
                 except DamagedArrays as exc:
                     raise CacheUnusable(f"shard at row {start} is damaged: {exc}") from None
+                shard.graph_recall = recorded_recall(meta.get("graph_recall"))
             if shard.rows != meta["rows"] or (shard.rows > SHARD_ROWS) or (
                 shard.rows < SHARD_ROWS and meta is not header["shards"][-1]
             ):
