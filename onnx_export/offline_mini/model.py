@@ -17,7 +17,13 @@ from pathlib import Path
 
 import torch
 from d2s_onnx_export.dense import DenseDualEncoder, ProjectedTower, linear_from_state
-from d2s_onnx_export.head import HeadConfig, SparseHead, finite_setting
+from d2s_onnx_export.head import (
+    HeadConfig,
+    SparseHead,
+    finite_setting,
+    floors_setting,
+    terms_setting,
+)
 from d2s_onnx_export.offline_mini.backbones import (
     FEATURE_DIM,
     TEXT_DIM,
@@ -168,6 +174,16 @@ def _load_projections(config: dict, dim: int, class_emb: torch.Tensor) -> tuple[
     return image, text
 
 
+def _floors(config: dict, vocab_size: int) -> dict[int, float]:
+    """The config's ``document_floors`` (JSON: term id as a string -> weight), checked."""
+    raw = config.get("document_floors", {})
+    try:
+        floors = {int(k): v for k, v in raw.items()} if isinstance(raw, dict) else raw
+    except ValueError:
+        floors = raw
+    return floors_setting(floors, vocab_size, "the model config's document_floors")
+
+
 def _load_head(config: dict, dim: int, vocab_weight: torch.Tensor, excluded: list[int]) -> SparseHead:
     if config.get("random_init"):
         return SparseHead.from_vocab_projection(dim, vocab_weight, excluded_ids=excluded, seed=config.get("seed", 0))
@@ -183,7 +199,10 @@ def _load_head(config: dict, dim: int, vocab_weight: torch.Tensor, excluded: lis
                                  document_shift=finite_setting(config.get("document_shift", 0.0),
                                                                "the model config's document_shift"),
                                  query_word_boost=finite_setting(config.get("query_word_boost", 0.0),
-                                                                 "the model config's query_word_boost")))
+                                                                 "the model config's query_word_boost"),
+                                 document_terms=terms_setting(config.get("document_terms", 0),
+                                                              "the model config's document_terms"),
+                                 document_floors=_floors(config, vocab_weight.shape[0])))
     state["vocab.weight"] = vocab_weight
     try:
         head.load_state_dict(state)

@@ -234,3 +234,24 @@ def test_a_config_with_a_bad_document_shift_is_refused_in_one_line():
     with pytest.raises(ModelError) as err:
         build_offline(MODEL, config)
     assert "\n" not in str(err.value) and "document_shift must be a finite number" in str(err.value)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("document_terms", -3, "document_terms must be a whole number"),
+    ("document_terms", 1.5, "document_terms must be a whole number"),
+    ("document_floors", {"x": 0.1}, "document_floors must map term ids"),
+    ("document_floors", {"40000": 0.1}, "document_floors must map term ids"),
+    ("document_floors", {"1996": -1.0}, "document_floors must map term ids"),
+])
+def test_a_config_with_bad_document_terms_or_floors_is_refused_in_one_line(key, value, message):
+    config = {**load_config(MODEL), key: value}
+    with pytest.raises(ModelError) as err:
+        build_offline(MODEL, config)
+    assert "\n" not in str(err.value) and message in str(err.value)
+
+
+def test_the_config_s_document_terms_and_floors_reach_the_head():
+    config = {**load_config(MODEL), "document_terms": 150, "document_floors": {"2158": 0.5}}
+    head = build_offline(MODEL, config).default_head
+    assert head.config.document_terms == 150 and head.config.document_floors == {2158: 0.5}
+    assert float(head.floor[2158]) == 0.5
