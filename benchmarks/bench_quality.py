@@ -189,10 +189,14 @@ def score(head, split, tokens, distractors: np.ndarray, size: int, names: list[s
 
 
 def recalibrate(head, splits, tok, terms: int, max_share: float, budget: float = 12.0) -> None:
-    """What ``train`` does after its last epoch, on these weights: the document shift chosen on
-    validation (plus up to 4,000 training images) within ``budget`` with images cut to ``terms``,
+    """What ``train`` does after its last epoch, on these weights: the document and query shifts
+    chosen on validation (plus up to 4,000 training images) within ``budget`` with images cut to ``terms``,
     then the floors of terms on more than ``max_share`` of the training images (0: none)."""
-    from d2s_search.train.calibrate import choose_document_floors, choose_document_shift
+    from d2s_search.train.calibrate import (
+        QUERY_SHIFTS,
+        choose_document_floors,
+        choose_document_shift,
+    )
     from d2s_search.train.validation import pick_distractors
     from d2s_search.train.vocab import tokenize_captions
 
@@ -202,7 +206,7 @@ def recalibrate(head, splits, tok, terms: int, max_share: float, budget: float =
     val_tokens = tokenize_captions(splits["val"].captions, tok)
     extra = pick_distractors(splits["train"].image_emb, splits["train"].caption_image, 4000)
     choose_document_shift(head, splits["val"], val_tokens, "c+w", budget, boosts=(head.config.query_word_boost,),
-                          distractors=extra)
+                          distractors=extra, query_shifts=QUERY_SHIFTS)
     if max_share > 0:
         train = splits["train"]
         choose_document_floors(head, train, tokenize_captions(train.captions, tok), max_share)
@@ -273,6 +277,7 @@ def score_head(path: Path, data: Path, variant: tuple[int, float] | None = None)
     listed = expansions(head, test, tokenize_captions(test.captions, tok), names)
     out["expansions"] = {"judged": judged_share(listed), "listed": listed}
     out["document_shift"] = head.config.document_shift
+    out["query_shift"] = head.config.query_shift
     out["query_word_boost"] = head.config.query_word_boost
     return out
 
@@ -323,14 +328,14 @@ def render(summary: dict) -> str:
         unrelated = "–" if judged["unrelated_share"] is None else f"{judged['unrelated_share']:.0%} of {judged['judged']}"
         cut = f"{r['document_terms']}" if r["document_terms"] else "all"
         rows.append([r["recipe"] if r["seed"] is None else f"{r['recipe']}, seed {r['seed']}",
-                     f"{r['document_shift']:g} / {cut} / {r['document_floors']}",
+                     f"{r['document_shift']:g} / {r.get('query_shift', 0):g} / {cut} / {r['document_floors']}",
                      f"{v1['ratio']:.3f}", f"{v5['ratio']:.3f}",
                      f"{t1['R@1']:.3f} / {t1['dense_R@1']:.3f} = **{t1['ratio']:.3f}**",
                      f"{t5['R@1']:.3f} / {t5['dense_R@1']:.3f} = **{t5['ratio']:.3f}**",
                      f"{v5['ratio'] - t5['ratio']:+.3f}", f"{t5['FLOPs']:.1f}", f"{t5['terms_per_image']:.0f}",
                      f"{term} {share:.0%} ({in_caps:.0%})", f"{expansion} {exp_share:.0%}",
                      f"{t5['image_term_precision@10']:.2f}", unrelated])
-    head = ["head", "shift / terms kept / floors", "val 1k", "val 5k", "test 1k: sparse / dense R@1",
+    head = ["head", "shift / query shift / terms kept / floors", "val 1k", "val 5k", "test 1k: sparse / dense R@1",
             "test 5k: sparse / dense R@1", "drop val → test (5k)", "test 5k FLOPs", "terms / image",
             "widest image term (its captions)", "widest expansion", "image term P@10", "expansions judged unrelated"]
     return _common.table(head, rows) + "\n\n" + _common.caption(summary)

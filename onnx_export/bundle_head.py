@@ -93,6 +93,7 @@ def _with_bundle_settings(head: SparseHead, bundle: Bundle) -> SparseHead:
         summary.get("query_word_boost", 0.0), "the bundle's query word boost"
     )
     c.document_terms = terms_setting(summary.get("document_terms", 0), "the bundle's document terms")
+    c.query_shift = finite_setting(summary.get("query_shift", 0.0), "the bundle's query shift")
     excluded = sorted(int(i) for i in bundle.manifest["text"]["excluded_ids"])
     if excluded != sorted(set(c.excluded_ids)):  # rebuilt: the in-graph mask follows the ids
         state = head.state_dict()

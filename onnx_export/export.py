@@ -160,9 +160,10 @@ def export_bundle(
     document_shift: float | None = None,
     query_word_boost: float | None = None,
     document_terms: int | None = None,
+    query_shift: float | None = None,
 ) -> ExportResult:
-    """``document_shift``, ``query_word_boost``, ``document_terms``: override the head's (None: keep
-    what training chose)."""
+    """``document_shift``, ``query_word_boost``, ``document_terms``, ``query_shift``: override the
+    head's (None: keep what training chose)."""
     if precision not in PRECISIONS:
         raise ModelError(f"precision must be one of {', '.join(PRECISIONS)}")
     out_dir = Path(out_dir).expanduser().resolve()
@@ -181,7 +182,8 @@ def export_bundle(
         step("loading fine-tuned projections")
         load_projections_into(encoder, projections)
     head = build_head(encoder, head_path)
-    for name, value in (("document_shift", document_shift), ("query_word_boost", query_word_boost)):
+    for name, value in (("document_shift", document_shift), ("query_word_boost", query_word_boost),
+                        ("query_shift", query_shift)):
         if value is not None:
             setattr(head.config, name, finite_setting(value, name.replace("_", " ")))
     if document_terms is not None:

@@ -3,14 +3,16 @@
     z1 = W1 z            (d -> w; with ``mlp_dim``: + W4 gelu(W3 z))
     z2 = LayerNorm(z1)
     s  = W2 z2           (w -> |V|), W2 initialised from a vocabulary projection
-    s  = log(1 + relu(s)) * allowed                    (documents: relu(s + document_shift))
+    s  = log(1 + relu(s)) * allowed                    (documents: relu(s + document_shift);
+                                                        queries: relu(s + query_shift))
     s += query_word_boost * own(query tokens) * allowed (queries, in the text graph)
     s  = s * (s > floor)                               (documents: a few common terms' floors)
     s  = top_k(s, document_terms)                      (documents, when document_terms > 0)
 
 A document (image) is encoded with ``document_shift`` added to every vocabulary score before
 the ReLU: documents keep more terms than queries (the same ranking of terms, the smallest
-ones added). A query's own words (its allowed input tokens) get ``query_word_boost`` added
+ones added); ``query_shift`` does the same for queries (more, fainter expansion terms: the
+strongest ones, those a person reads, stay first). A query's own words (its allowed input tokens) get ``query_word_boost`` added
 to their weights, so what the user typed is always searched. Both are chosen after training
 on validation data within a FLOPs budget (:func:`d2s_search.train.calibrate.choose_document_shift`);
 0 = the head's plain output.
@@ -58,6 +60,8 @@ class HeadConfig:
     document_shift: float = 0.0
     # Added to the weights of a query's own (allowed) tokens: see the module docstring.
     query_word_boost: float = 0.0
+    # Added to the vocabulary scores of queries only: see the module docstring.
+    query_shift: float = 0.0
     # > 0: a residual branch W4 gelu(W3 z) of this width added to W1 z (W4 starts at zero, so
     # the head starts as the linear one); 0 = the paper's linear head.
     mlp_dim: int = 0
@@ -131,6 +135,8 @@ class SparseHead(nn.Module):
         logits = self.logits(z)
         if document and self.config.document_shift:
             logits = logits + self.config.document_shift
+        elif not document and self.config.query_shift:
+            logits = logits + self.config.query_shift
         sparse = torch.log1p(torch.relu(logits)) * self.allowed
         if document and self.config.document_floors:
             sparse = sparse * (sparse > self.floor).to(sparse.dtype)
@@ -182,7 +188,7 @@ def load_head(path: str | Path) -> SparseHead:
             "authors' DistilBERT-layout heads are converted with `d2s-search train convert-head`"
         )
     config = HeadConfig(**payload["config"])
-    for name in ("document_shift", "query_word_boost"):
+    for name in ("document_shift", "query_word_boost", "query_shift"):
         finite_setting(getattr(config, name), f"{path}: its {name.replace('_', ' ')}")
     if not isinstance(config.mlp_dim, int) or not 0 <= config.mlp_dim <= 65536:
         from d2s_search.errors import ModelError
@@ -243,6 +249,7 @@ def head_summary(head: SparseHead) -> dict:
                 "notes": c.notes,
                 **({"document_shift": c.document_shift} if c.document_shift else {}),
                 **({"query_word_boost": c.query_word_boost} if c.query_word_boost else {}),
+                **({"query_shift": c.query_shift} if c.query_shift else {}),
                 **({"document_terms": c.document_terms} if c.document_terms else {}),
                 **({"document_floors": len(c.document_floors)} if c.document_floors else {}),
             }

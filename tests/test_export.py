@@ -390,6 +390,21 @@ def test_document_terms_cut_the_image_graph_only(tmp_path):
         assert np.abs(sparse[row, top] - full[row, top]).max() < 1e-5
     assert np.array_equal(a.encode_texts(["a dog"]).sparse, b.encode_texts(["a dog"]).sparse)
     assert extract_head(cut.bundle).head.config.document_terms == 5
+    # A query shift is in the text graph only, recorded, and read back by extract-head.
+    shifted = export_bundle("tiny-clip", tmp_path / "qshift", head_path=ckpt, query_shift=0.75)
+    assert shifted.bundle.manifest["head"]["query_shift"] == 0.75
+    c = Encoder(shifted.bundle, device="cpu")
+    assert np.array_equal(c.encode_pixels(pixels)[1], sparse)
+    text = c.encode_texts(["a dog"])
+    with torch.no_grad():
+        logits = head.logits(torch.from_numpy(text.dense)).numpy()
+    ids, _ = tokenize_batch(c.tokenizer, ["a dog"], shifted.bundle.max_text_length, c.pad_id)
+    away = np.ones_like(logits, dtype=bool)
+    away[0, ids[0]] = False  # the own words carry the boost too
+    want = np.log1p(np.maximum(logits + 0.75, 0)) * head.allowed.numpy()
+    assert np.abs(text.sparse - want)[away].max() < 1e-4
+    assert (text.sparse > 0).sum() > (a.encode_texts(["a dog"]).sparse > 0).sum()
+    assert extract_head(shifted.bundle).head.config.query_shift == 0.75
     with pytest.raises(ModelError, match="document terms must be a whole number"):
         export_bundle("tiny-clip", tmp_path / "bad", head_path=ckpt, document_terms=-2)
 

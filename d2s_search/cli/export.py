@@ -31,12 +31,16 @@ from d2s_search.errors import EXIT_OK, HubUnreachableError
 @click.option("--query-word-boost", type=float, default=None,
               help="Added to the weights of a query's own words in the text graph, so what the user typed is always "
                    "searched. Default: the value training chose; 0 = the head's plain output.")
+@click.option("--query-shift", type=float, default=None,
+              help="Added to the head's vocabulary scores on the query side (more, fainter expansion terms; the "
+                   "strongest stay first). Default: the value training chose; 0 = none.")
 @click.option("--document-terms", type=click.IntRange(0, 1_000_000), default=None,
               help="An image keeps at most this many terms, its strongest. Default: the head's (`train "
                    "--document-terms`); 0 = every term the head gives.")
 @click.option("--list-models", is_flag=True, help="List the built-in model names and exit.")
 @json_option
-def export_onnx(model, head, projections, out, precision, tolerance, document_shift, query_word_boost, document_terms,
+def export_onnx(model, head, projections, out, precision, tolerance, document_shift, query_word_boost, query_shift,
+                document_terms,
                 list_models, as_json) -> int:
     """Export a dense image-text model + sparse head to an ONNX model bundle."""
     from d2s_onnx_export.registry import DEFAULT_MODEL, available_models, load_config
@@ -76,7 +80,7 @@ def export_onnx(model, head, projections, out, precision, tolerance, document_sh
         result = export_bundle(model, out_dir, head_path=head, precision=precision, tolerance=tolerance,
                                overwrite=True, progress=lambda msg: status.update(msg), projections=projections,
                                document_shift=document_shift, query_word_boost=query_word_boost,
-                               document_terms=document_terms)
+                               document_terms=document_terms, query_shift=query_shift)
     settings.remember_bundle(result.bundle.path)
     summary = result.bundle.summary() | {"parity_max_abs_diff": result.parity, "seconds": round(result.seconds, 2)}
     if as_json:

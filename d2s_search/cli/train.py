@@ -262,7 +262,8 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
         chosen = summary.get("document_shift")
         if chosen:
             row = next(r for r in chosen["tried"]
-                       if (r["shift"], r["boost"]) == (chosen["document_shift"], chosen["query_word_boost"]))
+                       if (r["shift"], r["boost"], r.get("query_shift", 0.0))
+                       == (chosen["document_shift"], chosen["query_word_boost"], chosen["query_shift"]))
             if not row["within_budget"]:
                 click.echo(f"no document shift: validation FLOPs {row['FLOPs']:.1f} are over "
                            f"--flops-budget {flops_budget:g} even without one")
@@ -272,8 +273,8 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
                 cap = f" (at most {head.config.document_terms})" if head.config.document_terms else ""
                 floors = chosen.get("document_floors")
                 held = f"; {floors} common terms held back by a floor" if floors else ""
-                click.echo(f"document shift {chosen['document_shift']:g}, query word boost "
-                           f"{chosen['query_word_boost']:g}: images keep {row['terms_per_image']:.0f} terms{cap}{held}; "
+                click.echo(f"document shift {chosen['document_shift']:g}, query shift {chosen['query_shift']:g}, "
+                           f"query word boost {chosen['query_word_boost']:g}: images keep {row['terms_per_image']:.0f} terms{cap}{held}; "
                            f"val R@1 {row['R@1']:.4f} among {among} (as searched), FLOPs {row['FLOPs']:.1f} "
                            f"(budget {flops_budget:g})")
     return EXIT_OK
@@ -283,12 +284,12 @@ def _choose_document_shift(head, val, val_tokens, cfg, flops_budget: float, boos
                            as_json: bool, train_split, distractors: int, documents: tuple[int, float], tok) -> dict:
     """After training (either objective: ``cfg`` is its config): with the query word boost and
     the images' most terms set (``documents``: terms, the largest share of images a term may
-    be on), the document shift with the best validation R@1 (against the validation images and up
+    be on), the document and query shifts with the best validation R@1 (against the validation images and up
     to ``distractors`` of ``train_split``'s) within the FLOPs budget, saved into the best head
     (d2s_search.train.calibrate)."""
     from d2s_onnx_export.head import save_head
 
-    from d2s_search.train.calibrate import choose_document_shift
+    from d2s_search.train.calibrate import QUERY_SHIFTS, choose_document_shift
     from d2s_search.train.trainer import validation_subset
     from d2s_search.train.validation import pick_distractors
 
@@ -298,7 +299,7 @@ def _choose_document_shift(head, val, val_tokens, cfg, flops_budget: float, boos
     extra = pick_distractors(train_split.image_emb, train_split.caption_image, distractors, cfg.seed)
     head.config.document_terms, max_share = documents
     choice = choose_document_shift(head, val, val_tokens, cfg.expansion, flops_budget, cfg.resolved_device(),
-                                   boosts=(boost,), distractors=extra)
+                                   boosts=(boost,), distractors=extra, query_shifts=QUERY_SHIFTS)
     chosen = choice.to_json()
     if max_share > 0:
         from d2s_search.train.calibrate import choose_document_floors

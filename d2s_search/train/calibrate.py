@@ -38,6 +38,9 @@ from d2s_search.train.validation import (
 
 SHIFTS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
 BOOSTS = (0.0, 0.5, 1.0, 2.0)
+# Tried with an images' terms cap: it leaves FLOPs of the budget unused, which more (fainter)
+# query terms spend (docs/design-decisions.md, "The query shift").
+QUERY_SHIFTS = (0.0, 0.5, 1.0)
 
 
 @dataclass
@@ -46,32 +49,38 @@ class ShiftChoice:
     table: list[dict]  # per setting tried: shift, boost, R@1, FLOPs, terms_per_image, within_budget
     boost: float = 0.0
     distractors: int = 0
+    query_shift: float = 0.0
 
     def to_json(self) -> dict:
-        return {"document_shift": self.shift, "query_word_boost": self.boost, "distractors": self.distractors,
-                "tried": self.table}
+        return {"document_shift": self.shift, "query_word_boost": self.boost, "query_shift": self.query_shift,
+                "distractors": self.distractors, "tried": self.table}
 
 
 def choose_document_shift(head: SparseHead, split, tokens, mode: str, flops_budget: float,
                           device: str | torch.device = "cpu", shifts: tuple[float, ...] = SHIFTS,
                           batch_size: int = 1024, boosts: tuple[float, ...] = (0.0,),
-                          distractors: np.ndarray | None = None) -> ShiftChoice:
+                          distractors: np.ndarray | None = None,
+                          query_shifts: tuple[float, ...] = (0.0,)) -> ShiftChoice:
     """Set ``head.config.document_shift`` and ``query_word_boost`` to the pair with the best
     R@1 on ``split`` (validation pairs; ``tokens`` their captions' token ids) within
     ``flops_budget``, ties to the smaller shift, then the smaller boost. A single boost is
     kept as given (only the shift is chosen). When none fits (or the budget is 0): no shift
     and the smallest boost. With ``distractors`` (dense image vectors), R@1 is measured against
     the validation images and them (each row's ``R@1``; ``R@1_own``: the validation images
-    alone); FLOPs always on the validation images. Returns the choice and what every pair
-    measured."""
+    alone); FLOPs always on the validation images. With ``query_shifts`` the head's
+    ``query_shift`` is chosen too (ties to the smaller). Returns the choice and what every
+    setting measured."""
     device = torch.device(device)
     shifts = sorted(set(float(s) for s in shifts) | {0.0})
     boosts = sorted(set(float(b) for b in boosts)) or [0.0]
-    # Queries depend on the boost only, documents on the shift only: each side encoded once per value.
+    query_shifts = sorted(set(float(q) for q in query_shifts)) or [0.0]
+    # Queries depend on the boost and query shift only, documents on the shift only: each side
+    # encoded once per value.
     queries = {}
     for boost in boosts:
-        head.config.query_word_boost = boost
-        queries[boost] = validation_queries(head, split, tokens, mode, device, batch_size)
+        for qshift in query_shifts:
+            head.config.query_word_boost, head.config.query_shift = boost, qshift
+            queries[boost, qshift] = validation_queries(head, split, tokens, mode, device, batch_size)
     pool = with_distractors(split, distractors) if distractors is not None and len(distractors) else None
     table = []
     best: dict | None = None
@@ -79,21 +88,24 @@ def choose_document_shift(head: SparseHead, split, tokens, mode: str, flops_budg
         head.config.document_shift = shift
         docs = validation_documents(head, split, device, batch_size)
         pool_docs = pool_documents(head, docs, distractors, device, batch_size) if pool is not None else None
-        for boost in boosts:
-            m = validation_metrics(queries[boost], docs, split)
+        for boost, qshift in queries:
+            m = validation_metrics(queries[boost, qshift], docs, split)
             row = {"shift": shift, "boost": boost, "R@1": m["R@1"], "FLOPs": m["FLOPs"],
                    "terms_per_image": m["terms_per_image"],
                    "within_budget": bool(flops_budget > 0 and m["FLOPs"] <= flops_budget)}
+            if len(query_shifts) > 1:
+                row["query_shift"] = qshift
             if pool is not None:
                 row["R@1_own"] = row["R@1"]
-                row["R@1"] = validation_metrics(queries[boost], pool_docs, pool)["R@1"]
+                row["R@1"] = validation_metrics(queries[boost, qshift], pool_docs, pool)["R@1"]
             table.append(row)
             if row["within_budget"] and (best is None or row["R@1"] > best["R@1"]):
                 best = row
     head.config.document_shift = best["shift"] if best is not None else 0.0
     head.config.query_word_boost = best["boost"] if best is not None else boosts[0]
+    head.config.query_shift = best.get("query_shift", query_shifts[0]) if best is not None else 0.0
     return ShiftChoice(head.config.document_shift, table, head.config.query_word_boost,
-                       0 if pool is None else len(pool.image_ids) - len(split.image_ids))
+                       0 if pool is None else len(pool.image_ids) - len(split.image_ids), head.config.query_shift)
 
 
 MAX_IMAGE_SHARE = 0.4

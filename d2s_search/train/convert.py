@@ -105,8 +105,8 @@ class _BothSides(torch.nn.Module):
 
 def export_head_onnx(head: SparseHead, path: str | Path, opset: int = 17) -> Path:
     """The head alone as an ONNX graph: input ``dense`` (B, d), output ``sparse`` (B, |V|),
-    and ``sparse_document`` (the image side) when the head has a document shift or keeps an
-    image's strongest terms only.
+    and ``sparse_document`` (the image side) when the head's two sides differ (a document or
+    query shift, or an image's strongest terms only).
 
     The head's query-encoding rules (``query_mask`` note; ``query_word_boost`` with the
     excluded terms, applied by the caller: the graph sees no tokens) travel as model metadata.
@@ -118,7 +118,7 @@ def export_head_onnx(head: SparseHead, path: str | Path, opset: int = 17) -> Pat
     head = head.eval().cpu()
     dummy = torch.zeros(2, head.config.dense_dim)
     graph, outputs = head, ["sparse"]
-    if head.config.document_shift or head.config.document_terms:
+    if head.config.document_shift or head.config.document_terms or head.config.query_shift:
         graph, outputs = _BothSides(head), ["sparse", "sparse_document"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # legacy exporter deprecation notice

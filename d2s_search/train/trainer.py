@@ -518,17 +518,18 @@ def _best_r1_within_budget(head: SparseHead, val: PairSplit, tokens, config: Tra
                            distractors: np.ndarray | None) -> float:
     """The best validation R@1 (over the larger collection with ``distractors``) among the
     document shifts whose validation FLOPs fit ``config.select_flops_budget``; -1 if none fits.
-    The head's own shift, boost and document terms are put back."""
+    The head's own shifts, boost and document terms are put back."""
     from d2s_search.train.calibrate import choose_document_shift
 
-    kept = head.config.document_shift, head.config.query_word_boost, head.config.document_terms
-    head.config.document_terms = config.select_document_terms
+    c = head.config
+    kept = c.document_shift, c.query_word_boost, c.document_terms, c.query_shift
+    c.document_terms = config.select_document_terms
     try:
         choice = choose_document_shift(head, val, tokens, config.expansion, config.select_flops_budget, device,
                                        batch_size=config.eval_batch, boosts=(config.select_boost,),
                                        distractors=distractors)
     finally:
-        head.config.document_shift, head.config.query_word_boost, head.config.document_terms = kept
+        c.document_shift, c.query_word_boost, c.document_terms, c.query_shift = kept
     return max((r["R@1"] for r in choice.table if r["within_budget"]), default=-1.0)
 
 

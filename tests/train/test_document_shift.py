@@ -333,3 +333,44 @@ def test_bad_floors_read_back_from_a_file_are_refused_in_one_line(tmp_path):
         head.config.document_floors = bad
         with pytest.raises(ModelError, match="document floors must map term ids below 4"):
             load_head(save_head(head, tmp_path / "bad.pt"))
+
+
+def test_query_shift_is_added_to_query_scores_only_and_chosen_within_the_budget(synthetic, sparse_start_head,
+                                                                                 tmp_path):
+    # By hand on the tiny head: z = (3, 1) scores about (1, -2.5, -0.2, excluded); a query shift
+    # of 0.5 gives the third term 0.3, the document side is untouched.
+    head = _tiny_head(0.0)
+    head.config.query_shift = 0.5
+    z = torch.tensor([[3.0, 1.0]])
+    h = 1 / np.sqrt(1 + 1e-5)
+    with torch.no_grad():
+        assert np.allclose(head(z).numpy()[0], [np.log1p(h + 0.5), 0.0, np.log1p(0.3), 0.0], atol=1e-6)
+        assert np.allclose(head(z, document=True).numpy()[0], [np.log1p(h), 0.0, 0.0, 0.0], atol=1e-6)
+    loaded = load_head(save_head(head, tmp_path / "q.pt"))
+    assert loaded.config.query_shift == 0.5
+    onnx = OnnxHead(export_head_onnx(loaded, tmp_path / "q.onnx"))  # two outputs: the sides differ
+    zz = np.random.default_rng(2).standard_normal((5, 2)).astype(np.float32)
+    with torch.no_grad():
+        assert np.abs(onnx.encode(zz).toarray() - loaded(torch.from_numpy(zz)).numpy()).max() < 1e-6
+        assert np.abs(onnx.encode(zz, document=True).toarray()
+                      - loaded(torch.from_numpy(zz), document=True).numpy()).max() < 1e-6
+    # Chosen with the document shift: every pair measured, the best R@1 within the budget.
+    (_, _, _), (va, vat, _), _ = synthetic
+    head = sparse_start_head
+    try:
+        measured = {}
+        for q in (0.0, 0.2):
+            head.config.query_shift = q
+            measured[q] = validate(head, va, vat, "c+w", torch.device("cpu"))
+        assert measured[0.2]["FLOPs"] > measured[0.0]["FLOPs"]
+        choice = choose_document_shift(head, va, vat, "c+w", 1e9, shifts=(0.0,), query_shifts=(0.0, 0.2))
+        assert [(r["shift"], r["query_shift"]) for r in choice.table] == [(0.0, 0.0), (0.0, 0.2)]
+        assert [r["R@1"] for r in choice.table] == [measured[0.0]["R@1"], measured[0.2]["R@1"]]
+        best = max((0.0, 0.2), key=lambda q: (measured[q]["R@1"], -q))
+        assert choice.query_shift == best == head.config.query_shift
+        tight = choose_document_shift(head, va, vat, "c+w", measured[0.0]["FLOPs"], shifts=(0.0,),
+                                      query_shifts=(0.0, 0.2))
+        assert tight.query_shift == 0.0  # the larger query shift is over the budget
+    finally:
+        head.config.query_shift = 0.0
+        head.config.document_shift = 0.0
