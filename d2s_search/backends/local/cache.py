@@ -28,8 +28,9 @@ Bytes on disk are untrusted: ``current`` and the header are checksummed; on open
 file's size is checked and its bytes against the CRC-32 recorded at write, unless a stamp
 (:mod:`.cache_stamp`) says they were, with the file in exactly the ``stat`` it has now (a
 file changed in place is read again); the postings' structure and id ranges are checked the
-first time a shard is scored (:meth:`Shard.validate`), a graph's layout on open and its
-links before faiss first reads it (:meth:`Shard.dense_graph`); ``index check`` reads every
+first time a shard is scored (:meth:`Shard.validate`: a dense search checks only the per-row
+arrays), a graph's layout and links before faiss first reads it (:meth:`Shard.dense_graph`;
+a sparse search never walks them); ``index check`` reads every
 byte. A process that keeps a state open compares its mapped files' sizes before each search
 (:meth:`Structures.mapped_intact`: touching a mapping past the end of a file cut short kills
 the process with SIGBUS) and their ``stat`` before it extends the state
@@ -587,11 +588,7 @@ def load(cache_dir: Path, verify: bool = True) -> Structures:
             missing = set(DTYPES) - OPTIONAL - set(shard.arrays)
             if missing:
                 raise CacheUnusable(f"the cache lacks {sorted(missing)[0]}")
-            if "hnsw" in shard.arrays:
-                try:
-                    shard.attach_graph(shard.arrays["hnsw"], int(header["dim"]))
-                except DamagedArrays as exc:
-                    raise CacheUnusable(f"shard at row {start} is damaged: {exc}") from None
+            if "hnsw" in shard.arrays:  # its layout is walked with its links, by the first search it serves
                 shard.graph_recall = recorded_recall(meta.get("graph_recall"))
             if shard.rows != meta["rows"] or (shard.rows > SHARD_ROWS) or (
                 shard.rows < SHARD_ROWS and meta is not header["shards"][-1]
