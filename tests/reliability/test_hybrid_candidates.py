@@ -1,6 +1,6 @@
-"""The hybrid plan's candidates per side: with the default pool (max(100, 10k)) the fused
-top-k is that of fusion over every document on a collection whose two sides agree as real
-ones do (documents and queries drawn around shared topics); a pool of k is not."""
+"""The hybrid plan's candidates per side: with the default pool the fused top-k is that of
+fusion over every document on a collection whose two sides agree as real ones do (documents
+and queries drawn around shared topics); a pool of k is not."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def recalls(backend, docs, queries, fusion: str, k: int, window: int | None) -> 
 @pytest.mark.parametrize("k", [10, 30])
 def test_rrf_with_the_default_pool_is_rrf_over_every_document(topical_index, k):
     backend, docs, queries = topical_index
-    assert SearchOptions(mode="hybrid", k=k, fusion="rrf").candidates == max(100, 10 * k)
+    assert SearchOptions(mode="hybrid", k=k, fusion="rrf").candidates == 10 * k
     assert recalls(backend, docs, queries, "rrf", k, None) == [1.0] * len(queries)
     assert np.mean(recalls(backend, docs, queries, "rrf", k, k)) < 0.9  # a pool of k misses some
 
@@ -94,8 +94,13 @@ def test_a_bad_window_is_refused_in_one_line(window):
     assert str(err.value) == f"window (candidates) must be a whole number at least 1, not {window!r}"
 
 
-def test_the_window_asks_for_more_candidates():
+def test_the_pool_rule_and_the_window_asks_for_more_candidates():
     assert SearchOptions(mode="hybrid", k=10).candidates == 100
-    assert SearchOptions(mode="hybrid", k=1000, fusion="rrf").candidates == 10_000
+    assert SearchOptions(mode="hybrid", k=1000).candidates == 10_000  # min-max keeps max(100, 10k)
+    assert SearchOptions(mode="two-phase", k=1000, fusion="rrf").candidates == 10_000
+    # RRF: max(100, min(10k, 2k + 1000))
+    assert [SearchOptions(mode="hybrid", k=k, fusion="rrf").candidates for k in (1, 10, 50, 100, 200, 1000)] == \
+           [100, 100, 500, 1000, 1400, 3000]
+    assert SearchOptions(mode="hybrid", k=1000, fusion="rrf", window=10_000).candidates == 10_000
     assert SearchOptions(mode="hybrid", k=10, window=3000).candidates == 3000
     assert SearchOptions(mode="hybrid", k=50, window=20).candidates == 50  # never fewer than k
