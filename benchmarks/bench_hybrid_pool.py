@@ -1,5 +1,5 @@
 """Hybrid candidates per side: the fused top-k's recall against fusion over every document, and
-p50 latency, for pools of c*k candidates per side, on the synthetic 123k index.
+p50 latency, for pools of c*k candidates per side, on the synthetic 123k index (or the photos).
 
     python benchmarks/bench_hybrid_pool.py [--docs 123000] [--queries 100] [--json OUT]
     python benchmarks/bench_hybrid_pool.py --photos --k 10,50 [--queries 200]
@@ -10,8 +10,8 @@ with held-out captions of the last 400 photos (every 10th) through the same bund
 
 The reference per query is the local index's own fusion with every document a candidate on
 both sides (a pool of the collection's size: each side's scores over all documents, min-max
-normalised over all of them); the script also checks that a pool of half the collection gives
-the same top-k. Each pool (c*k, c in --factors) is timed query by query, pools taking turns
+normalised over all of them); it also reports how much of that top-k a pool of half the
+collection keeps (RRF: all of it; min-max, whose normalisation moves with its pool: not all). Each pool (c*k, c in --factors) is timed query by query, pools taking turns
 (which goes first rotating), through ``run_query`` with 5 words explained, one search thread;
 the ratios are against the pool the hybrid plan used before (max(100, 10k), c = 10 at k=10
 and k=1000), measured in the same run.
