@@ -51,7 +51,7 @@ class QueryVectors:
 class SearchOptions:
     mode: str = "sparse"
     k: int = 10
-    window: int | None = None  # candidates rescored (two-phase) or fused (hybrid); default max(100, 10k)
+    window: int | None = None  # candidates rescored (two-phase) or fused per side (hybrid): see candidates
     fusion: str = "minmax"
     alpha: float = 0.5  # weight of the dense run in min-max fusion
     rrf_k: int = 60
@@ -67,10 +67,21 @@ class SearchOptions:
             raise QueryError("k must be at least 1")
         if not 0.0 <= self.alpha <= 1.0:
             raise QueryError("alpha must be between 0 and 1")
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, (int, np.integer))
+                                        or self.window < 1):
+            raise QueryError(f"window (candidates) must be a whole number at least 1, not {self.window!r}")
 
     @property
     def candidates(self) -> int:
-        return max(self.window or max(100, 10 * self.k), self.k)
+        """Rescored (two-phase) or fused per side (hybrid): ``window``, else max(100, 10k); RRF
+        max(100, min(10k, 2k + 1000)), the smallest pool whose fused top-k kept recall >= 0.99
+        against RRF over every document at k=10, 50 and 1000 (docs/benchmarks.md, "Hybrid
+        candidates"). Min-max normalises by its pool: a smaller one moves it further from that."""
+        if self.window:
+            return max(self.window, self.k)
+        if self.mode == "hybrid" and self.fusion == "rrf":
+            return max(100, min(10 * self.k, 2 * self.k + 1000))
+        return max(100, 10 * self.k)
 
 
 @dataclass

@@ -377,6 +377,28 @@ def test_damaged_dense_graph_is_rebuilt_with_one_warning(graph_index, damage):
     assert code == 0 and hits == want and not warning_lines(err), err
 
 
+def test_a_sparse_search_never_walks_the_graph(graph_index, capsys):
+    """A graph's layout is walked by the first dense search it serves, not on open: a sparse
+    search answers from a cache whose graph is damaged, without a word; the dense search then
+    finds the damage, rebuilds once and answers exactly."""
+    from tests.reliability.test_local_index_exactness import assert_ranking
+
+    path, docs = graph_index
+    damage_graph_length_field(path)
+    backend = LocalBackend(path)
+    backend.open(None, create=False)
+    query = dict(list(docs[5].sparse.items())[:3])
+    assert_ranking(backend.sparse_search(query, 10, explain=0), brute_force_sparse(docs, query), 10)
+    shard = backend._search_state().shards[0]
+    assert "hnsw" in shard.arrays and shard._graph is None
+    assert not warning_lines(capsys.readouterr().err)
+    hits = backend.dense_search(docs[7].dense, 10, explain=0)
+    assert [h.id for h in hits] == [d for d, _ in brute_force_dense(docs, docs[7].dense)[:10]]
+    err = capsys.readouterr().err
+    assert len(warning_lines(err)) == 1 and "damaged" in err, err
+    backend.close()
+
+
 def test_graph_hits_are_scored_with_the_float_vectors(graph_index):
     """The graph only proposes candidates: every hit's score is the float32 inner product of
     its stored vector, even when the graph's 8-bit copies are wrong (all set to one value: the

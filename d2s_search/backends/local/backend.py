@@ -1030,9 +1030,9 @@ class LocalBackend:
         results += [future.result() for future in others]  # the first error, if any, is raised here
         return [item for part in results for item in part]
 
-    def _validated(self, shard: Shard) -> None:
+    def _validated(self, shard: Shard, postings: bool = True) -> None:
         try:
-            shard.validate()
+            shard.validate(postings)
         except CacheUnusable as exc:  # damaged after open: rebuild, and stop this search cleanly
             self._damaged(exc)
 
@@ -1152,7 +1152,7 @@ class LocalBackend:
         search would return fewer than k after filtering); a narrow filter scores only its rows."""
         out = []
         for shard in state.shards:
-            self._validated(shard)
+            self._validated(shard, postings=False)
             mine = allowed[shard.start:shard.start + shard.rows]
             n_allowed = int(np.count_nonzero(mine))
             if n_allowed == 0:
@@ -1369,7 +1369,7 @@ class LocalBackend:
             out = []
             for j in numbers:
                 shard = state.shards[j]
-                self._validated(shard)
+                self._validated(shard, postings=False)
                 if "hnsw" in shard.arrays and k < GRAPH_K_SHARE * shard.rows and graph.available():
                     rows, scores = graph.search(self._graph_of(shard), shard.dense_rows(), query, k, self.dense_ef)
                 else:

@@ -28,8 +28,9 @@ Bytes on disk are untrusted: ``current`` and the header are checksummed; on open
 file's size is checked and its bytes against the CRC-32 recorded at write, unless a stamp
 (:mod:`.cache_stamp`) says they were, with the file in exactly the ``stat`` it has now (a
 file changed in place is read again); the postings' structure and id ranges are checked the
-first time a shard is scored (:meth:`Shard.validate`), a graph's layout on open and its
-links before faiss first reads it (:meth:`Shard.dense_graph`); ``index check`` reads every
+first time a shard is scored (:meth:`Shard.validate`: a dense search checks only the per-row
+arrays), a graph's layout and links before faiss first reads it (:meth:`Shard.dense_graph`;
+a sparse search never walks them); ``index check`` reads every
 byte. A process that keeps a state open compares its mapped files' sizes before each search
 (:meth:`Structures.mapped_intact`: touching a mapping past the end of a file cut short kills
 the process with SIGBUS) and their ``stat`` before it extends the state
@@ -90,7 +91,8 @@ class Shard:
     files: dict[str, list[int]] = field(default_factory=dict)  # name -> [size, crc32]
     stats: dict[str, os.stat_result] = field(default_factory=dict)  # name -> its file's stat when verified
     mapped: dict[str, tuple] = field(default_factory=dict)  # name -> (its mmap, the file size mapped)
-    validated: bool = False
+    validated: bool = False  # every array checked (validate)
+    rows_validated: bool = False  # the per-row arrays checked (validate(postings=False))
     dirty: set[str] = field(default_factory=set)  # arrays changed since loaded (never hard-linked)
     _views: dict[str, memoryview] = field(default_factory=dict, repr=False)
     # (found, wanted) of the graph's sampled recall at its build (graph.sampled_recall): what
@@ -107,20 +109,22 @@ class Shard:
     def n_cols(self) -> int:
         return int(self.arrays["csc_indptr"].shape[0]) - 1
 
-    def validate(self) -> None:
-        """Structure and id ranges, once per process: what makes the C kernels safe here."""
-        if self.validated:
+    def validate(self, postings: bool = True) -> None:
+        """Structure and id ranges, once per process: what makes the C kernels safe here.
+        ``postings=False``: only what a dense search reads (vectors, strings, url flags); the
+        postings (most of a cold shard's bytes) wait for the first search that scores them."""
+        if self.validated or (not postings and self.rows_validated):
             return
         a, rows = self.arrays, self.rows
         try:
+            if not self.rows_validated:
+                self._validate_rows()
+            if not postings:
+                return
             check_postings(a["csc_indptr"], a["csc_indices"], a["csc_data"], rows)
             check_postings(a["csr_indptr"], a["csr_indices"], a["csr_data"], max(self.n_cols, 1))
             if a["csr_indptr"].shape[0] != rows + 1:
                 raise DamagedArrays("row pointers do not match the rows")
-            if a["dense"].ndim != 2 or a["dense"].shape[0] != rows:
-                raise DamagedArrays("dense vectors do not match the rows")
-            if a["has_url"].shape[0] != rows:
-                raise DamagedArrays("url flags do not match the rows")
             if ("dense_terms" in a) != ("dense_columns" in a):
                 raise DamagedArrays("dense columns without their terms")
             if "dense_terms" in a:
@@ -129,15 +133,24 @@ class Shard:
                     terms.size and (int(terms[0]) < 0 or int(terms[-1]) >= self.n_cols or np.any(np.diff(terms) <= 0))
                 ):
                     raise DamagedArrays("dense columns do not match the terms and rows")
-            for name in STRING_FIELDS:
-                offsets, blob = a[f"{name}_offsets"], a[f"{name}_blob"]
-                if offsets.shape[0] != rows + 1 or offsets[0] != 0 or offsets[-1] != blob.shape[0] or (
-                    rows and np.any(np.diff(offsets) < 0)
-                ):
-                    raise DamagedArrays(f"{name} offsets do not match")
         except (DamagedArrays, KeyError, IndexError) as exc:
             raise CacheUnusable(f"shard at row {self.start} is damaged: {exc}") from None
         self.validated = True
+
+    def _validate_rows(self) -> None:
+        """The per-row arrays a hit reads: vectors, url flags, string offsets. Raises DamagedArrays."""
+        a, rows = self.arrays, self.rows
+        if a["dense"].ndim != 2 or a["dense"].shape[0] != rows:
+            raise DamagedArrays("dense vectors do not match the rows")
+        if a["has_url"].shape[0] != rows:
+            raise DamagedArrays("url flags do not match the rows")
+        for name in STRING_FIELDS:
+            offsets, blob = a[f"{name}_offsets"], a[f"{name}_blob"]
+            if offsets.shape[0] != rows + 1 or offsets[0] != 0 or offsets[-1] != blob.shape[0] or (
+                rows and np.any(np.diff(offsets) < 0)
+            ):
+                raise DamagedArrays(f"{name} offsets do not match")
+        self.rows_validated = True
 
     def bound_kernel(self) -> BoundShard | None:
         """The postings bound to the compiled kernel (None: not built, or arrays it cannot
@@ -575,11 +588,7 @@ def load(cache_dir: Path, verify: bool = True) -> Structures:
             missing = set(DTYPES) - OPTIONAL - set(shard.arrays)
             if missing:
                 raise CacheUnusable(f"the cache lacks {sorted(missing)[0]}")
-            if "hnsw" in shard.arrays:
-                try:
-                    shard.attach_graph(shard.arrays["hnsw"], int(header["dim"]))
-                except DamagedArrays as exc:
-                    raise CacheUnusable(f"shard at row {start} is damaged: {exc}") from None
+            if "hnsw" in shard.arrays:  # its layout is walked with its links, by the first search it serves
                 shard.graph_recall = recorded_recall(meta.get("graph_recall"))
             if shard.rows != meta["rows"] or (shard.rows > SHARD_ROWS) or (
                 shard.rows < SHARD_ROWS and meta is not header["shards"][-1]

@@ -1,0 +1,149 @@
+"""The first sparse and the first dense search after opening the 123k index, in a new process,
+with the index's pages dropped from the page cache, for two code trees alternated round by round.
+
+    python benchmarks/bench_first_query.py --ref /tmp/ref-main [--rounds 6] [--json OUT]
+
+The index is a private copy of the one ``bench_local_backend.py`` caches (benchmarks/.cache/
+local-123000), opened once so its stamp is written. Before each cold process every file of the
+copy is dropped from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``, what can be done
+without root; the interpreter's and faiss's own files stay cached); a warm process follows
+without the drop. Each process imports the local backend, opens the index, then runs one search
+of each kind, sparse first or dense first (k=10, no words explained, one search thread), then
+each again. Inside the process the time is split by part (faiss's import, the shards' checks,
+the graph's copy, check and reading, the search itself), timed by wrapping those functions.
+``--ref``: a checkout of the other commit with the compiled extensions copied in (as
+bench_startup.py). Medians per tree, and the ratio current / ref.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import _common  # benchmarks/ is on sys.path when a script runs
+import numpy as np
+
+CHILD = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[3])
+t0 = time.perf_counter()
+from d2s_search.backends.local import LocalBackend, cache, graph
+from bench_local_backend import benchmark_queries
+q = benchmark_queries(1)[0]
+parts = {}
+
+def timed(owner, name, key):
+    if not hasattr(owner, name):
+        return
+    fn = getattr(owner, name)
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            parts[key] = parts.get(key, 0.0) + time.perf_counter() - start
+    setattr(owner, name, wrapper)
+
+timed(graph, "available", "import faiss")
+timed(cache.Shard, "validate", "shard checks")
+timed(graph, "huge_page_copy", "graph copy")
+timed(graph, "layout", "graph check")
+timed(graph, "check", "graph check")
+timed(graph, "open_index", "graph read by faiss")
+timed(graph, "search", "graph search")
+imported = time.perf_counter()
+backend = LocalBackend(sys.argv[1], threads=1)
+backend.open(None, create=False)
+opened = time.perf_counter()
+out = {"import": imported - t0, "open": opened - imported}
+searches = {"sparse": lambda: backend.sparse_search(q.full, 10, explain=0),
+            "dense": lambda: backend.dense_search(q.dense, 10, explain=0)}
+for round_ in ("first", "second"):
+    for kind in sys.argv[2].split(","):
+        before = dict(parts)
+        start = time.perf_counter()
+        searches[kind]()
+        out[f"{round_} {kind}"] = time.perf_counter() - start
+        if round_ == "first":
+            for key, value in parts.items():
+                if value != before.get(key, 0.0):
+                    out[f"first {kind}: {key}"] = value - before.get(key, 0.0)
+print(json.dumps({key: value * 1000 for key, value in out.items()}))
+"""
+
+
+def drop_pages(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def child(tree: Path, index: Path, order: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", CHILD, str(index), order, str(Path(__file__).parent)],
+                          env=env, check=True, capture_output=True, text=True, cwd=tree)
+    return json.loads(done.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ref", required=True, help="the other code tree (its extensions built)")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--docs", type=int, default=123_000)
+    parser.add_argument("--cache", default=str(_common.CACHE))
+    parser.add_argument("--json", dest="json_out", help="also write the results to this file")
+    args = parser.parse_args()
+    summary = _common.provenance(threads="1 search thread")
+    trees = {"current": _common.ROOT, "ref": Path(args.ref).resolve()}
+    runs: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory(dir=args.cache) as tmp:
+        index = Path(tmp) / "index"
+        shutil.copytree(Path(args.cache) / f"local-{args.docs}", index)
+        child(trees["current"], index, "sparse,dense")  # a copy is read in full once; this writes its stamp
+        for round_ in range(args.rounds):
+            names = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
+            for order in ("sparse,dense", "dense,sparse"):
+                for state in ("cold", "warm"):
+                    for name in names:
+                        if state == "cold":
+                            drop_pages(index)
+                        else:
+                            child(trees[name], index, order)  # pages back in, then the timed process
+                        runs.setdefault(f"{name}|{state}|{order}", []).append(child(trees[name], index, order))
+    rows = {}
+    for key, samples in runs.items():
+        name, state, order = key.split("|")
+        medians = {part: round(float(np.median([s.get(part, 0.0) for s in samples])), 1)
+                   for part in samples[0].keys() | {p for s in samples for p in s}}
+        rows.setdefault(f"{state}, {order.replace(',', ' then ')} first", {})[name] = medians
+    summary["rows"] = rows
+    _common.finish(summary)
+    print(render(summary))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(summary, indent=2))
+
+
+def render(summary: dict) -> str:
+    out = []
+    for case, trees in summary["rows"].items():
+        parts = sorted(trees["current"].keys() | trees["ref"].keys(),
+                       key=lambda p: (not p.startswith(("import", "open")), p))
+        rows = [[part, trees["ref"].get(part, 0.0), trees["current"].get(part, 0.0),
+                 f"{trees['current'].get(part, 0.0) / trees['ref'][part]:.2f}x" if trees["ref"].get(part) else "-"]
+                for part in parts]
+        out.append(f"{case} (median ms)\n\n" + _common.table(["part", "ref", "current", "current / ref"], rows))
+    return "\n\n".join(out)
+
+
+if __name__ == "__main__":
+    main()
