@@ -24,6 +24,9 @@ the widest query expansion, and image term precision@10 (of an image's 10 strong
 share that are words of its own captions, inflections of one word counted as that word).
 Expansions: for 50 test queries, their 5 strongest terms that are not their own words, and the
 share of them a person judged unrelated to the query (``judgements/expansions.tsv``).
+
+``--photos RUN/embeddings --head HEAD.pt --variant ...``: the same columns for a head on an
+``d2s-search align`` run's held-out photos (the offline model), without distractors.
 """
 
 from __future__ import annotations
@@ -188,10 +191,12 @@ def score(head, split, tokens, distractors: np.ndarray, size: int, names: list[s
             "image_term_precision@10": round(term_precision(d, n, words, names), 3)}
 
 
-def recalibrate(head, splits, tok, terms: int, max_share: float, budget: float = 12.0) -> None:
+def recalibrate(head, splits, tok, terms: int, max_share: float, shift: float | None = None,
+                budget: float = 12.0) -> None:
     """What ``train`` does after its last epoch, on these weights: the document and query shifts
     chosen on validation (plus up to 4,000 training images) within ``budget`` with images cut to ``terms``,
-    then the floors of terms on more than ``max_share`` of the training images (0: none)."""
+    then the floors of terms on more than ``max_share`` of the training images (0: none). A
+    ``shift`` given is kept instead of chosen (and no query shift)."""
     from d2s_search.train.calibrate import (
         QUERY_SHIFTS,
         choose_document_floors,
@@ -203,10 +208,13 @@ def recalibrate(head, splits, tok, terms: int, max_share: float, budget: float =
     head.config.document_floors = {}
     head.floor.zero_()
     head.config.document_terms = terms
-    val_tokens = tokenize_captions(splits["val"].captions, tok)
-    extra = pick_distractors(splits["train"].image_emb, splits["train"].caption_image, 4000)
-    choose_document_shift(head, splits["val"], val_tokens, "c+w", budget, boosts=(head.config.query_word_boost,),
-                          distractors=extra, query_shifts=QUERY_SHIFTS)
+    if shift is not None:
+        head.config.document_shift = shift
+    else:
+        val_tokens = tokenize_captions(splits["val"].captions, tok)
+        extra = pick_distractors(splits["train"].image_emb, splits["train"].caption_image, 4000)
+        choose_document_shift(head, splits["val"], val_tokens, "c+w", budget,
+                              boosts=(head.config.query_word_boost,), distractors=extra, query_shifts=QUERY_SHIFTS)
     if max_share > 0:
         train = splits["train"]
         choose_document_floors(head, train, tokenize_captions(train.captions, tok), max_share)
@@ -252,8 +260,10 @@ def judged_share(listed: list[tuple[str, list[str]]], path: Path = JUDGED) -> di
             "unrelated_share": round(sum(v == "unrelated" for v in judged) / len(judged), 3) if judged else None}
 
 
-def score_head(path: Path, data: Path, variant: tuple[int, float] | None = None) -> dict:
-    """Every column for the head at ``path``; ``variant`` (terms, max share): recalibrated first."""
+def score_head(path: Path, data: Path, variant: tuple | None = None) -> dict:
+    """Every column for the head at ``path``; ``variant`` (terms, max share[, shift]): recalibrated
+    first. ``data`` without distractor files (an ``align`` run's ``embeddings/``: photos) is
+    scored on its splits alone."""
     import torch
     from d2s_onnx_export.head import load_head
 
@@ -271,8 +281,13 @@ def score_head(path: Path, data: Path, variant: tuple[int, float] | None = None)
     for name in ("val", "test"):
         split = splits[name]
         tokens = tokenize_captions(split.captions, tok)
-        distractors = np.load(data / f"{name}_distractors.npy")
-        out[name] = {str(size): score(head, split, tokens, distractors, size, names) for size in SIZES}
+        pool = data / f"{name}_distractors.npy"
+        if pool.is_file():
+            distractors = np.load(pool)
+            out[name] = {str(size): score(head, split, tokens, distractors, size, names) for size in SIZES}
+        else:
+            none = np.zeros((0, split.image_emb.shape[1]), np.float32)
+            out[name] = {"all": score(head, split, tokens, none, len(split.image_ids), names)}
     test = splits["test"]
     listed = expansions(head, test, tokenize_captions(test.captions, tok), names)
     out["expansions"] = {"judged": judged_share(listed), "listed": listed}
@@ -292,14 +307,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per training run")
     parser.add_argument("--head", action="append", type=Path, default=[],
                         help="score this trained head too (no training)")
-    parser.add_argument("--variant", action="append", default=[], metavar="TERMS,SHARE",
+    parser.add_argument("--variant", action="append", default=[], metavar="TERMS,SHARE[,SHIFT]",
                         help="with --head: also recalibrate it as train would with --document-terms TERMS "
-                             "--max-image-share SHARE")
+                             "--max-image-share SHARE (SHIFT: that document shift, not a chosen one)")
+    parser.add_argument("--photos", metavar="EMBEDDINGS",
+                        help="score --head on an `align` run's embeddings (its held-out photos) instead")
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
     summary = _common.provenance(threads=f"{args.threads} torch thread(s)")
-    data = Path(args.data)
-    summary["layout"] = build(data)
+    data = Path(args.photos or args.data)
+    if not args.photos:
+        summary["layout"] = build(data)
     rows = []
     for seed in (int(s) for s in args.seeds.split(",") if s):
         folder = Path(args.out) / args.recipe / f"seed-{seed}"
@@ -309,11 +327,13 @@ def main() -> None:
     for path in args.head:
         rows.append({"recipe": str(path), "seed": None, **score_head(path, data)})
         for spec in args.variant:
-            terms, share = spec.split(",")
-            rows.append({"recipe": f"{path}, recalibrated: {terms} terms, terms on at most {share} of images",
-                         "seed": None, **score_head(path, data, (int(terms), float(share)))})
+            terms, share, *shift = spec.split(",")
+            fixed = f", shift {shift[0]}" if shift else ""
+            rows.append({"recipe": f"{path}, recalibrated: {terms} terms, terms on at most {share} of images{fixed}",
+                         "seed": None,
+                         **score_head(path, data, (int(terms), float(share), *(float(x) for x in shift)))})
     summary["heads"] = rows
-    ratios = [r["test"]["5000"]["ratio"] for r in rows]
+    ratios = [r["test"]["5000"]["ratio"] for r in rows if "5000" in r["test"]]
     summary["mean_test_5k_ratio"] = round(statistics.mean(ratios), 3) if ratios else None
     _common.write_json(_common.finish(summary), args.json_out)
 
