@@ -144,21 +144,28 @@ def caption_words(split) -> list[set[str]]:
     return words
 
 
-def term_precision(docs, n_targets: int, words: list[set[str]], names: list[str], k: int = 10) -> float:
+def term_precision(docs, n_targets: int, words: list[set[str]], names: list[str], k: int = 10,
+                   shown: bool = False) -> float:
     """Mean share of an image's ``k`` strongest terms that are words of its own captions, an
-    inflection (``dogs`` for ``dog``, d2s_search.inflections) counted as its word."""
+    inflection (``dogs`` for ``dog``, d2s_search.inflections) counted as its word. ``shown``: its
+    first ``k`` words as a person reads them instead, by weight x IDF over ``docs`` (the whole
+    collection), one per inflection group."""
     from d2s_search.inflections import inflections
 
     key = inflections().key
+    df = np.bincount(docs.indices, minlength=docs.shape[1])
+    idf = np.log(docs.shape[0] / np.maximum(df, 1))
     shares = []
     for row in range(n_targets):
         s, e = docs.indptr[row], docs.indptr[row + 1]
         if e == s:
             shares.append(0.0)
             continue
-        top = docs.indices[s:e][np.argsort(-docs.data[s:e], kind="stable")[:k]]
+        terms, weights = docs.indices[s:e], docs.data[s:e]
+        order = terms[np.argsort(-(weights * idf[terms] if shown else weights), kind="stable")]
+        top = list(dict.fromkeys(key(names[t]) for t in order))[:k] if shown else [key(names[t]) for t in order[:k]]
         own = {key(w) for w in words[row]}
-        shares.append(sum(key(names[t]) in own for t in top) / len(top))
+        shares.append(sum(t in own for t in top) / len(top))
     return float(np.mean(shares))
 
 
@@ -188,7 +195,8 @@ def score(head, split, tokens, distractors: np.ndarray, size: int, names: list[s
             "terms_per_image": round(float(np.diff(d.indptr[: n + 1]).mean()), 1),
             "widest_image_term": [names[widest], round(float(share[widest]), 3), round(in_captions, 3)],
             "widest_expansion": [co.get("max_foreign_query_term"), round(co.get("max_foreign_query_share", 0), 3)],
-            "image_term_precision@10": round(term_precision(d, n, words, names), 3)}
+            "image_term_precision@10": round(term_precision(d, n, words, names), 3),
+            "image_word_precision@10_shown": round(term_precision(d, n, words, names, shown=True), 3)}
 
 
 def recalibrate(head, splits, tok, terms: int, max_share: float, shift: float | None = None,
@@ -344,7 +352,7 @@ def render(summary: dict) -> str:
         v1, v5, t1, t5 = r["val"]["1000"], r["val"]["5000"], r["test"]["1000"], r["test"]["5000"]
         term, share, in_caps = t5["widest_image_term"]
         expansion, exp_share = t5["widest_expansion"]
-        judged = r["expansions"]["judged"]
+        judged = judged_share([tuple(x) for x in r["expansions"]["listed"]])  # the verdicts as they are now
         unrelated = "–" if judged["unrelated_share"] is None else f"{judged['unrelated_share']:.0%} of {judged['judged']}"
         cut = f"{r['document_terms']}" if r["document_terms"] else "all"
         rows.append([r["recipe"] if r["seed"] is None else f"{r['recipe']}, seed {r['seed']}",

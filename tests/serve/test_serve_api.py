@@ -302,7 +302,7 @@ def test_loopback_names_are_answered_and_others_refused(tmp_path, tiny_blip_bund
             assert answer.status_code == 400 and answer.text == "Invalid host header", host
 
 
-def test_a_documents_words_go_by_weight_times_idf_from_a_brute_force_count(client, direct, a_doc):
+def test_a_documents_words_go_by_weight_with_idf_from_a_brute_force_count(client, direct, a_doc):
     _, backend = direct
     docs = backend.get([r[0] for r in backend._connect(False).execute("SELECT id FROM docs")])
     df = {}
@@ -318,7 +318,7 @@ def test_a_documents_words_go_by_weight_times_idf_from_a_brute_force_count(clien
         assert w["idf"] == pytest.approx(math.log(len(docs) / df[w["word"]]))
         assert len({infl.key(t) for t in w["terms"]}) == 1  # forms of one word
     assert len({infl.key(w["word"]) for w in words}) == len(words)  # each word once
-    keys = [(-w["weight"] * w["idf"], -w["weight"], w["word"]) for w in words]
+    keys = [(-w["weight"], w["word"]) for w in words]  # strongest first, each with its IDF
     assert keys == sorted(keys)
 
 

@@ -103,7 +103,7 @@ def test_detail_view_and_more_like_this(page, live_server):
     detail = api(live_server, f"/api/documents/{doc_id}")
     assert page.inner_text("#d-name") == detail["name"]
     bars = page.locator("#d-bars .bar-row")
-    # One bar per word (its 64 terms, inflections collapsed), in the API's order (weight x IDF):
+    # One bar per word (its 64 terms, inflections collapsed), in the API's order (strongest first):
     # the strongest 40, then "show more".
     words = detail["words"]
     assert 40 < len(words) <= 64 and sum(len(w["terms"]) for w in words) == 64

@@ -649,7 +649,7 @@ async function openDetail(id) {
     : doc.terms.map((t) => ({ word: t.term, weight: t.weight, idf: null, terms: [t.term] }));
   $("#d-count").textContent = `(${words.length})`;
   $("#d-count").title = `${doc.term_count} terms, forms of one word counted once`;
-  const says = (w) => (w.idf === null ? w.weight : w.weight * w.idf);
+  const says = (w) => w.weight; // words by weight: the truest first (docs/design-decisions.md)
   const top = Math.max(1e-9, ...words.slice(0, 1).map(says));
   const bars = (n) => $("#d-bars").replaceChildren(...words.slice(0, n).map((w) => el("div", {
     class: `bar-row${w.terms.some((t) => queryWeights.has(t)) ? " in-query" : ""}`,
