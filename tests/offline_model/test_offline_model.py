@@ -178,7 +178,7 @@ def test_dogs_in_a_car_keeps_its_words_and_no_term_fires_on_most_photos(offline_
     is on 34.5% of the 200 held-out photos (`man`); the shipped shift (2, chosen within 12
     FLOPs on the val photos plus the training photos as distractors: sparse R@1 0.166 -> 0.210)
     keeps more, weaker terms per photo, and `girl` is active on 67.5% of these 40 (`man` on 68%
-    of the 200; with the earlier shift 1.5, 58%). The issue's target is 30%, not met; this
+    of the 200; with the earlier shift 1.5, 58%). The target of 30% is not met; this
     guards against a regression to terms on (nearly) every photo, as `amp` once was."""
     from d2s_onnx_export.offline_mini.align_data import open_rgb
 
