@@ -47,6 +47,8 @@ SUITE = (
     Entry("bundle-verify", "bench_bundle_verify.py", (), True, "what checking a bundle costs at start-up"),
     Entry("filters", "bench_filters.py", ("--docs", "123000", "--queries", "300"), False,
           "the sparse and dense top 10 with filters keeping 0.1%, 10% and 90% against unfiltered, 123k documents"),
+    Entry("latency-sparse-shaped", "bench_sparse_shaped.py", ("--docs", "123000", "--queries", "200"), False,
+          "sparse plans and PISA / Seismic on the real-shaped sparse 123k collection"),
     Entry("latency-1m", "bench_local_backend.py", ("--docs", "1000000", "--queries", "100", "--k", "10"), False,
           "search latency at 1M documents, one search thread"),
     Entry("latency-1m-2-threads", "bench_local_backend.py",
