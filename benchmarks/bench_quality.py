@@ -201,31 +201,24 @@ def score(head, split, tokens, distractors: np.ndarray, size: int, names: list[s
 
 def recalibrate(head, splits, tok, terms: int, max_share: float, shift: float | None = None,
                 budget: float = 12.0) -> None:
-    """What ``train`` does after its last epoch, on these weights: the document and query shifts
-    chosen on validation (plus up to 4,000 training images) within ``budget`` with images cut to ``terms``,
-    then the floors of terms on more than ``max_share`` of the training images (0: none). A
-    ``shift`` given is kept instead of chosen (and no query shift)."""
-    from d2s_search.train.calibrate import (
-        QUERY_SHIFTS,
-        choose_document_floors,
-        choose_document_shift,
-    )
-    from d2s_search.train.validation import pick_distractors
+    """What ``train`` does after its last epoch (calibrate.calibrate_trained_head), on these weights:
+    images cut to ``terms``, the document and query shifts chosen on validation (plus up to 4,000
+    training images) within ``budget``, then the floors of terms on more than ``max_share`` of the
+    training images (0: none). A ``shift`` given is kept instead of chosen (and no query shift)."""
+    from d2s_search.train.calibrate import calibrate_trained_head, choose_document_floors
     from d2s_search.train.vocab import tokenize_captions
 
     head.config.document_floors = {}
     head.floor.zero_()
-    head.config.document_terms = terms
-    if shift is not None:
-        head.config.document_shift = shift
-    else:
-        val_tokens = tokenize_captions(splits["val"].captions, tok)
-        extra = pick_distractors(splits["train"].image_emb, splits["train"].caption_image, 4000)
-        choose_document_shift(head, splits["val"], val_tokens, "c+w", budget,
-                              boosts=(head.config.query_word_boost,), distractors=extra, query_shifts=QUERY_SHIFTS)
+    train = splits["train"]
+    train_tokens = tokenize_captions(train.captions, tok) if max_share > 0 else None
+    if shift is None:
+        calibrate_trained_head(head, splits["val"], tokenize_captions(splits["val"].captions, tok), "c+w", budget,
+                               head.config.query_word_boost, train, train_tokens, 4000, terms, max_share)
+        return
+    head.config.document_terms, head.config.document_shift = terms, shift
     if max_share > 0:
-        train = splits["train"]
-        choose_document_floors(head, train, tokenize_captions(train.captions, tok), max_share)
+        choose_document_floors(head, train, train_tokens, max_share)
 
 
 JUDGED = Path(__file__).parent / "judgements" / "expansions.tsv"

@@ -244,8 +244,8 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
                         resume=resume, progress=not as_json)
     if flops_budget > 0 and val is not None:
         summary["document_shift"] = _choose_document_shift(head, val, val_tokens, cfg, flops_budget, query_word_boost,
-                                                           Path(out), as_json, splits["train"], calibration_distractors,
-                                                           (document_terms, max_image_share), tok)
+                                                           Path(out), as_json, splits["train"], train_tokens,
+                                                           calibration_distractors, (document_terms, max_image_share))
     else:
         _keep_boost(head, query_word_boost, Path(out), document_terms)
     if export_onnx_head:
@@ -281,33 +281,21 @@ def train(ctx, data, out, expansion, eta, lam, tau, epochs, batch_size, lr_proj,
 
 
 def _choose_document_shift(head, val, val_tokens, cfg, flops_budget: float, boost: float, out: Path,
-                           as_json: bool, train_split, distractors: int, documents: tuple[int, float], tok) -> dict:
-    """After training (either objective: ``cfg`` is its config): with the query word boost and
-    the images' most terms set (``documents``: terms, the largest share of images a term may
-    be on), the document and query shifts with the best validation R@1 (against the validation images and up
-    to ``distractors`` of ``train_split``'s) within the FLOPs budget, saved into the best head
-    (d2s_search.train.calibrate)."""
+                           as_json: bool, train_split, train_tokens, distractors: int,
+                           documents: tuple[int, float]) -> dict:
+    """After training (either objective: ``cfg`` is its config): the head calibrated as
+    :func:`d2s_search.train.calibrate.calibrate_trained_head` does (``documents``: the images'
+    most terms, the largest share of images a term may be on), saved into the best head."""
     from d2s_onnx_export.head import save_head
 
-    from d2s_search.train.calibrate import QUERY_SHIFTS, choose_document_shift
+    from d2s_search.train.calibrate import calibrate_trained_head
     from d2s_search.train.trainer import validation_subset
-    from d2s_search.train.validation import pick_distractors
 
     val, val_tokens = validation_subset(val, val_tokens, cfg.val_images)
     if not as_json:
         click.echo(f"choosing the document shift on validation (FLOPs budget {flops_budget:g})", err=True)
-    extra = pick_distractors(train_split.image_emb, train_split.caption_image, distractors, cfg.seed)
-    head.config.document_terms, max_share = documents
-    choice = choose_document_shift(head, val, val_tokens, cfg.expansion, flops_budget, cfg.resolved_device(),
-                                   boosts=(boost,), distractors=extra, query_shifts=QUERY_SHIFTS)
-    chosen = choice.to_json()
-    if max_share > 0:
-        from d2s_search.train.calibrate import choose_document_floors
-        from d2s_search.train.vocab import tokenize_captions
-
-        floors = choose_document_floors(head, train_split, tokenize_captions(train_split.captions, tok), max_share,
-                                        cfg.resolved_device())
-        chosen["document_floors"] = len(floors)
+    chosen = calibrate_trained_head(head, val, val_tokens, cfg.expansion, flops_budget, boost, train_split,
+                                    train_tokens, distractors, *documents, cfg.resolved_device(), cfg.seed)
     save_head(head, out / "head.pt")
     return chosen
 
@@ -370,7 +358,9 @@ def _train_joint(data, out, cfg, vocab_init, init_head, tokenizer, export_onnx_h
         model = JointModel(best, load_projections(summary["projections"]), cfg.tau).eval()
         summary["document_shift"] = _choose_document_shift(best, project(model, val), val_tokens, cfg, flops_budget,
                                                            boost, Path(out), as_json, project(model, feats["train"]),
-                                                           distractors, documents, tok)
+                                                           train_tokens if train_tokens is not None or not documents[1]
+                                                           else tokenize_captions(feats["train"].captions, tok),
+                                                           distractors, documents)
     else:
         _keep_boost(load_head(summary["head"]), boost, Path(out), documents[0])
     if export_onnx_head:

@@ -147,3 +147,22 @@ def choose_document_floors(head: SparseHead, split, tokens, max_share: float = M
     for term, weight in floors.items():
         head.floor[term] = weight
     return floors
+
+
+def calibrate_trained_head(head: SparseHead, val, val_tokens, mode: str, flops_budget: float, boost: float,
+                           train_split, train_tokens, distractors: int, document_terms: int, max_share: float,
+                           device: str | torch.device = "cpu", seed: int = 0) -> dict:
+    """What ``train`` does after its last epoch: with the query word boost and the images'
+    most terms set, the document and query shifts with the best validation R@1 (against the
+    validation images and up to ``distractors`` of ``train_split``'s) within the FLOPs budget,
+    then, with ``max_share`` > 0, the floors of terms on more of the training images
+    (``train_tokens``: their captions' token ids). Sets them on ``head``; returns the choice."""
+    from d2s_search.train.validation import pick_distractors
+
+    extra = pick_distractors(train_split.image_emb, train_split.caption_image, distractors, seed)
+    head.config.document_terms = document_terms
+    choice = choose_document_shift(head, val, val_tokens, mode, flops_budget, device, boosts=(boost,),
+                                   distractors=extra, query_shifts=QUERY_SHIFTS).to_json()
+    if max_share > 0:
+        choice["document_floors"] = len(choose_document_floors(head, train_split, train_tokens, max_share, device))
+    return choice
