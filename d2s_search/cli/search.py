@@ -237,7 +237,6 @@ def _watch(target, paths, options, as_json: bool) -> int:
 def _update_existing(index_name, image_field, url_base, image_root, bundle, backend, url, device, batch_size, workers,
                      top_k, max_pixels, as_json) -> int:
     """``ingest --update-existing``: Index.update_existing with a progress bar, then the report."""
-    from d2s_search.cli.output import echo_line
     from d2s_search.python_api.index import Index
 
     kind = backend_kind(backend, url)
@@ -250,11 +249,8 @@ def _update_existing(index_name, image_field, url_base, image_root, bundle, back
                                        image_root=image_root, progress=on_progress, batch_size=batch_size,
                                        workers=workers, top_k=top_k, max_pixels=max_pixels, device=device)
     code = report.exit_code
-    if as_json:
-        _emit_json(report.to_json() | {"exit_code": code})
+    if _document_report_as_json(report, as_json):
         return code
-    for doc_id, reason in report.failed:
-        echo_line(f"failed {doc_id}: {reason}", err=True)
     click.echo(f"updated {report.updated} document(s) of {report.found} with a picture in {image_field!r}; "
                f"{report.already_done} done before, {len(report.failed)} failed ({report.seconds:.1f}s)")
     if report.dense == "flat":
@@ -262,6 +258,19 @@ def _update_existing(index_name, image_field, url_base, image_root, bundle, back
                    "without a k-NN graph: sparse search works; for dense and hybrid, reindex it into a k-NN index "
                    "(docs/python-api.md)", err=True)
     return code
+
+
+def _document_report_as_json(report, as_json: bool) -> bool:
+    """A document run's report (--update-existing, --documents): with --json the report and its
+    exit code (True), else each failed document on its own line on stderr (False)."""
+    from d2s_search.cli.output import echo_line
+
+    if as_json:
+        _emit_json(report.to_json() | {"exit_code": report.exit_code})
+        return True
+    for doc_id, reason in report.failed:
+        echo_line(f"failed {doc_id}: {reason}", err=True)
+    return False
 
 
 def _ingest_documents(documents, url_base, image_root, bundle, backend, index, url, index_name, device, batch_size,
@@ -288,11 +297,8 @@ def _ingest_documents(documents, url_base, image_root, bundle, backend, index, u
     finally:
         target.close()
     code = report.exit_code
-    if as_json:
-        _emit_json(report.to_json() | {"exit_code": code})
+    if _document_report_as_json(report, as_json):
         return code
-    for doc_id, reason in report.failed:
-        echo_line(f"failed {doc_id}: {reason}", err=True)
     click.echo(f"stored {report.stored} document(s) of {report.found}; {report.already_stored} already stored, "
                f"{len(report.failed)} failed ({report.seconds:.1f}s)")
     if report.left_out_keys:
