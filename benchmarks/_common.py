@@ -131,3 +131,17 @@ def photo_index(cache: Path = CACHE, photos: int = 800) -> tuple[Path, Path, dic
         subprocess.run([exe, "ingest", str(folder), "--bundle", str(bundle), "--index", str(index), "--json"], env=env,
                        check=True, stdout=subprocess.DEVNULL)
     return bundle, index, env
+
+
+def open_photo_index(bundle: str | None = None, index: str | None = None):
+    """(CPU encoder, opened local backend) of ``bundle`` and ``index``, or of the cached
+    photo index (:func:`photo_index`) when no bundle is given; the caller closes the backend."""
+    from d2s_search.backends.local import LocalBackend
+    from d2s_search.bundle import Bundle
+    from d2s_search.encoder import Encoder
+
+    bundle_dir, index_dir = (Path(bundle), Path(index)) if bundle else photo_index()[:2]
+    loaded = Bundle.load(bundle_dir)
+    backend = LocalBackend(index_dir)
+    backend.open(loaded.identity(), create=False)
+    return Encoder(loaded, device="cpu"), backend

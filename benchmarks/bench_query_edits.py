@@ -18,7 +18,6 @@ import csv
 import os
 import re
 from collections import defaultdict
-from pathlib import Path
 
 import _common
 
@@ -44,21 +43,14 @@ def main() -> None:
     parser.add_argument("--index")
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
-    from d2s_search.backends.local import LocalBackend
     from d2s_search.backends.opensearch.features import lucene_feature_value
-    from d2s_search.bundle import Bundle
-    from d2s_search.encoder import Encoder
     from d2s_search.search import SearchOptions, encode_text_query, run_query
 
-    bundle_dir, index_dir = (Path(args.bundle), Path(args.index)) if args.bundle else _common.photo_index()[:2]
     captions: dict[str, list[str]] = defaultdict(list)
     with open(_common.DATA / "flickr8k-800" / "captions.txt", encoding="utf-8") as fh:
         for row in csv.DictReader(fh):
             captions[row["image"]].append(row["caption"].lower())
-    bundle = Bundle.load(bundle_dir)
-    encoder = Encoder(bundle, device="cpu")
-    backend = LocalBackend(index_dir)
-    backend.open(bundle.identity(), create=False)
+    encoder, backend = _common.open_photo_index(args.bundle, args.index)
     summary = _common.provenance()
     try:
         ids = [r[0] for r in backend._connect(False).execute("SELECT id FROM docs")]

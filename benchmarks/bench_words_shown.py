@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import csv
 import time
-from pathlib import Path
 
 import _common
 
@@ -31,18 +30,11 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
-    from d2s_search.backends.local import LocalBackend
-    from d2s_search.bundle import Bundle
-    from d2s_search.encoder import Encoder
     from d2s_search.inflections import inflections, picture_words
     from d2s_search.search import SearchOptions, encode_text_query, explain_depth, run_query
 
-    bundle_dir, index_dir = (Path(args.bundle), Path(args.index)) if args.bundle else _common.photo_index()[:2]
     table = inflections()
-    bundle = Bundle.load(bundle_dir)
-    encoder = Encoder(bundle, device="cpu")
-    backend = LocalBackend(index_dir)
-    backend.open(bundle.identity(), create=False)
+    encoder, backend = _common.open_photo_index(args.bundle, args.index)
     summary = _common.provenance()
     try:
         ids = [r[0] for r in backend._connect(False).execute("SELECT id FROM docs")]

@@ -314,14 +314,19 @@ def test_lavis_model_without_lavis_says_how_to_get_it(capsys, tmp_path):
     assert code == 1 and "salesforce-lavis" in err and "transformers<4.56" in err
 
 
+def _emitting_head():
+    """tiny-clip's untrained head with W1 scaled up, so its scores cross zero on many terms."""
+    head = build_head(build_dense_encoder("tiny-clip"), None)
+    with torch.no_grad():
+        head.proj.weight.mul_(3.0)
+    return head
+
+
 def test_document_shift_is_in_the_image_graph_only(tmp_path):
     """A head with a document shift: the exported image graph adds it before the ReLU (images
     keep more terms, the same ones first), the text graph does not; the manifest records it,
     so the fingerprint changes; export's override wins over the checkpoint's value."""
-    encoder = build_dense_encoder("tiny-clip")
-    head = build_head(encoder, None)
-    with torch.no_grad():
-        head.proj.weight.mul_(3.0)
+    head = _emitting_head()
     head.config.document_shift = 0.5
     ckpt = save_head(head, tmp_path / "head.pt")
     assert load_head(ckpt).config.document_shift == 0.5
@@ -367,10 +372,7 @@ def test_document_terms_cut_the_image_graph_only(tmp_path):
     records the cap and the extracted head carries it; export's override wins."""
     from d2s_onnx_export.bundle_head import extract_head
 
-    encoder = build_dense_encoder("tiny-clip")
-    head = build_head(encoder, None)
-    with torch.no_grad():
-        head.proj.weight.mul_(3.0)
+    head = _emitting_head()
     head.config.document_shift = 2.0
     head.config.document_terms = 5
     ckpt = save_head(head, tmp_path / "head.pt")
