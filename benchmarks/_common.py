@@ -145,3 +145,27 @@ def open_photo_index(bundle: str | None = None, index: str | None = None):
     backend = LocalBackend(index_dir)
     backend.open(loaded.identity(), create=False)
     return Encoder(loaded, device="cpu"), backend
+
+
+_BUILD = """
+import json, sys, time
+from d2s_search.backends.local import LocalBackend
+backend = LocalBackend(sys.argv[1])
+backend.open(None, create=False)
+t0 = time.perf_counter()
+backend._search_state()
+seconds = time.perf_counter() - t0
+status = open("/proc/self/status").read()
+print(json.dumps({"seconds": round(seconds, 1), "peak_rss_mb": int(status.split("VmHWM:")[1].split()[0]) // 1024}))
+"""
+
+
+def build_in_a_process(path: Path, threads: int) -> dict:
+    """A local index's search structures built from its SQLite by a fresh process, faiss (the
+    dense graphs) on ``threads`` threads: {"seconds", "peak_rss_mb"} of that process alone."""
+    import subprocess
+
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run([sys.executable, "-c", _BUILD, str(path)], capture_output=True, text=True, env=env,
+                          check=True, cwd=ROOT)
+    return json.loads(done.stdout.strip().splitlines()[-1])

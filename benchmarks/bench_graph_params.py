@@ -5,7 +5,7 @@ rescored, ``--ef`` of ``d2s-search query``), one graph per shard against one ove
 and a shard's graph against a scan of its vectors by shard size.
 
     python benchmarks/bench_graph_params.py [--model offline-mini|clip] [--docs 123000]
-        [--split validation|test] [--queries 500] [--builds 16x40,32x40,32x80] [--json OUT]
+        [--split validation|test] [--queries 500] [--builds 16x40,32x40,32x80] [--build-threads 1] [--json OUT]
 
 The graphs are the index's own (``graph.build``: faiss HNSW over 8-bit copies, candidates
 rescored with the float vectors by ``graph.search``), one per 65,536 rows as the index cuts
@@ -40,19 +40,26 @@ def faiss_threads_one() -> None:
     faiss.omp_set_num_threads(1)
 
 
+BUILD_THREADS = 1  # --build-threads: faiss threads while graphs are built (searches keep one)
+
+
 def build_graphs(docs: np.ndarray, m: int, ef_construction: int, shard_rows: int = SHARD_ROWS) -> tuple[list, float]:
     """One graph per shard of ``shard_rows`` rows (the index's own build); seconds taken."""
+    import faiss
+
     old = graph.M, graph.EF_CONSTRUCTION
     graph.M, graph.EF_CONSTRUCTION = m, ef_construction
+    faiss.omp_set_num_threads(BUILD_THREADS)
     t0 = time.perf_counter()
     try:
         out = []
         for lo in range(0, len(docs), shard_rows):
             vectors = docs[lo : lo + shard_rows]
-            blob = graph.build(vectors)
+            blob = graph.build([vectors])
             out.append((lo, vectors, blob, graph.open_index(blob, graph.layout(blob, len(vectors), docs.shape[1]))))
     finally:
         graph.M, graph.EF_CONSTRUCTION = old
+        faiss.omp_set_num_threads(1)
     return out, time.perf_counter() - t0
 
 
@@ -120,38 +127,52 @@ def shard_size_runs(docs: np.ndarray, queries: np.ndarray, m: int, ef_constructi
     return out
 
 
-def through_index(docs: np.ndarray, queries: np.ndarray, wanted: list[set]) -> dict:
+def through_index(docs: np.ndarray, queries: np.ndarray, wanted: list[set], wanted1000: list[set]) -> dict:
     """The collection stored in a local index with the defaults (graphs from 100,000 documents
-    on): the recall@10 its ``index stats`` reports (sampled when the graphs were built) next to
-    the held-out queries' recall through ``dense_search``, and what the sampling cost."""
+    on, one spanning the full shards): the recall@10 its ``index stats`` reports (sampled when
+    the graphs were built) next to the held-out queries' recall through ``dense_search``, what
+    building the search structures took (seconds, the process's peak resident memory, faiss on
+    --build-threads), and the p50 of ``dense_search`` (hits with ids and paths, one thread,
+    queries back to back) at k=10 and, with --k1000, k=1000 with its recall@1000."""
     import tempfile
     from pathlib import Path
 
     from d2s_search.backends.base import Document, IndexIdentity
     from d2s_search.backends.local import LocalBackend
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=_common.CACHE) as tmp:
         backend = LocalBackend(Path(tmp) / "idx")
         backend.open(IndexIdentity("real-shaped", docs.shape[1], "real-shaped"))
         for lo in range(0, len(docs), 5000):
             backend.upsert([Document(id=f"{i:064x}", path=f"/{i}", size_bytes=0, width=0, height=0, sparse={"x": 1.0},
                                      dense=docs[i]) for i in range(lo, min(lo + 5000, len(docs)))])
-        t0 = time.perf_counter()
+        backend.close()
+        built = _common.build_in_a_process(Path(tmp) / "idx", BUILD_THREADS)
+        backend = LocalBackend(Path(tmp) / "idx")
+        backend.open(None, create=False)
         state = backend._search_state()
-        build = time.perf_counter() - t0
         t0 = time.perf_counter()
-        for shard in state.shards:
-            graph.sampled_recall(shard.dense_graph(), shard.dense_rows(), graph.EF_SEARCH)
+        for first, span in state.dense_units():
+            members = state.shards[first : first + span]
+            graph.sampled_recall(members[0].dense_graph(), backend._unit_vectors(members), graph.EF_SEARCH)
         sampling = time.perf_counter() - t0
         stats = backend.stats()
-        recalls = []
-        for q, want in zip(queries, wanted):
-            got = {int(h.id, 16) for h in backend.dense_search(q, 10, explain=0)}
-            recalls.append(len(got & want) / len(want))
+        out = {"dense_search": stats["dense_search"], "stats_recall@10": stats["dense_recall_at_10"],
+               "graphs": [span for _, span in state.dense_units()], "structures_s": built["seconds"],
+               "peak_rss_mb": built["peak_rss_mb"], "sampling_s": round(sampling, 2)}
+        for k, want in ((10, wanted), (1000, wanted1000)):
+            if not want:
+                continue
+            backend.dense_search(queries[0], k, explain=0)  # the first search pays for checking the graphs
+            recalls, times = [], []
+            for q, w in zip(queries, want):
+                t0 = time.perf_counter()
+                hits = backend.dense_search(q, k, explain=0)
+                times.append(time.perf_counter() - t0)
+                recalls.append(len({int(h.id, 16) for h in hits} & w) / len(w))
+            out[f"queries_recall@{k}"] = round(float(np.mean(recalls)), 4)
+            out[f"p50_ms_k{k}"] = round(float(np.median(times)) * 1e3, 3)
         backend.close()
-    out = {"dense_search": stats["dense_search"], "stats_recall@10": stats["dense_recall_at_10"],
-           "queries_recall@10": round(float(np.mean(recalls)), 4), "structures_s": round(build, 1),
-           "sampling_s": round(sampling, 2)}
     print(json.dumps(out), file=sys.stderr)
     return out
 
@@ -185,9 +206,13 @@ def render(summary: dict) -> str:
                                    for r in summary["shard_sizes"]])]
     if summary.get("through_index"):
         t = summary["through_index"]
-        out += ["", f"Through a local index with the defaults: `index stats` dense_recall_at_10 {t['stats_recall@10']} "
-                f"(stored vectors as queries, sampled at the build: {t['sampling_s']} s of {t['structures_s']} s), the "
-                f"held-out queries' recall@10 {t['queries_recall@10']}."]
+        k1000 = (f"; k=1000 {t['p50_ms_k1000']} ms p50 ({_common.ratio(t['p50_ms_k1000'], exact['k1000'])} the exact "
+                 f"scan), recall@1000 {t['queries_recall@1000']}" if "p50_ms_k1000" in t else "")
+        out += ["", f"Through a local index with the defaults (graphs spanning {t.get('graphs')} shards): `index stats` "
+                f"dense_recall_at_10 {t['stats_recall@10']} (stored vectors as queries, sampled at the build: "
+                f"{t['sampling_s']} s), the held-out queries' recall@10 {t['queries_recall@10']}; dense_search k=10 "
+                f"{t.get('p50_ms_k10')} ms p50 ({_common.ratio(t.get('p50_ms_k10'), exact['k10'])} the exact scan){k1000}; "
+                f"search structures built in {t['structures_s']} s, peak resident memory {t.get('peak_rss_mb')} MB."]
     return "\n".join(out + ["", _common.caption(summary)])
 
 
@@ -204,8 +229,11 @@ def main() -> None:
     parser.add_argument("--shard-sizes", action="store_true", help="a shard's graph against its scan by shard size")
     parser.add_argument("--through-index", action="store_true",
                         help="the collection in a local index with the defaults: index stats' recall against the queries'")
+    parser.add_argument("--build-threads", type=int, default=1, help="faiss threads while building (searches: 1)")
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
+    global BUILD_THREADS
+    BUILD_THREADS = args.build_threads
     faiss_threads_one()
     summary = _common.provenance()
     out: dict = {"runs": []}
@@ -222,7 +250,7 @@ def main() -> None:
     wanted1000, exact1000 = truth(docs, queries[:100], 1000) if args.k1000 else ([], 0.0)
     out["exact_p50_ms"] = {"k10": round(exact10 * 1e3, 3), "k1000": round(exact1000 * 1e3, 3)}
     widths = [int(w) for w in args.widths.split(",")]
-    for spec in args.builds.split(","):
+    for spec in filter(None, args.builds.split(",")):  # --builds '': only --through-index
         m, ef_construction = (int(x) for x in spec.split("x"))
         shards, seconds = build_graphs(docs, m, ef_construction)
         run = {"M": m, "efConstruction": ef_construction, "graphs": len(shards), "build_s": round(seconds, 1),
@@ -236,9 +264,9 @@ def main() -> None:
             out["runs"].append({"M": m, "efConstruction": ef_construction, "graphs": 1, "build_s": round(seconds, 1),
                                 "k10": sweep(one, queries, wanted10, 10, widths)})
     if args.through_index:
-        out["through_index"] = through_index(docs, queries, wanted10)
+        out["through_index"] = through_index(docs, queries, wanted10, wanted1000)
     if args.shard_sizes:
-        m, ef_construction = (int(x) for x in args.builds.split(",")[0].split("x"))
+        m, ef_construction = (int(x) for x in (args.builds or "32x80").split(",")[0].split("x"))
         out["shard_sizes"] = shard_size_runs(docs, queries, m, ef_construction, graph.EF_SEARCH)
     _common.write_json(_common.finish({**summary, **out}), args.json_out)
 

@@ -279,3 +279,39 @@ def test_typed_filters_from_the_command_line_words():
     ]:
         with pytest.raises(QueryError, match=message):
             build_filter(types=types, **bad)
+
+
+@pytest.mark.parametrize("name", ["camera!=Pixel (90%)", "before 2024 (about 80%)", "one year (10%)",
+                                  "rare-folder (0.1%)", "nothing passes"])
+def test_filtered_dense_through_the_graphs(tmp_path, monkeypatch, name):
+    """Dense search with graphs (one spanning the five full shards, one for the last): a filter
+    that keeps most documents walks the graphs and keeps only passing rows (recall against
+    brute force among them, exact scores); a narrow one scores every passing vector (exact)."""
+    from d2s_search.backends.local import backend as backend_mod
+
+    monkeypatch.setattr(cache_mod, "SHARD_ROWS", 512)
+    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 0)
+    monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
+    backend = LocalBackend(tmp_path / "idx")
+    backend.open(IndexIdentity(fingerprint="f" * 32, dense_dim=DIM, model="synthetic"), create=True)
+    backend.declare_fields(FIELD_TYPES)
+    backend.upsert(DOCS)
+    assert backend._search_state().dense_units() == [(0, 5), (5, 1)]
+    f = FILTERS[name]
+    passing = kept(f)
+    by_id = {d.id: d for d in passing}
+    rng = np.random.default_rng(3)
+    found = 0
+    for _ in range(20):
+        vector = rng.normal(size=DIM).astype(np.float32)
+        hits = backend.dense_search(vector, 10, explain=0, filters=f)
+        want = brute_force_dense(passing, vector)[:10] if passing else []
+        assert len(hits) == len(want) and all(h.id in by_id for h in hits)
+        np.testing.assert_allclose([h.score for h in hits], [float(np.dot(by_id[h.id].dense, vector)) for h in hits],
+                                   rtol=1e-5, atol=1e-6)
+        if len(passing) < 0.3 * N:
+            close(ids_scores(hits), want)
+        found += len({h.id for h in hits} & {i for i, _ in want})
+    assert found >= 0.9 * 20 * min(10, len(passing)) or not passing
+    backend.close()

@@ -50,19 +50,23 @@ def forced(tmp_path, monkeypatch):
 
 
 def test_stats_recall_equals_brute_force_recomputation(forced, capsys):
-    """Per shard, 50 evenly spaced rows as queries: their exact top 10 in the shard (the row
-    itself left out) by brute force in float64, against the graph's 11 best without the row."""
+    """Per graph (one spanning the two full shards, one for the last), 50 evenly spaced rows
+    as queries: their exact top 10 among the graph's rows (the row itself left out) by brute
+    force in float64, against the graph's 11 best without the row."""
     backend, docs = forced
     state = backend._search_state()
-    assert [s.rows for s in state.shards] == [256, 256, 188] and all("hnsw" in s.arrays for s in state.shards)
+    assert [s.rows for s in state.shards] == [256, 256, 188] and state.dense_units() == [(0, 2), (2, 1)]
     found = wanted = 0
-    for shard in state.shards:
-        part = docs[shard.start : shard.start + shard.rows]
-        picked = sorted({int(x) for x in np.linspace(0, shard.rows - 1, num=50)})
+    for first, span in state.dense_units():
+        members = state.shards[first : first + span]
+        start, rows = members[0].start, sum(m.rows for m in members)
+        part = docs[start : start + rows]
+        picked = sorted({int(x) for x in np.linspace(0, rows - 1, num=50)})
         for row in picked:
             exact = [doc_id for doc_id, _ in brute_force_dense(part, part[row].dense) if doc_id != part[row].id][:10]
-            rows, _ = graph.search(shard.dense_graph(), shard.dense_rows(), np.asarray(part[row].dense), 11, 8)
-            got = [part[r].id for r in rows.tolist() if r != row][:10]
+            found_rows, _ = graph.search(members[0].dense_graph(), backend._unit_vectors(members),
+                                         np.asarray(part[row].dense), 11, 8)
+            got = [part[r].id for r in found_rows.tolist() if r != row][:10]
             found += len(set(exact) & set(got))
             wanted += 10
     expected = round(found / wanted, 3)
@@ -117,14 +121,16 @@ def test_dense_ef_sets_the_candidates_searched_and_never_fewer_than_k(forced, mo
         backend.dense_ef = ef
         asked.clear()
         hits = backend.dense_search(query, k, explain=0)
-        assert asked == [width] * 3 and len(hits) == k  # one search per shard, max(ef, k) candidates
+        assert asked == [width] * 2 and len(hits) == k  # one search per graph, max(ef, k) candidates
     assert backend.dense_ef == 1
     backend.dense_ef = None
     assert backend.dense_ef == graph.EF_SEARCH == 8
-    # Every row a candidate: the graph reaches them all, the result is the exact one.
+    # More candidates than a graph's rows: each part is scanned instead (no graph asked), exact.
     backend.dense_ef = 100_000
     want = brute_force_dense(docs, query)[:10]
+    asked.clear()
     hits = backend.dense_search(query, 10, explain=0)
+    assert asked == []
     assert [h.id for h in hits] == [d for d, _ in want]
     np.testing.assert_allclose([h.score for h in hits], [s for _, s in want], rtol=1e-5, atol=1e-6)
     assert LocalBackend(backend.path, dense_ef=32).dense_ef == 32
@@ -158,7 +164,7 @@ def test_query_ef_reaches_the_graph_search(tmp_path, tiny_blip_bundle, image_fol
 
     monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 0)
     monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
-    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 10**6)  # a few pictures: the graph even so
     index = tmp_path / "idx"
     code, _ = run_cli_json(["ingest", image_folder, "--bundle", tiny_blip_bundle, "--index", index], capsys)
     assert code == 0
@@ -184,3 +190,114 @@ def test_query_ef_reaches_the_graph_search(tmp_path, tiny_blip_bundle, image_fol
     (config_dir / "config.toml").write_text("dense_ef = 0\n")
     code, out, err = run_cli(base, capsys)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "--ef" in err
+
+
+def test_a_graph_extended_by_a_shard_searches_as_one_built_over_both():
+    """A graph spanning shards is extended when another fills: it then numbers the new rows
+    after the old ones, as one built over both does; with every row a candidate both give the
+    brute-force top 10 of the rows together, and a narrow search finds most of it."""
+    rng = np.random.default_rng(5)
+    centres = rng.normal(size=(20, DIM)).astype(np.float32)
+    first, second = (centres[rng.integers(0, 20, n)] + rng.normal(size=(n, DIM)).astype(np.float32) * 0.9
+                     for n in (300, 200))
+    both = np.vstack([first, second])
+    spanned = graph.SpannedRows([first, second])
+    assert spanned.shape == both.shape
+    picked = np.array([0, 299, 300, 499, 17, 350])
+    np.testing.assert_array_equal(spanned[picked], both[picked])
+    np.testing.assert_array_equal(spanned[301], both[301])
+    query = rng.normal(size=DIM).astype(np.float32)
+    np.testing.assert_allclose(spanned @ query, both @ query, rtol=1e-6)
+    extended = graph.extend(graph.build([first]), 300, DIM, [second])
+    built = graph.build([first, second])
+    for blob in (extended, built):
+        index = graph.open_index(blob, graph.layout(blob, 500, DIM))
+        found = 0
+        for _ in range(30):
+            query = rng.normal(size=DIM).astype(np.float32)
+            exact = np.argsort(-(both.astype(np.float64) @ query), kind="stable")[:10]
+            rows, scores = graph.search(index, spanned, query, 10, 500)
+            assert rows.tolist() == exact.tolist()
+            np.testing.assert_allclose(scores, both[rows] @ query, rtol=1e-6)
+            found += len(set(graph.search(index, spanned, query, 10, 16)[0].tolist()) & set(exact.tolist()))
+        assert found >= 0.85 * 300
+
+
+def test_extending_a_damaged_graph_is_refused():
+    rng = np.random.default_rng(6)
+    first, second = rng.normal(size=(200, DIM)).astype(np.float32), rng.normal(size=(50, DIM)).astype(np.float32)
+    blob = graph.build([first]).copy()
+    where = graph.layout(blob, 200, DIM)
+    start, count = where.neighbors
+    blob[start : start + 4] = np.frombuffer(np.int32(10**6).tobytes(), np.uint8)
+    with pytest.raises(graph.DamagedArrays):
+        graph.extend(blob, 200, DIM, [second])
+    with pytest.raises(graph.DamagedArrays):
+        graph.extend(graph.build([first]), 201, DIM, [second])  # not the rows it was built over
+
+
+@pytest.mark.parametrize("change", [
+    {0: 3}, {0: 4}, {0: 0}, {0: -1}, {0: "2"}, {0: 2.0}, {0: True}, {1: 1}, {0: 1},
+], ids=["over-the-partial-shard", "past-the-end", "zero", "negative", "text", "float", "bool",
+        "on-a-shard-without-a-graph", "fewer-shards-than-the-graph-holds"])
+def test_a_bad_graph_span_in_the_header_is_damage(forced, capsys, monkeypatch, change):
+    """The header says how many shards the first graph spans: a span that covers a partial
+    shard, runs past the end, is not a whole number, or lands on shards without (or with their
+    own) graphs makes the cache unusable: one warning, rebuilt, answers exact."""
+    backend, docs = forced
+    state_dir = backend._search_state().state_dir
+    header = json.loads((state_dir / "header.json").read_bytes())
+    assert [m.get("graph_span", 1) for m in header["shards"]] == [2, 1, 1]
+    for j, value in change.items():
+        header["shards"][j]["graph_span"] = value
+    data = json.dumps(header).encode()
+    (state_dir / "header.json").write_bytes(data)  # a matching checksum: only the span is wrong
+    (state_dir.parent / cache.POINTER).write_text(f"{state_dir.name} {zlib.crc32(data)}\n")
+    capsys.readouterr()
+    from d2s_search.backends.local import backend as backend_mod
+
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 10**6)  # the graph, even asked for every row
+    reopened = LocalBackend(backend.path, dense_ef=100_000)
+    reopened.open(None, create=False)
+    query = np.asarray(docs[9].dense) + 0.05
+    hits = reopened.dense_search(query, 10, explain=0)
+    assert [h.id for h in hits] == [d for d, _ in brute_force_dense(docs, query)[:10]]
+    err = capsys.readouterr().err
+    assert err.count("unusable") == 1 and "graph" in err, err
+    assert reopened._search_state().dense_units() == [(0, 2), (2, 1)]
+    reopened.close()
+
+
+def test_a_graph_spanning_many_shards_keeps_more_candidates_unless_asked(tmp_path, monkeypatch):
+    """Recall at a fixed width falls as a graph grows: a graph over eight shards searches with
+    twice the default candidates (graph.default_ef), a width asked for is used as it is, and
+    a width of more candidates than a share of the rows scans them instead (exact)."""
+    from d2s_search.backends.local import backend as backend_mod
+
+    assert [graph.default_ef(span) for span in (1, 2, 3, 4, 8, 16)] == [graph.EF_SEARCH] * 4 + [
+        2 * graph.EF_SEARCH, 4 * graph.EF_SEARCH]
+    monkeypatch.setattr(cache, "SHARD_ROWS", 64)
+    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 0)
+    monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
+    monkeypatch.setattr(graph, "EF_SEARCH", 8)
+    docs = documents(8 * 64 + 20)
+    backend = LocalBackend(tmp_path / "idx")
+    backend.open(IDENTITY)
+    backend.upsert(docs)
+    assert backend._search_state().dense_units() == [(0, 8), (8, 1)]
+    asked = []
+    real = graph._search_parameters.__wrapped__
+    monkeypatch.setattr(graph, "_search_parameters", lambda ef: asked.append(ef) or real(ef))
+    query = np.asarray(docs[3].dense)
+    backend.dense_search(query, 5, explain=0)
+    assert sorted(asked) == [8, 16]  # the last shard's graph, then the one over eight shards
+    asked.clear()
+    backend.dense_ef = 30
+    backend.dense_search(query, 5, explain=0)
+    assert asked == [30]  # the last shard (20 rows) is scanned: 30 candidates are over its share
+    asked.clear()
+    backend.dense_ef = 600
+    hits = backend.dense_search(query, 10, explain=0)
+    assert asked == [] and [h.id for h in hits] == [d for d, _ in brute_force_dense(docs, query)[:10]]
+    backend.close()

@@ -149,10 +149,11 @@ def dense_recall(backend: LocalBackend, collection, queries_, k: int = 10) -> fl
 
 
 def test_dense_is_exact_below_the_threshold_and_a_graph_above(tmp_path, monkeypatch):
-    """Above APPROXIMATE_DENSE_FROM every shard gets an HNSW graph over 8-bit copies of its
-    vectors, beside the float vectors (which score the graph's candidates): scores are
-    exact inner products, recall against brute force high; it survives a reopen and appends
-    (full shards keep their graph file, hard-linked; the last shard's is rebuilt)."""
+    """Above APPROXIMATE_DENSE_FROM the dense side is searched through HNSW graphs over 8-bit
+    copies of the vectors, beside the float vectors (which score the graph's candidates): one
+    spanning the full shards, one for the last shard. Scores are exact inner products, recall
+    against brute force high; it survives a reopen and appends (the spanning graph's file is
+    hard-linked until a shard fills, then that shard's vectors are added to it)."""
     from d2s_search.backends.local import backend as backend_mod
 
     monkeypatch.setattr(cache, "SHARD_ROWS", 64)
@@ -171,11 +172,17 @@ def test_dense_is_exact_below_the_threshold_and_a_graph_above(tmp_path, monkeypa
     collection += clustered_docs(rng, centres, 400, 250)
     backend.upsert(collection[250:])
     state = backend._search_state()
-    assert all("hnsw" in s.arrays and not np.shares_memory(s.arrays["dense"], s.arrays["hnsw"]) for s in state.shards)
-    for j, shard in enumerate(state.shards):  # the float vectors in their own file; the graph holds a byte a value
+    # 650 rows: one graph spans the ten full shards (stored with the first), the last has its own
+    assert [s.rows for s in state.shards] == [64] * 10 + [10]
+    assert [("hnsw" in s.arrays, s.graph_span) for s in state.shards] == [(True, 10)] + [(False, 1)] * 9 + [(True, 1)]
+    assert state.dense_units() == [(0, 10), (10, 1)]
+    for j in range(len(state.shards)):  # the float vectors in their own file; the graph holds a byte a value
         assert (state.state_dir / f"shard-{j:05d}-dense.npy").is_file()
-        blob = shard.arrays["hnsw"]
-        assert blob.size - graph.layout(blob, shard.rows, 16).codes == shard.arrays["dense"].size
+    for first, span in state.dense_units():
+        blob, members = state.shards[first].arrays["hnsw"], state.shards[first : first + span]
+        assert not any(np.shares_memory(m.arrays["dense"], blob) for m in members)
+        rows = sum(m.rows for m in members)
+        assert blob.size - graph.layout(blob, rows, 16).codes == sum(m.arrays["dense"].size for m in members)
     reopened = LocalBackend(tmp_path / "idx")
     reopened.open(IDENTITY, create=False)
     probes = [centres[c] + rng.normal(size=16).astype(np.float32) * 0.5 for c in range(12)]
@@ -199,13 +206,23 @@ def test_dense_is_exact_below_the_threshold_and_a_graph_above(tmp_path, monkeypa
     monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
     monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
     old_dir = reopened._search_state().state_dir
-    more = clustered_docs(rng, centres, 100, 650)
+    more = clustered_docs(rng, centres, 20, 650)  # fills no shard: the spanning graph's file is linked
     reopened.upsert(more)
     state = reopened._search_state()
     assert (state.state_dir / "shard-00000-hnsw.npy").stat().st_ino == (old_dir / "shard-00000-hnsw.npy").stat().st_ino
     collection += more
-    assert sum(s.rows for s in state.shards) == 750
+    more = clustered_docs(rng, centres, 80, 670)  # fills the eleventh shard: added to the spanning graph
+    reopened.upsert(more)
+    collection += more
+    state = reopened._search_state()
+    assert sum(s.rows for s in state.shards) == 750 and state.dense_units() == [(0, 11), (11, 1)]
+    assert state.shards[0].graph_recall is not None
     assert dense_recall(reopened, collection, probes) >= 0.9
+    again = LocalBackend(tmp_path / "idx")  # the span read back from the cache header
+    again.open(IDENTITY, create=False)
+    assert again._search_state().dense_units() == [(0, 11), (11, 1)]
+    assert dense_recall(again, collection, probes) >= 0.9
+    again.close()
     # Back under the threshold (a delete): exact again, the vectors written out plainly.
     monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 10**6)
     reopened.delete([collection[-1].id])
@@ -215,9 +232,11 @@ def test_dense_is_exact_below_the_threshold_and_a_graph_above(tmp_path, monkeypa
     assert_ranking(reopened.dense_search(q, 10, explain=0), brute_force_dense(collection, q), 10)
 
 
-def test_dense_graph_recall_on_real_clip_embeddings(tmp_path, monkeypatch):
-    """Real CLIP ViT-B/32 image vectors (flickr8k-100), caption vectors as queries: the graph
-    (threshold lowered, shards of 32 so that several graphs are merged) finds the exact top 10."""
+@pytest.mark.parametrize("spanning", [False, True], ids=["a-graph-a-shard", "one-graph-spanning"])
+def test_dense_graph_recall_on_real_clip_embeddings(tmp_path, monkeypatch, spanning):
+    """Real CLIP ViT-B/32 image vectors (flickr8k-100), caption vectors as queries: the graphs
+    (threshold lowered, shards of 32: several per-shard graphs merged, or one spanning the full
+    shards and the last shard's) find the exact top 10."""
     from d2s_search.backends.base import Document, IndexIdentity
     from d2s_search.backends.local import backend as backend_mod
     from tests.helpers import SHARED_DATA
@@ -235,8 +254,14 @@ def test_dense_graph_recall_on_real_clip_embeddings(tmp_path, monkeypatch):
     backend.open(IndexIdentity("clip", images.shape[1], "clip"))
     docs = [Document(id=f"{i:064x}", path=f"/{i}", size_bytes=0, width=0, height=0, sparse={"x": 1.0},
                      dense=images[i]) for i in range(len(images))]
+    if not spanning:
+        monkeypatch.setattr(backend_mod, "SPANNING_GRAPH_FROM_SHARDS", 10**6)
     backend.upsert(docs)
-    assert all("hnsw" in s.arrays for s in backend._search_state().shards)
+    state = backend._search_state()
+    if spanning:
+        assert state.dense_units() == [(0, len(docs) // 32)] + ([(len(docs) // 32, 1)] if len(docs) % 32 else [])
+    else:
+        assert all("hnsw" in s.arrays for s in state.shards) and len(state.dense_units()) == len(state.shards)
     assert dense_recall(backend, docs, captions) >= 0.95
 
 

@@ -34,7 +34,7 @@ from ...metadata import NO_METADATA, Metadata
 from ...search import minmax_normalised
 from ..base import Document, Hit, IndexIdentity, SparseVector, WordFilter
 from . import cache as cache_mod
-from . import frequencies, graph, kernels, metadata_table, narrowing, store
+from . import frequencies, graph, kernels, metadata_table, narrowing, row_blobs, store
 from . import identity as index_identity
 from . import paths as doc_paths
 from .cache import CacheUnusable, Shard, Structures
@@ -46,20 +46,25 @@ if TYPE_CHECKING:
 __all__ = ["LocalBackend", "FORMAT", "APPROXIMATE_DENSE_FROM"]
 
 # Dense search is exact (every vector scored, in place) below this many documents and
-# approximate above it: one HNSW graph per shard (:mod:`.graph`, faiss, over 8-bit copies of
-# the shard's vectors), searched with max(graph.EF_SEARCH, k) candidates, those
-# rescored with the float vectors, and the shards' top-k merged. Recall on real embeddings and
-# speed: docs/benchmarks.md.
+# approximate above it: HNSW graphs (:mod:`.graph`, faiss, over 8-bit copies of the vectors),
+# one spanning the full shards and one per other shard, each searched with max(ef, k)
+# candidates (graph.default_ef), those rescored with the float vectors, and the top-k merged.
+# Recall on real embeddings and speed: docs/benchmarks.md.
 APPROXIMATE_DENSE_FROM = 100_000
-# A graph answers a top-k of up to this share of its shard's rows; a larger k (hybrid at k=1000
-# asks 10,000 candidates) is a scan of the shard's vectors: faster there, and exact
-# (65,536 rows, one thread: graph 0.5 ms at k=100, 5 ms at 1,000, 16 ms at 2,000; scan 3-8 ms).
+# A graph answers while the candidates it rescores, max(ef, k), are under this share of its
+# rows; more (hybrid at k=1000 asks 3,000 a side) is a scan of its vectors: faster there, and
+# exact (65,536 rows, one thread: graph 0.5 ms at k=100, 5 ms at 1,000, 16 ms at 2,000; scan 3-8 ms).
 GRAPH_K_SHARE = 1 / 48
 # A shard of fewer rows gets no graph and is scanned even above APPROXIMATE_DENSE_FROM (the
 # last shard of a large index, until it grows): its scan is about as fast and exact (real-shaped
 # vectors, 384-d, one thread, k=10: 2,000 rows scanned in 0.15 ms, 0.19 through a graph; 8,000
 # rows 0.52 against 0.27 ms; benchmarks/bench_graph_params.py --shard-sizes).
 GRAPH_FROM_ROWS = 4096
+# From this many full shards on, one graph spans them all (stored with the first; each shard
+# that fills is added to it): searching one graph over 1M real-shaped vectors costs a fraction
+# of searching 16 at equal recall (docs/benchmarks.md, "Dense recall of the graphs"). The last,
+# partial shard keeps a graph of its own until it fills.
+SPANNING_GRAPH_FROM_SHARDS = 2
 # The most candidates a graph search may be asked for (LocalBackend.dense_ef): past a few
 # thousand a scan of the shard is faster and exact.
 MAX_DENSE_EF = 100_000
@@ -133,7 +138,8 @@ class LocalBackend:
     def dense_ef(self) -> int:
         """Candidates each shard's graph proposes and the float vectors rescore (at least k):
         more is slower and finds more of the exact top k (docs/benchmarks.md, "Dense recall of
-        the graphs"). Setting None goes back to the default, graph.EF_SEARCH."""
+        the graphs"). Setting None goes back to the default, graph.EF_SEARCH (a graph spanning
+        many shards keeps more: :func:`graph.default_ef`)."""
         return self._dense_ef or graph.EF_SEARCH
 
     @dense_ef.setter
@@ -144,6 +150,10 @@ class LocalBackend:
                                  f"got {value!r}")
             value = int(value)
         self._dense_ef = value
+
+    def _ef_for(self, span: int) -> int:
+        """The candidates a graph over ``span`` shards keeps: the width asked, or its default."""
+        return self._dense_ef or graph.default_ef(span)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -463,12 +473,12 @@ class LocalBackend:
             for d in docs:
                 items = [(self._term_ids[t], w) for t, w in d.sparse.items() if w > 0]
                 items.sort()
-                term_ids = np.fromiter((i for i, _ in items), dtype="<i4", count=len(items))
+                term_ids = np.fromiter((i for i, _ in items), dtype=np.int64, count=len(items))
                 weights = np.fromiter((w for _, w in items), dtype="<f4", count=len(items))
                 rows.append(
                     (
                         d.id, d.path, d.url, int(d.size_bytes), int(d.width), int(d.height),
-                        d.ingested_at or time.time(), term_ids.tobytes(), weights.tobytes(),
+                        d.ingested_at or time.time(), row_blobs.encode_term_ids(term_ids), weights.tobytes(),
                         np.asarray(d.dense, dtype="<f4").tobytes(),
                     )
                 )
@@ -539,7 +549,11 @@ class LocalBackend:
 
     def _stored_sparse(self, term_blob: bytes, weight_blob: bytes) -> SparseVector:
         """A stored sparse vector; term ids outside the vocabulary (damage) are left out."""
-        term_ids, weights = _ints(term_blob), _floats(weight_blob)
+        weights = _floats(weight_blob)
+        term_ids = row_blobs.decode_term_ids(term_blob, weights.nbytes)
+        if term_ids is None:  # lengths that do not pair up: read as 32-bit ids, as many as both have
+            term_ids = row_blobs.decode_term_ids(term_blob, len(term_blob) if isinstance(term_blob, bytes) else 1)
+            term_ids = term_ids if term_ids is not None else np.zeros(0, dtype=np.int32)
         n = min(term_ids.size, weights.size)
         terms = self._terms
         return {
@@ -644,7 +658,7 @@ class LocalBackend:
     def stats(self) -> dict:
         db = self._connect(False)
         meta = self._meta()
-        docs, avg_terms = db.execute("SELECT COUNT(*), AVG(LENGTH(term_ids)) / 4.0 FROM docs").fetchone()
+        docs, avg_terms = db.execute("SELECT COUNT(*), AVG(LENGTH(weights)) / 4.0 FROM docs").fetchone()
         disk = _owned_bytes(self.path)
         return {
             "backend": self.name,
@@ -869,22 +883,61 @@ class LocalBackend:
                 "memory for this run: every document is stored, and the first search after space is freed writes it")
 
     def _dense_graphs(self, built: Structures) -> None:
-        """From APPROXIMATE_DENSE_FROM documents on, every shard of GRAPH_FROM_ROWS rows or more
-        gets an HNSW graph over its vectors (full shards keep theirs across appends; a shard
-        whose graph faiss cannot build stays exact); below it, graphs are dropped."""
+        """From APPROXIMATE_DENSE_FROM documents on, the dense side is searched through HNSW
+        graphs: one spanning the full shards once there are SPANNING_GRAPH_FROM_SHARDS of them
+        (extended as shards fill), and one for every other shard of GRAPH_FROM_ROWS rows or
+        more (full shards keep theirs across appends; a shard whose graph faiss cannot build
+        stays exact); below it, graphs are dropped."""
         approximate = built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and graph.available()
         if built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and not approximate:
             self._warn(graph.unavailable_note(APPROXIMATE_DENSE_FROM), kind="note")  # the `faiss` extra
-        for shard in built.shards:
+        full = 0
+        while full < len(built.shards) and built.shards[full].rows == built.shard_rows:
+            full += 1
+        spanned = self._spanning_graph(built, full) if approximate and full >= max(SPANNING_GRAPH_FROM_SHARDS, 2) else 0
+        for shard in built.shards[spanned:]:
+            if "hnsw" in shard.arrays and (shard.graph_span != 1 or not (approximate and shard.rows >= GRAPH_FROM_ROWS)):
+                shard.detach_graph()
             if approximate and "hnsw" not in shard.arrays and shard.rows >= max(GRAPH_FROM_ROWS, 1):
-                blob = graph.build(shard.dense_rows())
+                blob = graph.build([shard.dense_rows()])
                 if blob is not None:
                     shard.attach_graph(blob, built.dim)
                     shard.dirty.add("hnsw")
                     shard.graph_recall = graph.sampled_recall(self._graph_of(shard), shard.dense_rows(),
                                                               graph.EF_SEARCH)
-            elif "hnsw" in shard.arrays and not (approximate and shard.rows >= GRAPH_FROM_ROWS):
-                shard.detach_graph()
+
+    def _spanning_graph(self, built: Structures, full: int) -> int:
+        """The first ``full`` shards under one graph (stored with the first): the one they have
+        when it spans them already, else it extended by the shards filled since (or built anew);
+        returns how many shards it spans (0: faiss could not build it)."""
+        head, members = built.shards[0], built.shards[:full]
+        span = head.graph_span if "hnsw" in head.arrays else 0
+        if span == full:
+            return full
+        blob = None
+        if span > 0 and span < full:  # an earlier graph over the first shards: add the newly full ones
+            try:
+                blob = graph.extend(head.arrays["hnsw"], span * built.shard_rows, built.dim,
+                                    [m.dense_rows() for m in members[span:]])
+            except kernels.DamagedArrays:
+                blob = None  # built anew below
+        if blob is None:
+            blob = graph.build([m.dense_rows() for m in members])
+        if blob is None:
+            return 0
+        head.attach_graph(blob, built.dim, span=full, rows=full * built.shard_rows)
+        head.dirty.add("hnsw")
+        for member in members[1:]:
+            if "hnsw" in member.arrays:
+                member.detach_graph()
+        head.graph_recall = graph.sampled_recall(self._graph_of(head), self._unit_vectors(members),
+                                                 graph.default_ef(full))
+        return full
+
+    @staticmethod
+    def _unit_vectors(members: list[Shard]):
+        """The float vectors a graph over these shards rescores with (rows numbered as its labels)."""
+        return members[0].dense_rows() if len(members) == 1 else graph.SpannedRows([m.dense_rows() for m in members])
 
     # -- search ---------------------------------------------------------------------------
 
@@ -1151,32 +1204,44 @@ class LocalBackend:
         """The exact dense top-k among the allowed rows (every allowed vector scored: a graph
         search would return fewer than k after filtering); a narrow filter scores only its rows."""
         out = []
-        for shard in state.shards:
-            self._validated(shard, postings=False)
-            mine = allowed[shard.start:shard.start + shard.rows]
+        for first, span in state.dense_units():
+            members = state.shards[first : first + span]
+            head = members[0]
+            for shard in members:
+                self._validated(shard, postings=False)
+            unit_rows = sum(m.rows for m in members)
+            mine = allowed[head.start : head.start + unit_rows]
             n_allowed = int(np.count_nonzero(mine))
             if n_allowed == 0:
                 continue
-            if ("hnsw" in shard.arrays and n_allowed >= GRAPH_FILTER_SHARE * shard.rows
-                    and k < GRAPH_K_SHARE * shard.rows and graph.available()):
-                rows, scores = graph.search_allowed(self._graph_of(shard), shard.dense_rows(), query, k,
-                                                    self.dense_ef, mine)
+            if ("hnsw" in head.arrays and n_allowed >= GRAPH_FILTER_SHARE * unit_rows
+                    and self._graph_pays(k, unit_rows, self._ef_for(span))):
+                rows, scores = graph.search_allowed(self._graph_of(head), self._unit_vectors(members), query, k,
+                                                    self._ef_for(span), mine)
                 if rows.size >= min(k, n_allowed):  # else too few reached: the exact scan below
-                    out.append((rows + shard.start, scores))
+                    out.append((rows + head.start, scores))
                     continue
-            if n_allowed * 8 < shard.rows:
-                local = np.flatnonzero(mine)
-                scores = shard.arrays["dense"][local] @ query
-                top = kernels.top_rows_any_sign(scores, min(k, n_allowed))
-                out.append((local[top] + shard.start, scores[top]))
-                continue
-            scores = shard.arrays["dense"] @ query  # in place: picking the allowed rows first copies them
-            scores[~mine] = -np.inf
-            top = kernels.top_rows_any_sign(scores, min(k, n_allowed))
-            out.append((top + shard.start, scores[top]))
+            for shard in members:
+                out.extend(self._scanned_allowed(shard, query, k, allowed[shard.start : shard.start + shard.rows]))
         if not out:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
         return kernels.merge_top(out, k)
+
+    @staticmethod
+    def _scanned_allowed(shard: Shard, query: np.ndarray, k: int, mine: np.ndarray) -> list:
+        """The shard's exact top-k among its allowed rows (``mine``), every allowed vector scored."""
+        n_allowed = int(np.count_nonzero(mine))
+        if n_allowed == 0:
+            return []
+        if n_allowed * 8 < shard.rows:
+            local = np.flatnonzero(mine)
+            scores = shard.arrays["dense"][local] @ query
+            top = kernels.top_rows_any_sign(scores, min(k, n_allowed))
+            return [(local[top] + shard.start, scores[top])]
+        scores = shard.arrays["dense"] @ query  # in place: picking the allowed rows first copies them
+        scores[~mine] = -np.inf
+        top = kernels.top_rows_any_sign(scores, min(k, n_allowed))
+        return [(top + shard.start, scores[top])]
 
     @_db_errors
     def sparse_search(self, query: SparseVector, k: int, explain: int = 5, *,
@@ -1362,24 +1427,38 @@ class LocalBackend:
         return hits
 
     def _dense_top(self, state: Structures, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Global rows and inner products of the dense top-k: exact per shard (every vector,
-        in place) or through the shard's graph, merged."""
+        """Global rows and inner products of the dense top-k: per part (a graph and the shards
+        it spans, or one shard) through the graph, or exact (every vector, in place) where k is
+        a large share of its rows, merged."""
+        units = state.dense_units()
 
         def tops(numbers: range) -> list[tuple[np.ndarray, np.ndarray]]:
             out = []
-            for j in numbers:
-                shard = state.shards[j]
-                self._validated(shard, postings=False)
-                if "hnsw" in shard.arrays and k < GRAPH_K_SHARE * shard.rows and graph.available():
-                    rows, scores = graph.search(self._graph_of(shard), shard.dense_rows(), query, k, self.dense_ef)
-                else:
+            for u in numbers:
+                first, span = units[u]
+                members = state.shards[first : first + span]
+                for shard in members:
+                    self._validated(shard, postings=False)
+                head = members[0]
+                ef = self._ef_for(span)
+                if "hnsw" in head.arrays and self._graph_pays(k, sum(m.rows for m in members), ef):
+                    rows, scores = graph.search(self._graph_of(head), self._unit_vectors(members), query, k, ef)
+                    out.append((rows + head.start, scores))
+                    continue
+                for shard in members:
                     scores = shard.arrays["dense"] @ query
                     rows = kernels.top_rows_any_sign(scores, k)
-                    scores = scores[rows]
-                out.append((rows + shard.start, scores))
+                    out.append((rows + shard.start, scores[rows]))
             return out
 
-        return kernels.merge_top(self._by_shard_groups(tops, len(state.shards), DENSE_PARALLEL_FROM), k)
+        return kernels.merge_top(self._by_shard_groups(tops, len(units), DENSE_PARALLEL_FROM), k)
+
+    @staticmethod
+    def _graph_pays(k: int, rows: int, ef: int) -> bool:
+        """The plan for one graph's rows: through the graph while the candidates it would rescore
+        (max(ef, k)) are under GRAPH_K_SHARE of them; past that a scan of every vector is as
+        fast, and exact."""
+        return max(k, ef) < GRAPH_K_SHARE * rows and graph.available()
 
     def _graph_of(self, shard: Shard):
         try:
@@ -1573,13 +1652,6 @@ class _Stale(Exception):
 def _first_dim(db: sqlite3.Connection) -> int:
     row = db.execute("SELECT LENGTH(dense) / 4 FROM docs LIMIT 1").fetchone()
     return int(row[0]) if row else 0
-
-
-def _ints(blob) -> np.ndarray:
-    try:
-        return np.frombuffer(blob, dtype="<i4")
-    except (ValueError, TypeError):
-        return np.zeros(0, dtype="<i4")
 
 
 def _floats(blob) -> np.ndarray:

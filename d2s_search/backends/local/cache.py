@@ -15,8 +15,9 @@ process):
   beats scattering a posting list that long (same products, same order: the same scores);
   at that density a column is no larger than the term's postings;
 * ``dense``: the dense vectors in row order, used in place; when the dense side is
-  approximate, ``hnsw`` beside them: the shard's HNSW graph serialised by faiss with 8-bit
-  copies of the vectors (:mod:`.graph`; its candidates are rescored with ``dense``);
+  approximate, ``hnsw`` beside them: an HNSW graph serialised by faiss with 8-bit copies of
+  the vectors (:mod:`.graph`; its candidates are rescored with ``dense``), over this shard's
+  rows or, in the first shard, over every full shard's (the header's ``graph_span``);
 * ``ids``/``paths``/``urls``: the strings a hit shows, as one byte blob plus offsets.
 
 Layout: ``cache/state-<generation>-<random>/`` holds ``header.json`` and the arrays;
@@ -53,7 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from ...processes import pid_alive
-from . import cache_stamp, graph
+from . import cache_stamp, graph, row_blobs
 from .kernels import BoundShard, DamagedArrays, check_postings, encode_weights
 from .mapped import MappedFiles
 from .store import CACHE_POINTER as POINTER
@@ -98,6 +99,11 @@ class Shard:
     # (found, wanted) of the graph's sampled recall at its build (graph.sampled_recall): what
     # index stats reports; kept in the header beside the shard's files, None when not measured
     graph_recall: tuple[int, int] | None = None
+    # How many shards the graph in ``hnsw`` spans, this one first: 1, or every full shard of
+    # the index (one graph over them searches faster than one per shard at equal recall); the
+    # shards it spans after this one have no graph of their own. ``graph_rows``: their rows.
+    graph_span: int = 1
+    graph_rows: int = 0
     _graph: object = field(default=None, repr=False)  # the faiss index over ``hnsw``, once checked
     _bound: BoundShard | None = field(default=None, repr=False)
 
@@ -174,9 +180,10 @@ class Shard:
             if copy is not None:  # checked and read by faiss from here on; the mapping is dropped
                 blob = self.arrays["hnsw"] = copy
                 self.mapped.pop("hnsw", None)
+            rows = self.graph_rows or self.rows
             try:
-                where = graph.layout(blob, self.rows, self.arrays["dense"].shape[1])
-                graph.check(blob, where, self.rows)
+                where = graph.layout(blob, rows, self.arrays["dense"].shape[1])
+                graph.check(blob, where, rows)
             except DamagedArrays as exc:
                 raise CacheUnusable(f"shard at row {self.start} is damaged: {exc}") from None
             try:
@@ -185,11 +192,13 @@ class Shard:
                 raise CacheUnusable(f"shard at row {self.start} is damaged: {str(exc).splitlines()[-1]}") from None
         return self._graph
 
-    def attach_graph(self, blob: np.ndarray, dim: int) -> None:
+    def attach_graph(self, blob: np.ndarray, dim: int, span: int = 1, rows: int | None = None) -> None:
         """Search the dense side through ``blob`` (a serialised graph over this shard's
-        vectors). Raises DamagedArrays when its layout does not fit the shard."""
-        graph.layout(blob, self.rows, dim)
+        vectors, or over the ``rows`` of the ``span`` shards from this one on). Raises
+        DamagedArrays when its layout does not fit them."""
+        graph.layout(blob, rows if rows is not None else self.rows, dim)
         self.arrays["hnsw"] = blob
+        self.graph_span, self.graph_rows = span, (rows if span > 1 and rows is not None else 0)
         self._graph = None
 
     def detach_graph(self) -> None:
@@ -197,6 +206,7 @@ class Shard:
         del self.arrays["hnsw"]
         self._graph = None
         self.graph_recall = None
+        self.graph_span, self.graph_rows = 1, 0
 
     def string(self, name: str, row: int) -> str:
         """One row's string, read with plain indexing (no array calls)."""
@@ -306,6 +316,16 @@ class Structures:
             self._hit_sources = tuple(s.hit_source() for s in self.shards)
         return self._hit_sources
 
+    def dense_units(self) -> list[tuple[int, int]]:
+        """(first shard, shards) of each part the dense side searches as one: a graph and the
+        shards it spans, or a shard of its own (graph or none)."""
+        units, j = [], 0
+        while j < len(self.shards):
+            span = self.shards[j].graph_span if "hnsw" in self.shards[j].arrays else 1
+            units.append((j, span))
+            j += span
+        return units
+
     def locate(self, row: int) -> tuple[Shard, int]:
         shard = self.shards[row // self.shard_rows]
         return shard, row - shard.start
@@ -348,11 +368,9 @@ def parse_rows(rows: list[tuple], n_cols: int, dim: int) -> tuple[list[tuple], l
     range): those are left out, never handed to a kernel."""
     good, bad = [], []
     for row in rows:
-        try:
-            t = np.frombuffer(row[4], dtype="<i4")
-            w = np.frombuffer(row[5], dtype="<f4")
-            v = np.frombuffer(row[6], dtype="<f4")
-        except (ValueError, TypeError):
+        w, v = row_blobs.decode_floats(row[5]), row_blobs.decode_floats(row[6])
+        t = row_blobs.decode_term_ids(row[4], w.nbytes) if w is not None else None
+        if t is None or v is None:
             bad.append(row[0])
             continue
         if t.size != w.size or v.size != dim or (t.size and (int(t.min()) < 1 or int(t.max()) >= n_cols)):
@@ -448,6 +466,8 @@ def save(cache_dir: Path, structures: Structures, reuse: Structures | None) -> P
             meta = {"start": shard.start, "rows": shard.rows, "files": files}
             if shard.graph_recall is not None and "hnsw" in shard.arrays:
                 meta["graph_recall"] = list(shard.graph_recall)
+            if shard.graph_span != 1 and "hnsw" in shard.arrays:
+                meta["graph_span"] = shard.graph_span
             shards_meta.append(meta)
         header = {
             "format": CACHE_FORMAT, "index_id": structures.index_id, "generation": structures.generation,
@@ -596,6 +616,7 @@ def load(cache_dir: Path, verify: bool = True) -> Structures:
                 raise CacheUnusable("the cache's shard sizes are inconsistent")
             shards.append(shard)
             start += shard.rows
+        _apply_spans(shards, header["shards"])
         if stamp is not None:  # every file now checked: the files read, and those the old stamp vouched for
             for j, shard in enumerate(shards):
                 for name_, st in shard.stats.items():
@@ -616,6 +637,24 @@ def load(cache_dir: Path, verify: bool = True) -> Structures:
     finally:
         if stamp is not None:
             stamp.discard()
+
+
+def _apply_spans(shards: list[Shard], metas: list[dict]) -> None:
+    """Each graph's span as the header gives it: a whole number of full shards from its own on,
+    none of the others holding a graph; anything else is damage (CacheUnusable)."""
+    for j, (shard, meta) in enumerate(zip(shards, metas)):
+        if "hnsw" not in shard.arrays:
+            if "graph_span" in meta:
+                raise CacheUnusable("the cache gives a graph span to a shard without a graph")
+            continue
+        span = meta.get("graph_span", 1)
+        if type(span) is not int or span < 1 or j + span > len(shards):
+            raise CacheUnusable("the cache's graph span is out of range")
+        if span > 1:
+            spanned = shards[j : j + span]
+            if any(s.rows != SHARD_ROWS for s in spanned) or any("hnsw" in s.arrays for s in spanned[1:]):
+                raise CacheUnusable("the cache's graph spans shards it cannot")
+            shard.graph_span, shard.graph_rows = span, span * SHARD_ROWS
 
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
