@@ -10,7 +10,7 @@ import pytest
 
 from d2s_search.backends.local import LocalBackend
 from d2s_search.errors import IndexStoreError
-from tests.helpers import run_cli, run_cli_json
+from tests.helpers import brute_force_sparse, run_cli, run_cli_json
 from tests.reliability.local_index_fixtures import IDENTITY, filled_index, synthetic_docs
 
 
@@ -139,7 +139,6 @@ def test_a_new_database_has_larger_pages_and_an_older_one_keeps_its_own(tmp_path
     them); one made with SQLite's default 4 KB pages keeps them, opens, takes appends and
     answers as before."""
     from d2s_search.backends.local import store
-    from tests.helpers import brute_force_sparse
 
     query = {"w1": 1.0, "w2": 0.5, "w7": 2.0}
     docs = synthetic_docs(80, seed=5)
