@@ -66,19 +66,22 @@ def python_path(shards, starts, query: dict, term_ids: dict, k: int):
     return cols, weights, rows, scores
 
 
-def row_wise(indptr, indices, data, rows: int):
-    """The same postings row by row (CSR: int64 pointers, int32 column ids), as the cache keeps them."""
+def row_wise(indptr, indices, data, rows: int, col_type=np.int32):
+    """The same postings row by row (CSR: int64 pointers, column ids of ``col_type``: 16 bits
+    when the shard's columns fit, else 32), as the cache keeps them."""
     col_of = np.repeat(np.arange(indptr.size - 1), np.diff(indptr))
     order = np.lexsort((col_of, indices.astype(np.int64)))
     row_ptr = np.zeros(rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(indices.astype(np.int64), minlength=rows), out=row_ptr[1:])
-    return row_ptr, col_of[order].astype(np.int32), data[order]
+    return row_ptr, col_of[order].astype(col_type), data[order]
 
 
-def table_of(shards, starts) -> kernels.ShardTable:
+def table_of(shards, starts, col_types=(np.int32,)) -> kernels.ShardTable:
+    """The shards' table, shard j's row-wise column ids of ``col_types[j % len(col_types)]``."""
     bound = [kernels.BoundShard.bind(*arrays[:3], rows, *arrays[3:]) for arrays, rows in shards]
     assert all(bound)
-    return kernels.ShardTable(bound, starts, [row_wise(*arrays[:3], rows) for arrays, rows in shards])
+    return kernels.ShardTable(bound, starts, [row_wise(*arrays[:3], rows, col_types[j % len(col_types)])
+                                              for j, (arrays, rows) in enumerate(shards)])
 
 
 def words_of(shards, starts, rows, cols, weights, n):
@@ -93,13 +96,16 @@ def words_of(shards, starts, rows, cols, weights, n):
     return out
 
 
+@pytest.mark.parametrize("col_types", [(np.int32,), (np.uint16, np.int32)], ids=["32-bit", "16-and-32-bit"])
 @pytest.mark.parametrize("id_type", [np.uint16, np.int32])
 @pytest.mark.parametrize("seed", range(5))
-def test_the_c_path_equals_the_python_path_bit_for_bit(seed, id_type):
+def test_the_c_path_equals_the_python_path_bit_for_bit(seed, id_type, col_types):
+    """Row ids of 16 or 32 bits by column; column ids by row of 32 bits, or of 16 and 32 bits
+    in turn (an index whose vocabulary outgrew 16 bits after its first shards)."""
     rng = np.random.default_rng(seed)
     sizes = [int(x) for x in rng.integers(1, 400, size=int(rng.integers(1, 5)))]
     shards, starts = collection(rng, id_type, sizes)
-    table = table_of(shards, starts)
+    table = table_of(shards, starts, col_types)
     term_ids = {t: i for i, t in enumerate(TERMS)}  # w60-w89: columns only the wider shards have
     top = kernels.QueryTop(max(sizes), len(sizes), 8, 1000, 7, table.n_cols)
     for _ in range(25):

@@ -307,23 +307,26 @@ def numpy_explain(indptr, indices, data, rows, cols, weights, n):
         kernels._c_kernel = saved
 
 
-def row_wise(indptr, indices, data, rows):
-    """The CSR (row-wise) copy of a CSC shard, as the cache keeps it: int64 pointers, int32 term ids."""
+def row_wise(indptr, indices, data, rows, id_type=np.int32):
+    """The CSR (row-wise) copy of a CSC shard, as the cache keeps it: int64 pointers, term ids
+    of ``id_type`` (16 bits when the shard's columns fit, else 32)."""
     cols = np.repeat(np.arange(indptr.size - 1), np.diff(indptr))
     order = np.lexsort((cols, indices))
     csr_indptr = np.zeros(rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(indices, minlength=rows), out=csr_indptr[1:])
-    return csr_indptr, cols[order].astype(np.int32), data[order]
+    return csr_indptr, cols[order].astype(id_type), data[order]
 
 
+@pytest.mark.parametrize("id_type", [np.int32, np.uint16])
 @pytest.mark.parametrize("seed", range(5))
-def test_explained_words_equal_the_numpy_path(seed):
+def test_explained_words_equal_the_numpy_path(seed, id_type):
     """Each row's n largest query weight * stored weight, largest first, ties by column (the
-    weights come from few values, so ties occur); the query's columns in any order."""
+    weights come from few values, so ties occur); the query's columns in any order; term ids
+    of 32 or 16 bits."""
     rng = np.random.default_rng(seed)
     rows, n_cols = int(rng.integers(30, 300)), 50
     indptr, indices, data = random_shard(rng, rows, n_cols, per_row=int(rng.integers(3, 20)))
-    csr = row_wise(indptr, indices, data, rows)
+    csr = row_wise(indptr, indices, data, rows, id_type)
     for _ in range(10):
         cols = rng.choice(n_cols + 5, size=int(rng.integers(1, 25)), replace=False).astype(np.int64)
         weights = rng.choice([0.5, 1.0, 0.3, 2.0], size=cols.size).astype(np.float32)
@@ -345,7 +348,10 @@ def test_explanations_by_hand_and_damaged_rows():
     got = kernels.explain_rows(indptr, indices, data, np.array([0, 1, 2]), cols, weights, 2)
     # row 0: 9 -> 0.5*2.0 = 1.0, 2 -> 2.0*0.5 = 1.0, 7 -> 1.0: a three-way tie, the smaller columns first
     assert got == [[(2, 1.0), (7, 1.0)], [(7, 0.25)], []]
+    short = indices.astype(np.uint16)  # 16-bit term ids: the same words
+    assert kernels.explain_rows(indptr, short, data, np.array([0, 1, 2]), cols, weights, 2) == got
     assert_damaged_rows_refused(kernels.explain_rows, indptr, indices, data, cols, weights)
+    assert_damaged_rows_refused(kernels.explain_rows, indptr, short, data, cols, weights)
 
 
 def assert_damaged_rows_refused(explain, indptr, indices, data, cols, weights):
@@ -368,20 +374,21 @@ def test_a_query_column_given_twice_is_explained_as_the_numpy_path_does():
 
 
 
+@pytest.mark.parametrize("id_type", [np.int32, np.uint16])
 @pytest.mark.parametrize("seed", range(6))
-def test_explanation_slots_read_row_wise_equal_the_numpy_path_through_the_lists(seed):
+def test_explanation_slots_read_row_wise_equal_the_numpy_path_through_the_lists(seed, id_type):
     """Many hits' words as slots and values: read in C from the rows' own postings (each column
     looked up in a table of the query's) they equal numpy's searches through the query's lists,
     dense columns included: the same slots and float32 products in the same order (ties by slot,
-    then the zero-valued slots in order), for rows in any order, n above the query's length, and
-    terms newer than the shard."""
+    then the zero-valued slots in order), for rows in any order, n above the query's length,
+    terms newer than the shard, and term ids of 32 or 16 bits."""
     rng = np.random.default_rng(seed)
     rows, n_cols = int(rng.integers(200, 3000)), 60
     indptr, indices, data = random_shard(rng, rows, n_cols, per_row=int(rng.integers(3, 15)))
     indices = indices.astype(np.uint16)  # the cache's in-shard ids
     terms, columns = dense_columns(indptr, indices, data, rows)
     assert terms.size
-    csr = row_wise(indptr, indices, data, rows)
+    csr = row_wise(indptr, indices, data, rows, id_type)
     for _ in range(8):
         cols = np.sort(rng.choice(n_cols + 5, size=int(rng.integers(1, 30)), replace=False)).astype(np.int64)
         weights = rng.choice([0.5, 1.0, 0.3, 2.0], size=cols.size).astype(np.float32)
@@ -407,7 +414,11 @@ def test_explanation_slots_by_hand_and_damage():
     # row 2: nothing, the first three slots at zero; row 1: 7 -> 0.25, then slots 0 and 2 at zero
     assert slots.tolist() == [[0, 1, 2], [0, 1, 2], [1, 0, 2]]
     assert values.tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.25, 0.0, 0.0]]
+    short = indices.astype(np.uint16)  # 16-bit term ids: the same slots and values
+    got16 = kernels.explain_slots(indptr, short, data, np.array([0, 2, 1]), cols, weights, 3)
+    assert np.array_equal(got16[0], slots) and np.array_equal(got16[1], values)
     assert_damaged_rows_refused(kernels.explain_slots, indptr, indices, data, cols, weights)
+    assert_damaged_rows_refused(kernels.explain_slots, indptr, short, data, cols, weights)
     # columns out of order, given twice or past any vocabulary, ids of another type, a weight that is
     # not finite and positive (numpy sorts its products elsewhere): not taken
     assert kernels.explain_slots(indptr, indices, data, np.array([0]), cols[::-1].copy(), weights, 2) is None

@@ -111,9 +111,18 @@ def damage_string_offsets(index):
     rewrite_array(index, "shard-00000-paths_offsets.npy", bad)
 
 
+def damage_term_ids_widened(index):
+    """The postings by document with 32-bit term ids where the shard's columns fit in 16 (the
+    values themselves in range, checksums forged): not the width the shard calls for."""
+    f = state_dir(index) / "shard-00000-csr_indices.npy"
+    ids = np.load(f)
+    assert ids.dtype == np.uint16
+    rewrite_array(index, f.name, ids.astype(np.int32))
+
+
 DAMAGES = [damage_truncate, damage_zero, damage_empty_pointer, damage_flip_small, damage_header,
            damage_pointer_is_a_folder, damage_state_is_gone, damage_ids_out_of_range,
-           damage_pointers_out_of_range, damage_string_offsets]
+           damage_pointers_out_of_range, damage_string_offsets, damage_term_ids_widened]
 
 
 @pytest.mark.parametrize("damage", DAMAGES, ids=lambda f: f.__name__.removeprefix("damage_"))
@@ -128,6 +137,29 @@ def test_damaged_cache_is_rebuilt_with_one_warning(index, damage):
     # The rebuilt cache is sound: the next process uses it without a word.
     code, hits, err = search_in_subprocess(path, QUERY)
     assert code == 0 and not warning_lines(err) and [h[0] for h in hits] == expected(docs), err
+
+
+def test_16_bit_term_ids_in_a_shard_of_a_wider_vocabulary_are_damage(tmp_path):
+    """A shard whose columns need 32-bit term ids, its postings by document rewritten in 16
+    bits (checksums forged): rebuilt with one warning, the answers those of brute force."""
+    from d2s_search.backends.base import Document
+
+    wide = Document(id="f" * 64, path="/photos/wide.jpg", size_bytes=1, width=1, height=1,
+                    sparse={f"rare{i}": 0.01 for i in range(70_000)}, dense=np.zeros(16, dtype=np.float32))
+    docs = synthetic_docs(30, seed=1)
+    backend = filled_index(tmp_path / "idx", [wide, *docs])
+    backend.sparse_search(QUERY, 5)
+    backend.close()
+    f = state_dir(tmp_path / "idx") / "shard-00000-csr_indices.npy"
+    ids = np.load(f)
+    assert ids.dtype == np.int32 and int(ids.max()) >= 1 << 16
+    rewrite_array(tmp_path / "idx", f.name, ids.astype(np.uint16))
+    for warnings in (1, 0):  # rebuilt once, then used as it is
+        code, hits, err = search_in_subprocess(tmp_path / "idx", QUERY)
+        assert code == 0 and "Traceback" not in err, err
+        assert [h[0] for h in hits] == expected(docs)
+        assert len(warning_lines(err)) == warnings, err
+    assert np.load(state_dir(tmp_path / "idx") / f.name).dtype == np.int32  # the rebuilt state's
 
 
 def test_cache_folder_that_is_a_file_keeps_searching_in_memory(index):
@@ -208,17 +240,19 @@ def test_index_check_reports_and_repairs_a_damaged_cache(index, capsys):
 
 
 def test_a_cache_of_an_older_format_is_announced_before_it_is_rebuilt(index, monkeypatch, capsys):
-    """A cache written by an older version (format 6: graphs holding float vectors) is rebuilt,
-    which takes minutes at a million documents: the one warning line comes before that work,
-    not after it."""
+    """A cache written by an older version (format 7: 32-bit term ids in the postings by
+    document) is rebuilt, which takes minutes at a million documents: the one warning line
+    comes before that work, not after it; the new state holds 16-bit term ids."""
     import zlib
 
     from d2s_search.backends.local import cache as cache_mod
 
     path, docs = index
     folder = state_dir(path)
+    ids = folder / "shard-00000-csr_indices.npy"
+    rewrite_array(path, ids.name, np.load(ids).astype(np.int32))  # as format 7 wrote them
     header = json.loads((folder / "header.json").read_bytes())
-    header["format"] = "d2s-local-cache/6"
+    header["format"] = "d2s-local-cache/7"
     body = json.dumps(header).encode()
     (folder / "header.json").write_bytes(body)
     (path / "cache" / "current").write_bytes(f"{folder.name} {zlib.crc32(body)}\n".encode())
@@ -240,6 +274,9 @@ def test_a_cache_of_an_older_format_is_announced_before_it_is_rebuilt(index, mon
         "rebuilding it from the database"
     ]
     assert not warning_lines(capsys.readouterr().err)  # and nothing more after it
+    rebuilt = state_dir(path)
+    assert rebuilt != folder and json.loads((rebuilt / "header.json").read_bytes())["format"] == cache_mod.CACHE_FORMAT
+    assert np.load(rebuilt / ids.name).dtype == np.uint16
 
 
 def test_identity_and_generation_tie_the_cache_to_its_database(index):

@@ -371,6 +371,51 @@ def test_many_hits_explained_from_postings_across_shards(tmp_path, monkeypatch):
             assert [(h.id, h.matched) for h in table] == [(h.id, h.matched) for h in rows_]
 
 
+def wide_vocabulary_doc():
+    """A document of 70,000 distinct terms: ingested first, it pushes the index's vocabulary
+    past 65,536 columns and every word of :data:`VOCAB` to a column above 70,000."""
+    from d2s_search.backends.base import Document
+
+    return Document(id="f" * 64, path="/p/wide.jpg", size_bytes=1, width=1, height=1,
+                    sparse={f"rare{i}": 0.01 for i in range(70_000)}, dense=np.zeros(16, dtype=np.float32))
+
+
+@pytest.mark.parametrize("kernel", ["compiled", "numpy"])
+def test_term_ids_of_16_and_32_bits_answer_and_explain_alike(tmp_path, monkeypatch, kernel):
+    """The postings by document hold 16-bit term ids while the vocabulary fits in 65,536
+    columns, 32-bit ones beyond: both answer every plan as brute force does and explain each
+    hit with the same words and values, after appends and from a new process."""
+    if kernel == "numpy":
+        monkeypatch.setattr(kernels, "_c_kernel", None)
+        monkeypatch.setattr(kernels, "_c_hits", None)
+    elif not kernels.c_kernel_loaded():
+        pytest.skip("the C kernel was not built (no C compiler at install time)")
+    monkeypatch.setattr(cache, "SHARD_ROWS", 16)
+    docs = synthetic_docs(60, seed=41)
+    narrow, wide = LocalBackend(tmp_path / "narrow"), LocalBackend(tmp_path / "wide")
+    narrow.open(IDENTITY)
+    wide.open(IDENTITY)
+    wide.upsert([wide_vocabulary_doc()])
+    for start in (0, 40):  # an append extends the cache
+        narrow.upsert(docs[start : start + 40])
+        wide.upsert(docs[start : start + 40])
+    assert {s.arrays["csr_indices"].dtype for s in narrow._search_state().shards} == {np.dtype(np.uint16)}
+    assert {s.arrays["csr_indices"].dtype for s in wide._search_state().shards} == {np.dtype(np.int32)}
+    assert min(wide._term_ids[w] for w in VOCAB) > 70_000
+    for backend in (narrow, wide):
+        backend.close()
+    narrow, wide = LocalBackend(tmp_path / "narrow"), LocalBackend(tmp_path / "wide")
+    narrow.open(IDENTITY, create=False)
+    wide.open(IDENTITY, create=False)
+    check_every_plan(narrow, docs, seed=41)
+    check_every_plan(wide, [wide_vocabulary_doc(), *docs], seed=41)
+    for q in queries(42):
+        for k, n in ((10, 5), (100, 3), (100, 100)):
+            got = [[(h.id, h.score, h.matched) for h in b.sparse_search(q.full, k, explain=n)] for b in (narrow, wide)]
+            assert got[0] == got[1] and any(matched for *_, matched in got[0])
+            assert [h[0] for h in got[0]] == [d for d, _ in brute_force_sparse(docs, q.full)[:k]]
+
+
 @pytest.mark.parametrize("id_type", [np.int32, np.uint16])
 def test_explanations_read_from_postings_equal_those_read_from_rows(id_type):
     """Many hits are explained from the query's posting lists (binary searches, dense

@@ -10,7 +10,7 @@ import pytest
 
 from d2s_search.backends.local import LocalBackend
 from d2s_search.errors import IndexStoreError
-from tests.helpers import run_cli, run_cli_json
+from tests.helpers import brute_force_sparse, run_cli, run_cli_json
 from tests.reliability.local_index_fixtures import IDENTITY, filled_index, synthetic_docs
 
 
@@ -25,10 +25,15 @@ def damage_pages(db_path, first_fraction=0.3, last_fraction=0.8) -> None:
     db_path.write_bytes(bytes(data))
 
 
+# Enough documents that the middle pages damage_pages overwrites hold documents, not the
+# tables' first pages, with pages of any size (16 KB: 46 pages, the tables' roots in the first 12).
+DOCS = 1600
+
+
 @pytest.fixture
 def damaged_index(tmp_path):
     index = tmp_path / "idx"
-    backend = filled_index(index, synthetic_docs(400, seed=3))
+    backend = filled_index(index, synthetic_docs(DOCS, seed=3))
     backend.close()  # the last connection checkpoints the WAL into index.sqlite
     assert not (index / "index.sqlite-wal").exists() or os.path.getsize(index / "index.sqlite-wal") == 0
     damage_pages(index / "index.sqlite")
@@ -74,8 +79,8 @@ def test_repair_rewrites_the_database_and_reports_what_is_lost(damaged_index, ca
     backend = LocalBackend(damaged_index)
     backend.open(None, create=False)
     kept = backend.count()
-    assert 0 < kept < 400 and kept == report["documents"]
-    assert kept + len(report["lost_documents"]) == 400  # every document is kept or named as lost
+    assert 0 < kept < DOCS and kept == report["documents"]
+    assert kept + len(report["lost_documents"]) == DOCS  # every document is kept or named as lost
     assert backend.sparse_search({"w1": 1.0}, 500)  # what is kept is searchable
     backend.close()
     code, report = run_cli_json(["index", "check", "--index", damaged_index], capsys)
@@ -117,3 +122,39 @@ def test_a_rewrite_keeps_the_copies_and_the_metadata(tmp_path):
     assert new.execute("SELECT id, taken_at, camera, fields FROM metadata").fetchall() == [
         (docs[3].id, 1.5e9, "Pixel 7", '{"trip": "paris"}')]
     new.close()
+
+
+def page_size(db_path) -> int:
+    import sqlite3
+
+    db = sqlite3.connect(db_path)
+    try:
+        return db.execute("PRAGMA page_size").fetchone()[0]
+    finally:
+        db.close()
+
+
+def test_a_new_database_has_larger_pages_and_an_older_one_keeps_its_own(tmp_path, monkeypatch):
+    """A new index's database is made with store.PAGE_SIZE pages (set before WAL mode fixes
+    them); one made with SQLite's default 4 KB pages keeps them, opens, takes appends and
+    answers as before."""
+    from d2s_search.backends.local import store
+
+    query = {"w1": 1.0, "w2": 0.5, "w7": 2.0}
+    docs = synthetic_docs(80, seed=5)
+    new = filled_index(tmp_path / "new", docs)
+    new.close()
+    assert page_size(tmp_path / "new" / "index.sqlite") == store.PAGE_SIZE > 4096
+    with monkeypatch.context() as patched:
+        patched.setattr(store, "PAGE_SIZE", 4096)
+        old = filled_index(tmp_path / "old", docs[:50])
+        old.close()
+    assert page_size(tmp_path / "old" / "index.sqlite") == 4096
+    backend = LocalBackend(tmp_path / "old")
+    backend.open(IDENTITY, create=False)
+    backend.upsert(docs[50:])
+    assert [h.id for h in backend.sparse_search(query, 20)] == [d for d, _ in brute_force_sparse(docs, query)[:20]]
+    assert [d.id for d in backend.get([docs[3].id, docs[77].id])] == [docs[3].id, docs[77].id]
+    assert backend._connect(False).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    backend.close()
+    assert page_size(tmp_path / "old" / "index.sqlite") == 4096

@@ -35,7 +35,7 @@
 
 /* One shard's fields in the table (int64 each), kernels.ShardTable.FIELDS in this order. */
 enum { F_INDPTR, F_N_COLS, F_INDICES, F_DATA, F_NNZ, F_N_ROWS, F_ID_BITS, F_SLOT_OF, F_SLOT_OF_LEN, F_DENSE,
-       F_N_DENSE, F_START, F_CSR_INDPTR, F_CSR_INDICES, F_CSR_DATA, F_CSR_NNZ, N_FIELDS };
+       F_N_DENSE, F_START, F_CSR_INDPTR, F_CSR_INDICES, F_CSR_DATA, F_CSR_NNZ, F_CSR_ID_BITS, N_FIELDS };
 
 typedef struct {
     int64_t col;
@@ -205,8 +205,9 @@ static int64_t explain_hits(const int64_t *table, Py_ssize_t n_shards, const int
         /* as d2s_explain_slots: a later hit's postings, and a still later one's pointers, asked for ahead */
         if (i + PREFETCH_ROWS < n) {
             const int64_t *g = table + shard_of(table, n_shards, rows[i + PREFETCH_ROWS]) * N_FIELDS;
-            prefetch_row((const int64_t *)(intptr_t)g[F_CSR_INDPTR], g[F_N_ROWS], (const int32_t *)(intptr_t)g[F_CSR_INDICES],
-                         (const uint16_t *)(intptr_t)g[F_CSR_DATA], g[F_CSR_NNZ], rows[i + PREFETCH_ROWS] - g[F_START]);
+            prefetch_row((const int64_t *)(intptr_t)g[F_CSR_INDPTR], g[F_N_ROWS], (const void *)(intptr_t)g[F_CSR_INDICES],
+                         g[F_CSR_ID_BITS] != 16, (const uint16_t *)(intptr_t)g[F_CSR_DATA], g[F_CSR_NNZ],
+                         rows[i + PREFETCH_ROWS] - g[F_START]);
         }
         if (i + 2 * PREFETCH_ROWS < n) {
             const int64_t *g = table + shard_of(table, n_shards, rows[i + 2 * PREFETCH_ROWS]) * N_FIELDS;
@@ -214,10 +215,16 @@ static int64_t explain_hits(const int64_t *table, Py_ssize_t n_shards, const int
             if (later >= 0 && later < g[F_N_ROWS]) __builtin_prefetch((const int64_t *)(intptr_t)g[F_CSR_INDPTR] + later);
         }
         const int64_t *f = table + shard_of(table, n_shards, rows[i]) * N_FIELDS;
-        bad += explain_row_slots((const int64_t *)(intptr_t)f[F_CSR_INDPTR], f[F_N_ROWS],
-                                 (const int32_t *)(intptr_t)f[F_CSR_INDICES], (const uint16_t *)(intptr_t)f[F_CSR_DATA],
-                                 f[F_CSR_NNZ], rows[i] - f[F_START], slot_of, n_map, weights, n_terms, m,
-                                 slots + i * m, vals + i * m, member);
+        const int64_t *indptr = (const int64_t *)(intptr_t)f[F_CSR_INDPTR];
+        const void *ids = (const void *)(intptr_t)f[F_CSR_INDICES];
+        const uint16_t *data = (const uint16_t *)(intptr_t)f[F_CSR_DATA];
+        if (f[F_CSR_ID_BITS] == 16) { /* each width its own inlined copy of the row's loop */
+            bad += explain_row_slots(indptr, f[F_N_ROWS], ids, 0, data, f[F_CSR_NNZ], rows[i] - f[F_START], slot_of,
+                                     n_map, weights, n_terms, m, slots + i * m, vals + i * m, member);
+        } else {
+            bad += explain_row_slots(indptr, f[F_N_ROWS], ids, 1, data, f[F_CSR_NNZ], rows[i] - f[F_START], slot_of,
+                                     n_map, weights, n_terms, m, slots + i * m, vals + i * m, member);
+        }
     }
     for (Py_ssize_t t = 0; t < n_terms; t++) {
         if (cols[t] >= 0 && cols[t] < n_map) {

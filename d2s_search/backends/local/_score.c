@@ -333,17 +333,24 @@ static inline void keep_best(int64_t *keys, float *vals, int64_t *have, int64_t 
     if (*have < n) (*have)++;
 }
 
+/* The term id at p of a row-wise shard's postings: 32-bit (wide) or 16-bit ids, as the cache
+ * stores them (cache.csr_index_dtype). Callers pass wide as a constant or branch on it once, so
+ * the compiler makes a copy of their loop for each width. */
+static inline int64_t term_at(const void *indices, int wide, int64_t p) {
+    return wide ? (int64_t)((const int32_t *)indices)[p] : (int64_t)((const uint16_t *)indices)[p];
+}
+
 /* Why rows matched: for each of the n_sel given rows of a row-wise (CSR) shard, its n largest
  * products query weight * stored weight over the terms it shares with the query, largest
  * first, ties by column: kernels.explain_rows's numpy path, product for product (one float32
- * rounding each). qcols must be ascending and distinct. out_cols / out_vals hold n_sel x n
+ * rounding each). indices: 32-bit term ids (wide) or 16-bit. qcols must be ascending and distinct. out_cols / out_vals hold n_sel x n
  * entries, counts[i] how many row i has (<= n). Returns the number of rows skipped because a
  * row id or its pointers were out of bounds (their count is 0), or -1, having written nothing,
  * when qcols is not strictly ascending. */
-D2S_EXPORT int64_t d2s_explain_rows(const int64_t *indptr, int64_t n_rows, const int32_t *indices,
-                                    const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel,
-                                    const int64_t *qcols, const float *qweights, int64_t n_q, int64_t n,
-                                    int64_t *out_cols, float *out_vals, int64_t *counts) {
+static inline int64_t explain_rows(const int64_t *indptr, int64_t n_rows, const void *indices, int wide,
+                                   const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel,
+                                   const int64_t *qcols, const float *qweights, int64_t n_q, int64_t n,
+                                   int64_t *out_cols, float *out_vals, int64_t *counts) {
     int64_t bad = 0;
     for (int64_t t = 1; t < n_q; t++)
         if (qcols[t] <= qcols[t - 1]) return -1;
@@ -357,7 +364,7 @@ D2S_EXPORT int64_t d2s_explain_rows(const int64_t *indptr, int64_t n_rows, const
             continue;
         }
         for (int64_t p = indptr[row]; p < indptr[row + 1]; p++) {
-            int64_t col = indices[p], lo = 0, hi = n_q; /* the query term with this column, if any */
+            int64_t col = term_at(indices, wide, p), lo = 0, hi = n_q; /* the query term with this column, if any */
             while (lo < hi) {
                 int64_t mid = lo + (hi - lo) / 2;
                 if (qcols[mid] < col) lo = mid + 1; else hi = mid;
@@ -371,6 +378,23 @@ D2S_EXPORT int64_t d2s_explain_rows(const int64_t *indptr, int64_t n_rows, const
     return bad;
 }
 
+D2S_EXPORT int64_t d2s_explain_rows(const int64_t *indptr, int64_t n_rows, const int32_t *indices,
+                                    const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel,
+                                    const int64_t *qcols, const float *qweights, int64_t n_q, int64_t n,
+                                    int64_t *out_cols, float *out_vals, int64_t *counts) {
+    return explain_rows(indptr, n_rows, indices, 1, data, nnz, rows, n_sel, qcols, qweights, n_q, n, out_cols, out_vals,
+                        counts);
+}
+
+/* d2s_explain_rows over 16-bit term ids (a shard whose columns all fit in 16 bits). */
+D2S_EXPORT int64_t d2s_explain_rows16(const int64_t *indptr, int64_t n_rows, const uint16_t *indices,
+                                      const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel,
+                                      const int64_t *qcols, const float *qweights, int64_t n_q, int64_t n,
+                                      int64_t *out_cols, float *out_vals, int64_t *counts) {
+    return explain_rows(indptr, n_rows, indices, 0, data, nnz, rows, n_sel, qcols, qweights, n_q, n, out_cols, out_vals,
+                        counts);
+}
+
 #define PREFETCH_ROWS 8                /* rows whose postings are asked for ahead */
 #define MAX_TABLE_COLUMNS (1 << 24)     /* larger than any vocabulary */
 
@@ -378,8 +402,9 @@ D2S_EXPORT int64_t d2s_explain_rows(const int64_t *indptr, int64_t n_rows, const
  * -> query slot or -1, n_map entries), largest first, ties by slot, then the zero-valued slots
  * in slot order. member (optional): one bit per column, set for the query's, tested first: a
  * row's ~100 columns then touch a few of its lines, not ~100 of the table's, when both are cold.
- * Returns 1, with zeros written, when the row or its pointers are out of bounds. */
-static inline int64_t explain_row_slots(const int64_t *indptr, int64_t n_rows, const int32_t *indices,
+ * Term ids: 32-bit when wide, else 16-bit. Returns 1, with zeros written, when the row or its
+ * pointers are out of bounds. */
+static inline int64_t explain_row_slots(const int64_t *indptr, int64_t n_rows, const void *indices, int wide,
                                         const uint16_t *data, int64_t nnz, int64_t row, const int16_t *slot_of,
                                         int64_t n_map, const float *qweights, int64_t n_q, int64_t m,
                                         int64_t *slots, float *vals, const uint64_t *member) {
@@ -392,7 +417,7 @@ static inline int64_t explain_row_slots(const int64_t *indptr, int64_t n_rows, c
         return 1;
     }
     for (int64_t p = indptr[row]; p < indptr[row + 1]; p++) {
-        uint64_t col = (uint64_t)(uint32_t)indices[p];
+        uint64_t col = (uint64_t)(uint32_t)term_at(indices, wide, p); /* a negative 32-bit id: past n_map */
         if (col >= (uint64_t)n_map) continue;
         if (member && !((member[col >> 6] >> (col & 63)) & 1)) continue;
         if (slot_of[col] < 0) continue;
@@ -413,13 +438,15 @@ static inline int64_t explain_row_slots(const int64_t *indptr, int64_t n_rows, c
     return 0;
 }
 
-/* Ask for a row's postings (indices and weights) ahead of reading them. */
-static inline void prefetch_row(const int64_t *indptr, int64_t n_rows, const int32_t *indices, const uint16_t *data,
-                                int64_t nnz, int64_t row) {
+/* Ask for a row's postings (term ids, 32-bit when wide or 16-bit, and weights) ahead of reading them. */
+static inline void prefetch_row(const int64_t *indptr, int64_t n_rows, const void *indices, int wide,
+                                const uint16_t *data, int64_t nnz, int64_t row) {
     if (row < 0 || row >= n_rows) return;
     int64_t lo = indptr[row], hi = indptr[row + 1];
     if (lo < 0 || lo > hi || hi > nnz) return;
-    for (int64_t q = lo; q < hi; q += 16) __builtin_prefetch(indices + q);
+    const char *ids = indices;
+    int64_t width = wide ? 4 : 2;
+    for (int64_t q = lo * width; q < hi * width; q += 64) __builtin_prefetch(ids + q);
     for (int64_t q = lo; q < hi; q += 32) __builtin_prefetch(data + q);
 }
 
@@ -433,10 +460,10 @@ static inline void prefetch_row(const int64_t *indptr, int64_t n_rows, const int
  * of bounds (their places hold zeros); -1 when qcols is not strictly ascending, too long for the
  * table's 16-bit slots or holds a column past MAX_TABLE_COLUMNS, -2 when the table cannot be
  * allocated (nothing usable is written then). */
-D2S_EXPORT int64_t d2s_explain_slots(const int64_t *indptr, int64_t n_rows, const int32_t *indices,
-                                     const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel,
-                                     const int64_t *qcols, const float *qweights, int64_t n_q, int64_t m,
-                                     int64_t *out_slots, float *out_vals) {
+static inline int64_t explain_slots(const int64_t *indptr, int64_t n_rows, const void *indices, int wide,
+                                    const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel,
+                                    const int64_t *qcols, const float *qweights, int64_t n_q, int64_t m,
+                                    int64_t *out_slots, float *out_vals) {
     int64_t bad = 0;
     if (n_q <= 0 || n_q > INT16_MAX || m <= 0 || m > n_q || qcols[0] < 0) return -1;
     for (int64_t t = 1; t < n_q; t++)
@@ -450,14 +477,31 @@ D2S_EXPORT int64_t d2s_explain_slots(const int64_t *indptr, int64_t n_rows, cons
     for (int64_t i = 0; i < n_sel; i++) {
         /* The rows lie anywhere in the shard: their postings are asked for ahead, so that many
          * cache misses are in flight at once (reading them one by one waits on each). */
-        if (i + PREFETCH_ROWS < n_sel) prefetch_row(indptr, n_rows, indices, data, nnz, rows[i + PREFETCH_ROWS]);
+        if (i + PREFETCH_ROWS < n_sel) prefetch_row(indptr, n_rows, indices, wide, data, nnz, rows[i + PREFETCH_ROWS]);
         if (i + 2 * PREFETCH_ROWS < n_sel) {
             int64_t later = rows[i + 2 * PREFETCH_ROWS];
             if (later >= 0 && later < n_rows) __builtin_prefetch(indptr + later);
         }
-        bad += explain_row_slots(indptr, n_rows, indices, data, nnz, rows[i], slot_of, n_map, qweights, n_q, m,
+        bad += explain_row_slots(indptr, n_rows, indices, wide, data, nnz, rows[i], slot_of, n_map, qweights, n_q, m,
                                  out_slots + i * m, out_vals + i * m, NULL);
     }
     free(slot_of);
     return bad;
+}
+
+D2S_EXPORT int64_t d2s_explain_slots(const int64_t *indptr, int64_t n_rows, const int32_t *indices,
+                                     const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel,
+                                     const int64_t *qcols, const float *qweights, int64_t n_q, int64_t m,
+                                     int64_t *out_slots, float *out_vals) {
+    return explain_slots(indptr, n_rows, indices, 1, data, nnz, rows, n_sel, qcols, qweights, n_q, m, out_slots,
+                         out_vals);
+}
+
+/* d2s_explain_slots over 16-bit term ids (a shard whose columns all fit in 16 bits). */
+D2S_EXPORT int64_t d2s_explain_slots16(const int64_t *indptr, int64_t n_rows, const uint16_t *indices,
+                                       const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel,
+                                       const int64_t *qcols, const float *qweights, int64_t n_q, int64_t m,
+                                       int64_t *out_slots, float *out_vals) {
+    return explain_slots(indptr, n_rows, indices, 0, data, nnz, rows, n_sel, qcols, qweights, n_q, m, out_slots,
+                         out_vals);
 }

@@ -9,7 +9,8 @@ process):
   array of one shard, 256 KB, stays in the CPU cache); weights in 16 bits, as OpenSearch's
   ``rank_features`` keeps them (Lucene's ``FeatureField`` encoding, :func:`.kernels.encode_weights`),
   so both backends score the same values;
-* ``csr_*``: the same matrix row-wise (rescoring and explanations of returned hits);
+* ``csr_*``: the same matrix row-wise (rescoring and explanations of returned hits), its term
+  ids in 16 bits when the shard's columns fit (:func:`csr_index_dtype`), else 32;
 * ``dense_terms``/``dense_columns``: the terms in at least half of the shard's documents
   again as dense columns (term x row, 16-bit weights): a scaled add over a column reads in order and
   beats scattering a posting list that long (same products, same order: the same scores);
@@ -61,9 +62,10 @@ from .store import CACHE_POINTER as POINTER
 from .store import LEGACY_CACHE, fsync_dir, is_temp_name, write_atomic
 
 SHARD_ROWS = 65536  # at most 2**16: the postings hold 16-bit in-shard ids
-CACHE_FORMAT = "d2s-local-cache/7"  # 3: dense clusters; 4: 16-bit posting ids; 5: per-shard HNSW graphs;
+CACHE_FORMAT = "d2s-local-cache/8"  # 3: dense clusters; 4: 16-bit posting ids; 5: per-shard HNSW graphs;
 # 6: 16-bit weights (Lucene's FeatureField encoding, kernels.encode_weights); 7: graphs over 8-bit
-# copies of the vectors, the float vectors in their own file
+# copies of the vectors, the float vectors in their own file; 8: 16-bit term ids in the postings
+# by document (csr_indices) when the shard's columns fit in them
 STALE_SECONDS = 120  # an unreferenced state this old is no longer being written by anyone
 
 STRING_FIELDS = ("ids", "paths", "urls")
@@ -72,13 +74,21 @@ MAPPED_FROM = 1 << 16  # files larger than this are memory-mapped; smaller ones 
 # beside ``dense``; dense_*: absent in caches written before them (scored from the postings alone).
 OPTIONAL = {"hnsw", "dense_terms", "dense_columns"}
 DENSE_COLUMN_FRACTION = 0.5  # a term in at least this share of a shard's rows gets a dense column
+SHORT_TERM_IDS = 1 << 16  # up to this many columns, the postings by document hold 16-bit term ids
+# Each array's dtype; csr_indices: one of two, the one csr_index_dtype gives for its shard's columns.
 DTYPES = {
     "seqs": np.int64, "has_url": np.bool_, "dense": np.float32,
-    "csr_indptr": np.int64, "csr_indices": np.int32, "csr_data": np.uint16,
+    "csr_indptr": np.int64, "csr_indices": (np.uint16, np.int32), "csr_data": np.uint16,
     "csc_indptr": np.int32, "csc_indices": np.uint16, "csc_data": np.uint16,
     **{f"{s}_blob": np.uint8 for s in STRING_FIELDS}, **{f"{s}_offsets": np.int64 for s in STRING_FIELDS},
     "hnsw": np.uint8, "dense_terms": np.int32, "dense_columns": np.uint16,
 }
+
+
+def csr_index_dtype(n_cols: int) -> np.dtype:
+    """The term ids of a shard's postings by document: 16 bits when its ``n_cols`` columns all
+    fit (2 bytes a posting instead of 4), else 32."""
+    return np.dtype(np.uint16 if n_cols <= SHORT_TERM_IDS else np.int32)
 
 
 class CacheUnusable(Exception):
@@ -128,6 +138,8 @@ class Shard:
             if not postings:
                 return
             check_postings(a["csc_indptr"], a["csc_indices"], a["csc_data"], rows)
+            if a["csr_indices"].dtype != csr_index_dtype(self.n_cols):
+                raise DamagedArrays(f"term ids of {a['csr_indices'].dtype} for {self.n_cols} columns")
             check_postings(a["csr_indptr"], a["csr_indices"], a["csr_data"], max(self.n_cols, 1))
             if a["csr_indptr"].shape[0] != rows + 1:
                 raise DamagedArrays("row pointers do not match the rows")
@@ -399,7 +411,7 @@ def build_shard(start: int, parsed: list[tuple], n_cols: int, dim: int) -> Shard
     arrays = {
         "seqs": np.fromiter((r[0] for r in parsed), dtype=np.int64, count=n),
         "dense": np.vstack([r[6] for r in parsed]).astype(np.float32) if n else np.zeros((0, dim), np.float32),
-        "csr_indptr": csr.indptr.astype(np.int64), "csr_indices": csr.indices.astype(np.int32),
+        "csr_indptr": csr.indptr.astype(np.int64), "csr_indices": csr.indices.astype(csr_index_dtype(n_cols)),
         "csr_data": encode_weights(csr.data),
         "csc_indptr": csc.indptr.astype(np.int32), "csc_indices": csc.indices.astype(np.uint16),
         "csc_data": encode_weights(csc.data),
@@ -608,6 +620,9 @@ def load(cache_dir: Path, verify: bool = True) -> Structures:
             missing = set(DTYPES) - OPTIONAL - set(shard.arrays)
             if missing:
                 raise CacheUnusable(f"the cache lacks {sorted(missing)[0]}")
+            ids, wanted = shard.arrays["csr_indices"].dtype, csr_index_dtype(shard.n_cols)
+            if ids != wanted:  # exactly the width the shard's columns call for
+                raise CacheUnusable(f"shard-{len(shards):05d}-csr_indices.npy holds {ids}, not {wanted}")
             if "hnsw" in shard.arrays:  # its layout is walked with its links, by the first search it serves
                 shard.graph_recall = recorded_recall(meta.get("graph_recall"))
             if shard.rows != meta["rows"] or (shard.rows > SHARD_ROWS) or (
@@ -662,8 +677,9 @@ _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLO
 
 def _open_array(path: Path, size: int, dtype, crc: int, stamped: dict | None,
                 begin_stamp) -> tuple[np.ndarray, os.stat_result, object]:
-    """The array stored in ``path``: read when small, memory-mapped otherwise (np.memmap cannot
-    map an empty array), all through one descriptor; its file's stat; the mapping (None: read).
+    """The array stored in ``path`` (of ``dtype``, or of one of a tuple of them): read when
+    small, memory-mapped otherwise (np.memmap cannot map an empty array), all through one
+    descriptor; its file's stat; the mapping (None: read).
     Its bytes are checked against ``crc`` unless ``stamped`` (None: not here) vouches for the
     file in the state it has now; one that is read is added to the stamp ``begin_stamp()``
     gives (begun before the file's stat is taken again)."""
@@ -695,8 +711,9 @@ def _open_array(path: Path, size: int, dtype, crc: int, stamped: dict | None,
             raise CacheUnusable(f"{path.name} is not an array this package wrote")
         read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, fortran, stored = read_header(source)
-        if stored != np.dtype(dtype):
-            raise CacheUnusable(f"{path.name} holds {stored}, not {np.dtype(dtype)}")
+        allowed = [np.dtype(t) for t in (dtype if isinstance(dtype, tuple) else (dtype,))]
+        if stored not in allowed:
+            raise CacheUnusable(f"{path.name} holds {stored}, not {' or '.join(map(str, allowed))}")
         offset = source.tell()
         count = int(np.prod(shape, dtype=np.int64))
         if (fortran and len(shape) > 1) or offset + count * stored.itemsize != size:

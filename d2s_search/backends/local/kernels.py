@@ -60,28 +60,33 @@ def kernel_path() -> str | None:
 
 
 def bind_kernel(path: str):
-    """(accumulate by id dtype, top-k, explain, top-k for a large k, explain as slots) of a build
-    of ``_score.c``, their C signatures declared for ctypes. OSError if it does not load, AttributeError if a function is missing
+    """(accumulate, top-k, explain, top-k for a large k, explain as slots) of a build of
+    ``_score.c``, their C signatures declared for ctypes; accumulate and the two explains as
+    dicts by the dtype of the ids they read. OSError if it does not load, AttributeError if a function is missing
     (a build older than this file). The benchmarks bind other builds with it too."""
     import ctypes
 
     lib = ctypes.CDLL(path)
     accumulate32, accumulate16, top_c = lib.d2s_accumulate, lib.d2s_accumulate16, lib.d2s_top_positive
-    explain_c, top_large_c, explain_slots_c = lib.d2s_explain_rows, lib.d2s_top_large, lib.d2s_explain_slots
+    explain32, explain16, top_large_c = lib.d2s_explain_rows, lib.d2s_explain_rows16, lib.d2s_top_large
+    slots32, slots16 = lib.d2s_explain_slots, lib.d2s_explain_slots16
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     for fn in (accumulate32, accumulate16):
         fn.argtypes = [p, i64, p, p, i64, i64, p, p, i64, p, p, i64, p]
         fn.restype = i64
     top_c.argtypes = [p, i64, i64, p, p, p]
     top_c.restype = i64
-    explain_c.argtypes = [p, i64, p, p, i64, p, i64, p, p, i64, i64, p, p, p]
-    explain_c.restype = i64
+    for fn in (explain32, explain16):
+        fn.argtypes = [p, i64, p, p, i64, p, i64, p, p, i64, i64, p, p, p]
+        fn.restype = i64
     top_large_c.argtypes = [p, i64, i64, p, p, p, p]
     top_large_c.restype = i64
-    explain_slots_c.argtypes = [p, i64, p, p, i64, p, i64, p, p, i64, i64, p, p]
-    explain_slots_c.restype = i64
-    return ({np.dtype(np.int32): accumulate32, np.dtype(np.uint16): accumulate16}, top_c, explain_c, top_large_c,
-            explain_slots_c)
+    for fn in (slots32, slots16):
+        fn.argtypes = [p, i64, p, p, i64, p, i64, p, p, i64, i64, p, p]
+        fn.restype = i64
+    int32, uint16 = np.dtype(np.int32), np.dtype(np.uint16)
+    return ({int32: accumulate32, uint16: accumulate16}, top_c, {int32: explain32, uint16: explain16}, top_large_c,
+            {int32: slots32, uint16: slots16})
 
 
 def _load_c_kernel():
@@ -353,18 +358,23 @@ class BoundShard:
         return query.rows[slot, :n].astype(np.int64), query.top[slot, :n]
 
 
+# The term ids a row-wise shard may hold: 16 bits when its columns fit (cache.csr_index_dtype).
+ROW_ID_TYPES = (np.dtype(np.int32), np.dtype(np.uint16))
+
+
 class ShardTable:
     """Every shard of a state bound to the kernel, as the table of int64 fields ``_query.search``
     reads (one row of :data:`FIELDS` per shard, _query.c's enum in this order), with each
-    shard's row-wise postings (``csr``: indptr int64, indices int32, weights uint16) for the
-    hits' words. It keeps the shards' bound kernels (:class:`BoundShard`) and those arrays,
+    shard's row-wise postings (``csr``: indptr int64, term ids int32 or uint16, weights uint16)
+    for the hits' words. It keeps the shards' bound kernels (:class:`BoundShard`) and those arrays,
     and so the memory the addresses point into, alive while they are used."""
 
     FIELDS = ("indptr", "n_cols", "indices", "data", "nnz", "n_rows", "id_bits", "slot_of", "slot_of_len",
-              "dense", "n_dense", "start", "csr_indptr", "csr_indices", "csr_data", "csr_nnz")
+              "dense", "n_dense", "start", "csr_indptr", "csr_indices", "csr_data", "csr_nnz", "csr_id_bits")
 
     def __init__(self, bound: list[BoundShard], starts: list[int], csr: list[tuple[np.ndarray, np.ndarray, np.ndarray]]):
-        if not all(_c_ready(indptr, np.int64, indices, np.int32, data, np.uint16) and indptr.size == b.n_rows + 1
+        if not all(_c_ready(indptr, np.int64, data, np.uint16) and indices.dtype in ROW_ID_TYPES
+                   and indices.flags.c_contiguous and indptr.size == b.n_rows + 1
                    and indices.size == data.size for b, (indptr, indices, data) in zip(bound, csr)):
             raise DamagedArrays("row-wise postings the C search cannot read")
         self._keep = (bound, csr)
@@ -373,7 +383,8 @@ class ShardTable:
             slot_of, (dense_p, n_dense) = shard._slot_of, shard._dense
             rows.append((*shard._fixed[:6], shard.id_bits, 0 if slot_of is None else slot_of.ctypes.data,
                          0 if slot_of is None else slot_of.size, dense_p or 0, n_dense, start,
-                         indptr.ctypes.data, indices.ctypes.data, data.ctypes.data, indices.size))
+                         indptr.ctypes.data, indices.ctypes.data, data.ctypes.data, indices.size,
+                         8 * indices.dtype.itemsize))
         # every column a shard's rows can hold is below this (check_postings on the row-wise copy)
         self._adopt(np.array(rows, dtype=np.int64).reshape(len(bound), len(self.FIELDS)),
                     max((shard._fixed[1] for shard in bound), default=0))
@@ -665,7 +676,8 @@ def explain_rows(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, rows
 def _explain_inputs(indptr, indices, data, rows, query_cols, query_weights):
     """(rows, columns, weights) as the compiled explanations of a row-wise shard read them, or
     None when the kernel is not built or the shard's arrays do not suit it."""
-    if _c_kernel is None or not _c_ready(indptr, np.int64, indices, np.int32, data, np.uint16):
+    if (_c_kernel is None or indices.dtype not in ROW_ID_TYPES or not indices.flags.c_contiguous
+            or not _c_ready(indptr, np.int64, data, np.uint16)):
         return None
     if indices.size != data.size:
         raise DamagedArrays("ids and weights differ in length")
@@ -683,10 +695,11 @@ def _explain_rows_c(indptr, indices, data, rows, query_cols, query_weights, n) -
     cols = np.empty((rows.size, n), dtype=np.int64)
     values = np.empty((rows.size, n), dtype=np.float32)
     counts = np.empty(rows.size, dtype=np.int64)
+    explain_c = _c_kernel[2][indices.dtype]
     for _attempt in range(2):
-        bad = _c_kernel[2](indptr.ctypes.data, indptr.size - 1, indices.ctypes.data, data.ctypes.data, indices.size,
-                           rows.ctypes.data, rows.size, qcols.ctypes.data, qweights.ctypes.data, qcols.size, n,
-                           cols.ctypes.data, values.ctypes.data, counts.ctypes.data)
+        bad = explain_c(indptr.ctypes.data, indptr.size - 1, indices.ctypes.data, data.ctypes.data, indices.size,
+                        rows.ctypes.data, rows.size, qcols.ctypes.data, qweights.ctypes.data, qcols.size, n,
+                        cols.ctypes.data, values.ctypes.data, counts.ctypes.data)
         if bad >= 0:
             break
         # The kernel's binary search needs the query's columns ascending (the backend passes
@@ -757,9 +770,10 @@ def explain_slots(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, row
     m = min(n, qcols.size)
     slots = np.empty((rows.size, m), dtype=np.int64)
     values = np.empty((rows.size, m), dtype=np.float32)
-    bad = _c_kernel[4](indptr.ctypes.data, indptr.size - 1, indices.ctypes.data, data.ctypes.data, indices.size,
-                       rows.ctypes.data, rows.size, qcols.ctypes.data, qweights.ctypes.data, qcols.size, m,
-                       slots.ctypes.data, values.ctypes.data)
+    slots_c = _c_kernel[4][indices.dtype]
+    bad = slots_c(indptr.ctypes.data, indptr.size - 1, indices.ctypes.data, data.ctypes.data, indices.size,
+                  rows.ctypes.data, rows.size, qcols.ctypes.data, qweights.ctypes.data, qcols.size, m,
+                  slots.ctypes.data, values.ctypes.data)
     if bad > 0:
         raise DamagedArrays(f"{bad} rows point outside the shard")
     return (slots, values) if bad == 0 else None  # < 0: columns not ascending, or no memory for the table

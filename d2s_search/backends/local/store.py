@@ -32,6 +32,11 @@ CACHE_DIR = "cache"
 CACHE_POINTER = "current"  # cache/current names the cache state in use
 # Everything the index may create in its folder (SQLite adds -wal/-shm/-journal beside the db).
 OWNED_NAMES = (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", f"{DB_NAME}-journal", MANIFEST_NAME, CACHE_DIR)
+# The page size of a new database (SQLite's default is 4 KB). A document's row is about 2 KB
+# (term ids, weights, a 256-dimension vector): past the ~1 KB a 4 KB page keeps of a row, the
+# rest went to an overflow page of its own, mostly empty (docs/design-decisions.md). An existing
+# database keeps the page size it was made with.
+PAGE_SIZE = 16384
 
 TABLES = ("meta", "terms", "docs")
 SCHEMA = """
@@ -116,8 +121,9 @@ def open_as_found(db_path: Path) -> sqlite3.Connection:
 
 
 def connect(db_path: Path, schema: bool = True) -> sqlite3.Connection:
-    """A connection in WAL mode. ``schema``: make the tables (a new database); otherwise they
-    are checked first, and MissingTables raised before anything is written."""
+    """A connection in WAL mode. ``schema``: make the tables (a new database, with pages of
+    :data:`PAGE_SIZE`); otherwise they are checked first, and MissingTables raised before
+    anything is written."""
     try:
         db = sqlite3.connect(str(db_path), isolation_level=None, timeout=30)
     except sqlite3.DatabaseError as exc:
@@ -127,6 +133,8 @@ def connect(db_path: Path, schema: bool = True) -> sqlite3.Connection:
             missing = missing_tables(db)
             if missing:
                 raise MissingTables(missing)
+        else:  # before anything is written: WAL mode fixes the page size of a new file
+            db.execute(f"PRAGMA page_size={PAGE_SIZE}")  # no effect on a database that has pages
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         if schema:
