@@ -181,11 +181,12 @@ def test_top_k_keeps_the_earliest_row_among_equal_scores():
     assert rows.size == 0
 
 
-@pytest.mark.parametrize("id_type", [np.uint16, np.int32])
-@pytest.mark.parametrize("damage", ["id too large", "negative id", "pointer past the end", "pointer backwards"])
+@pytest.mark.parametrize("damage, id_type", [
+    (damage, id_type) for id_type in (np.uint16, np.int32)
+    for damage in ("id too large", "negative id", "pointer past the end", "pointer backwards")
+    if not (damage == "negative id" and id_type == np.uint16)  # 16-bit ids are unsigned
+])
 def test_damaged_postings_are_refused_without_writing_out_of_bounds(damage, id_type):
-    if damage == "negative id" and id_type == np.uint16:
-        pytest.skip("16-bit ids are unsigned")
     indptr = np.array([0, 2, 4], dtype=np.int32)
     indices = np.array([0, 1, 1, 2], dtype=id_type)
     data = kernels.encode_weights(np.ones(4, dtype=np.float32))
