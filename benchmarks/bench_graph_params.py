@@ -197,8 +197,8 @@ def render(summary: dict) -> str:
             for r in run.get(k, []):
                 rows.append((run["graphs"], run["M"], run["efConstruction"], run["build_s"], r["k"], r["ef"],
                              r[f"recall@{r['k']}"], r["p50_ms"], _common.ratio(r["p50_ms"], exact[k])))
-    out = [head, "", _common.table(("graphs", "M", "efConstruction", "build s", "k", "candidates", "recall@k",
-                                    "p50 ms", "p50 / exact"), rows)]
+    out = [head] + (["", _common.table(("graphs", "M", "efConstruction", "build s", "k", "candidates", "recall@k",
+                                         "p50 ms", "p50 / exact"), rows)] if rows else [])
     if summary.get("shard_sizes"):
         out += ["", _common.table(("shard rows", "scan p50 ms", "graph p50 ms", "graph / scan", "graph recall@10"),
                                   [(r["shard_rows"], r["scan_p50_ms"], r["graph_p50_ms"],

@@ -120,7 +120,9 @@ def build(parts: Sequence[np.ndarray]) -> np.ndarray | None:
     index.train(_range_sample(parts))
     for part in parts:  # one shard at a time: the vectors are never all copied at once
         index.add(part)
-    return _framed(index, dim)
+    serialised = faiss.serialize_index(index)
+    del index  # before the framed copy is made: two copies of the graph at most, not three
+    return _framed(serialised, dim)
 
 
 def extend(blob: np.ndarray, rows: int, dim: int, parts: Sequence[np.ndarray]) -> np.ndarray | None:
@@ -140,7 +142,9 @@ def extend(blob: np.ndarray, rows: int, dim: int, parts: Sequence[np.ndarray]) -
     index.hnsw.efConstruction = EF_CONSTRUCTION
     for part in parts:
         index.add(np.ascontiguousarray(part, dtype=np.float32))
-    return _framed(index, dim)
+    serialised = faiss.serialize_index(index)
+    del index
+    return _framed(serialised, dim)
 
 
 RANGE_SAMPLE = 65536  # rows the 8-bit ranges are measured on (a shard's worth)
@@ -157,18 +161,17 @@ def _range_sample(parts: list[np.ndarray]) -> np.ndarray:
                       for p in parts if p.shape[0]])
 
 
-def _framed(index, dim: int) -> np.ndarray | None:
-    """The index serialised behind the cache's 8-byte start field, its codes on a 64-byte boundary."""
-    import faiss
-
-    rows = index.ntotal
-    serialised = faiss.serialize_index(index)
-    del index
-    try:
-        where = layout(np.concatenate([np.frombuffer(np.uint64(8).tobytes(), np.uint8), serialised]), rows, dim)
-    except DamagedArrays:  # a faiss that writes another layout
+def _framed(serialised: np.ndarray, dim: int) -> np.ndarray | None:
+    """faiss's bytes of a graph behind the cache's 8-byte start field, its codes on a 64-byte
+    boundary (None: a faiss that writes another layout)."""
+    if serialised.size < 4 + _HEADER.size:
         return None
-    base = 8 + (-where.codes) % 64
+    rows = int(_HEADER.unpack(serialised[4 : 4 + _HEADER.size].tobytes())[1])
+    try:
+        where = _walk(serialised, 0, rows, dim)
+    except DamagedArrays:
+        return None
+    base = 8 + (-(8 + where.codes)) % 64
     blob = np.zeros(base + serialised.size, dtype=np.uint8)
     blob[:8] = np.frombuffer(np.uint64(base).tobytes(), np.uint8)
     blob[base:] = serialised
@@ -230,6 +233,11 @@ def layout(blob: np.ndarray, rows: int, dim: int) -> Layout:
     (base,) = struct.unpack("<Q", blob[:8].tobytes())
     if not 8 <= base < 8 + 64:
         raise DamagedArrays("graph file has a wrong start")
+    return _walk(blob, base, rows, dim)
+
+
+def _walk(blob: np.ndarray, base: int, rows: int, dim: int) -> Layout:
+    """:func:`layout` of faiss's bytes starting at ``base`` of ``blob``."""
     at = _header_at(blob, base, b"IHNs", rows, dim)
     _, at = _vector_at(blob, at, 8, 64)  # assign_probas
     cum, at = _vector_at(blob, at, 4, 65)
