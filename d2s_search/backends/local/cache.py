@@ -115,6 +115,8 @@ class Shard:
     graph_span: int = 1
     graph_rows: int = 0
     _graph: object = field(default=None, repr=False)  # the faiss index over ``hnsw``, once checked
+    _graph_copied: bool = field(default=False, repr=False)  # moved to huge pages (or tried)
+    _retired: list = field(default_factory=list, repr=False)  # what an earlier faiss index reads
     _bound: BoundShard | None = field(default=None, repr=False)
 
     @property
@@ -185,24 +187,35 @@ class Shard:
 
     def dense_graph(self):
         """The faiss index over this shard's graph (None: none), checked before first use
-        (neighbour ids, lists and levels: what keeps faiss inside the arrays)."""
-        if self._graph is None and "hnsw" in self.arrays and graph.available():
-            blob = self.arrays["hnsw"]
-            copy = graph.huge_page_copy(blob)
-            if copy is not None:  # checked and read by faiss from here on; the mapping is dropped
-                blob = self.arrays["hnsw"] = copy
-                self.mapped.pop("hnsw", None)
-            rows = self.graph_rows or self.rows
-            try:
-                where = graph.layout(blob, rows, self.arrays["dense"].shape[1])
-                graph.check(blob, where, rows)
-            except DamagedArrays as exc:
-                raise CacheUnusable(f"shard at row {self.start} is damaged: {exc}") from None
-            try:
-                self._graph = graph.open_index(blob, where)
-            except RuntimeError as exc:  # faiss's own reader refused it
-                raise CacheUnusable(f"shard at row {self.start} is damaged: {str(exc).splitlines()[-1]}") from None
+        (neighbour ids, lists and levels: what keeps faiss inside the arrays). The first search
+        walks the mapped file; the second moves the walk to a copy on huge pages
+        (:func:`graph.huge_page_copy`, checked again), which pays off only over many searches:
+        a process that answers one query never makes it."""
+        if "hnsw" not in self.arrays or not graph.available():
+            return None
+        if self._graph is None:
+            self._graph = self._opened_graph(self.arrays["hnsw"])
+        elif not self._graph_copied:
+            self._graph_copied = True
+            copy = graph.huge_page_copy(self.arrays["hnsw"])
+            if copy is not None:
+                index = self._opened_graph(copy)
+                # a search in another thread may still walk the mapping: it stays referenced
+                self._retired.append((self.arrays["hnsw"], self.mapped.pop("hnsw", None), self._graph))
+                self.arrays["hnsw"], self._graph = copy, index
         return self._graph
+
+    def _opened_graph(self, blob: np.ndarray):
+        rows = self.graph_rows or self.rows
+        try:
+            where = graph.layout(blob, rows, self.arrays["dense"].shape[1])
+            graph.check(blob, where, rows)
+        except DamagedArrays as exc:
+            raise CacheUnusable(f"shard at row {self.start} is damaged: {exc}") from None
+        try:
+            return graph.open_index(blob, where)
+        except RuntimeError as exc:  # faiss's own reader refused it
+            raise CacheUnusable(f"shard at row {self.start} is damaged: {str(exc).splitlines()[-1]}") from None
 
     def attach_graph(self, blob: np.ndarray, dim: int, span: int = 1, rows: int | None = None) -> None:
         """Search the dense side through ``blob`` (a serialised graph over this shard's
@@ -211,12 +224,12 @@ class Shard:
         graph.layout(blob, rows if rows is not None else self.rows, dim)
         self.arrays["hnsw"] = blob
         self.graph_span, self.graph_rows = span, (rows if span > 1 and rows is not None else 0)
-        self._graph = None
+        self._graph, self._graph_copied = None, False
 
     def detach_graph(self) -> None:
         """Back to scanning every vector (the graph's file goes)."""
         del self.arrays["hnsw"]
-        self._graph = None
+        self._graph, self._graph_copied = None, False
         self.graph_recall = None
         self.graph_span, self.graph_rows = 1, 0
 
