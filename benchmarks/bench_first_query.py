@@ -1,7 +1,7 @@
 """The first sparse and the first dense search after opening the 123k index, in a new process,
 with the index's pages dropped from the page cache, for two code trees alternated round by round.
 
-    python benchmarks/bench_first_query.py --ref /tmp/ref-main [--rounds 6] [--json OUT]
+    python benchmarks/bench_first_query.py --ref /tmp/ref-main [--rounds 6] [--encoder BUNDLE] [--json OUT]
 
 The index is a private copy of the one ``bench_local_backend.py`` caches (benchmarks/.cache/
 local-123000), opened once so its stamp is written. Before each cold process every file of the
@@ -62,6 +62,11 @@ backend = LocalBackend(sys.argv[1], threads=1)
 backend.open(None, create=False)
 opened = time.perf_counter()
 out = {"import": imported - t0, "open": opened - imported}
+if sys.argv[4]:  # what `d2s-search query` does between opening the index and searching it
+    from d2s_search.bundle import Bundle
+    from d2s_search.encoder import Encoder
+    Encoder(Bundle.load(sys.argv[4]), device="cpu", threads=1).encode_texts(["dogs in a car"])
+    out["query encoder"] = time.perf_counter() - opened
 searches = {"sparse": lambda: backend.sparse_search(q.full, 10, explain=0),
             "dense": lambda: backend.dense_search(q.dense, 10, explain=0)}
 for round_ in ("first", "second"):
@@ -88,9 +93,9 @@ def drop_pages(folder: Path) -> None:
                 os.close(fd)
 
 
-def child(tree: Path, index: Path, order: str) -> dict:
+def child(tree: Path, index: Path, order: str, encoder: str = "") -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-c", CHILD, str(index), order, str(Path(__file__).parent)],
+    done = subprocess.run([sys.executable, "-c", CHILD, str(index), order, str(Path(__file__).parent), encoder],
                           env=env, check=True, capture_output=True, text=True, cwd=tree)
     return json.loads(done.stdout)
 
@@ -101,6 +106,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--docs", type=int, default=123_000)
     parser.add_argument("--cache", default=str(_common.CACHE))
+    parser.add_argument("--encoder", default="", help="a bundle whose query encoder is loaded and run between "
+                        "opening and searching, as `d2s-search query` does (its vectors are not searched)")
     parser.add_argument("--json", dest="json_out", help="also write the results to this file")
     args = parser.parse_args()
     summary = _common.provenance(threads="1 search thread")
@@ -118,8 +125,9 @@ def main() -> None:
                         if state == "cold":
                             drop_pages(index)
                         else:
-                            child(trees[name], index, order)  # pages back in, then the timed process
-                        runs.setdefault(f"{name}|{state}|{order}", []).append(child(trees[name], index, order))
+                            child(trees[name], index, order, args.encoder)  # pages back in, then the timed one
+                        runs.setdefault(f"{name}|{state}|{order}", []).append(
+                            child(trees[name], index, order, args.encoder))
     rows = {}
     for key, samples in runs.items():
         name, state, order = key.split("|")

@@ -55,6 +55,11 @@ APPROXIMATE_DENSE_FROM = 100_000
 # rows; more (hybrid at k=1000 asks 3,000 a side) is a scan of its vectors: faster there, and
 # exact (65,536 rows, one thread: graph 0.5 ms at k=100, 5 ms at 1,000, 16 ms at 2,000; scan 3-8 ms).
 GRAPH_K_SHARE = 1 / 48
+# A larger graph costs more a candidate (its nodes lie further apart in memory) while a scan costs
+# the same a row: the share falls as (SHARD_ROWS / rows) ** GRAPH_SHARE_FALLOFF. 0.41 fits both
+# crossings measured: a shard's 1/48, and 983,040 rows (a graph over 15 shards, 256-d, one
+# thread) where 3,000 candidates took 33 ms, 10,000 took 103 ms and a scan of the rows 74 ms: 1/147.
+GRAPH_SHARE_FALLOFF = 0.41
 # A shard of fewer rows gets no graph and is scanned even above APPROXIMATE_DENSE_FROM (the
 # last shard of a large index, until it grows): its scan is about as fast and exact (real-shaped
 # vectors, 384-d, one thread, k=10: 2,000 rows scanned in 0.15 ms, 0.19 through a graph; 8,000
@@ -1458,9 +1463,10 @@ class LocalBackend:
     @staticmethod
     def _graph_pays(k: int, rows: int, ef: int) -> bool:
         """The plan for one graph's rows: through the graph while the candidates it would rescore
-        (max(ef, k)) are under GRAPH_K_SHARE of them; past that a scan of every vector is as
-        fast, and exact."""
-        return max(k, ef) < GRAPH_K_SHARE * rows and graph.available()
+        (max(ef, k)) are under GRAPH_K_SHARE of them (less for a graph over more than a shard's
+        rows, GRAPH_SHARE_FALLOFF); past that a scan of every vector is as fast, and exact."""
+        share = GRAPH_K_SHARE * min(1.0, cache_mod.SHARD_ROWS / max(rows, 1)) ** GRAPH_SHARE_FALLOFF
+        return max(k, ef) < share * rows and graph.available()
 
     def _graph_of(self, shard: Shard):
         try:
