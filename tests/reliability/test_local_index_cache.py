@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,7 +15,6 @@ from d2s_search.backends.local import LocalBackend
 from tests.helpers import brute_force_dense, brute_force_sparse, run_cli, run_cli_json
 from tests.reliability.local_index_fixtures import (
     IDENTITY,
-    REPO,
     filled_index,
     rewrite_array,
     search_in_subprocess,
@@ -549,37 +546,3 @@ def test_many_hits_carry_their_own_ids_and_paths(tmp_path, names):
     by_id = {d.id: d for d in docs}
     assert [h.id for h in hits] == [d.id for d in docs[::-1][:250]]
     assert [(h.path, h.url) for h in hits] == [(by_id[h.id].path, by_id[h.id].url) for h in hits]
-
-
-FAISS_IMPORTED = """
-import sys, time
-from d2s_search.backends.local import LocalBackend
-backend = LocalBackend(sys.argv[1])
-backend.open(None, create=sys.argv[2] == "create")
-deadline = time.monotonic() + 20
-while "faiss" not in sys.modules and time.monotonic() < deadline:
-    time.sleep(0.01)
-    if sys.argv[3] == "a-second" and time.monotonic() > deadline - 19:
-        break
-print("faiss" in sys.modules)
-"""
-
-
-def test_a_reader_of_an_index_with_graphs_imports_faiss_before_its_first_search(graph_index, tmp_path):
-    """faiss's import starts in the background when an index whose cache holds graphs is opened
-    for reading, before any search; not for an index without graphs, nor for a writer."""
-    path, docs = graph_index
-    plain = tmp_path / "plain"
-    filled_index(plain, docs[:20]).close()
-    LocalBackend(plain).open(None, create=False)  # its cache written: no graph in it
-    env = {k: v for k, v in os.environ.items() if not k.startswith("D2S_")}
-    env["PYTHONPATH"] = str(REPO)
-
-    def imported(index, mode: str, wait: str) -> bool:
-        done = subprocess.run([sys.executable, "-c", FAISS_IMPORTED, str(index), mode, wait],
-                              capture_output=True, text=True, env=env, timeout=120)
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip() == "True"
-
-    assert imported(path, "read", "wait")
-    assert not imported(plain, "read", "a-second") and not imported(path, "create", "a-second")

@@ -272,8 +272,6 @@ class LocalBackend:
         cache_mod.remove_leftovers(self.path)
         if self.cache_dir.is_dir():
             cache_mod.remove_leftovers(self.cache_dir)
-            if not create and cache_mod.current_has_graphs(self.cache_dir):  # a reader (writers may fork)
-                graph.import_in_background()  # faiss's import overlaps what comes before the first search
 
     def _unknown_bundle(self, db: sqlite3.Connection, meta: dict[str, str]) -> int | None:
         """For an index that records no bundle: None when it holds nothing a bundle could

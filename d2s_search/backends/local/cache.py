@@ -546,18 +546,6 @@ def _current_header(pointer: Path) -> tuple[Path, str, dict]:
     return state_dir, crc, json.loads(header_bytes)
 
 
-def current_has_graphs(cache_dir: Path) -> bool:
-    """Whether the state ``current`` names holds a graph file (its names listed, nothing read
-    or trusted: a hint for what to load early)."""
-    try:
-        name = (cache_dir / POINTER).read_text(encoding="ascii").split()[0]
-        if not name.startswith("state-") or "/" in name:
-            return False
-        return any(entry.name.endswith("-hnsw.npy") for entry in os.scandir(cache_dir / name))
-    except (OSError, IndexError, UnicodeDecodeError):
-        return False
-
-
 def recorded_recalls(cache_dir: Path) -> list[tuple[int, int]]:
     """The valid (found, wanted) of the graphs in the current state, from its header alone
     (nothing else read or built: what index stats shows); [] when there is none."""

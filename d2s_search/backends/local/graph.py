@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import functools
 import struct
-import sys
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -94,19 +92,6 @@ def available() -> bool:
     return hasattr(faiss, "ZeroCopyIOReader") and hasattr(faiss, "IndexHNSWSQ") and (
         faiss.ScalarQuantizer.QT_8bit == _QT_8BIT
     )
-
-
-def import_in_background() -> None:
-    """Start importing faiss (about 40 ms) in a daemon thread, once: a process that opens an
-    index with graphs does it beside the work before its first dense search (loading and
-    running the query encoder); one that searches at once waits for it as it would anyway."""
-    global _importing
-    if _importing is None and "faiss" not in sys.modules:
-        _importing = threading.Thread(target=available, name="d2s-faiss-import", daemon=True)
-        _importing.start()
-
-
-_importing: threading.Thread | None = None
 
 
 def unavailable_note(graphs_from: int) -> str:
