@@ -111,6 +111,7 @@ def main() -> None:
     parser.add_argument("--json", dest="json_out", help="also write the results to this file")
     args = parser.parse_args()
     summary = _common.provenance(threads="1 search thread")
+    args.encoder = str(Path(args.encoder).resolve()) if args.encoder else ""  # the children run in their trees
     trees = {"current": _common.ROOT, "ref": Path(args.ref).resolve()}
     runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(dir=args.cache) as tmp:
