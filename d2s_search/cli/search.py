@@ -406,7 +406,7 @@ LOCAL_TWO_PHASE_NOTE = ("on the local index two-phase misses most of the exact t
 @click.option("--no-serve", is_flag=True, help="Search in this process even when `d2s-search serve` runs on this index.")
 @click.option("--ef", "dense_ef", envvar="D2S_DENSE_EF", show_envvar=True, type=click.IntRange(1, 100_000), default=None,
               help="Dense search of a local index of 100,000+ pictures: candidates each graph proposes, rescored "
-              "exactly (default 64, at least k): more finds more of the exact top k, slower.")
+              "exactly (default 64, 64 more per 4 shards a graph spans; at least k): more finds more of the exact top k, slower.")
 @filter_options
 @click.option("--offset", type=click.IntRange(0), default=0, help="The library (no TEXT, no --image): skip this many.")
 @bundle_option

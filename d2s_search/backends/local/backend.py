@@ -141,7 +141,7 @@ class LocalBackend:
 
     @property
     def dense_ef(self) -> int:
-        """Candidates each shard's graph proposes and the float vectors rescore (at least k):
+        """Candidates each graph proposes and the float vectors rescore (at least k):
         more is slower and finds more of the exact top k (docs/benchmarks.md, "Dense recall of
         the graphs"). Setting None goes back to the default, graph.EF_SEARCH (a graph spanning
         many shards keeps more: :func:`graph.default_ef`)."""
