@@ -313,3 +313,38 @@ def test_the_plan_scans_where_a_graph_would_rescore_too_many_candidates():
     assert LocalBackend._graph_pays(3000, 15 * rows, 256) and LocalBackend._graph_pays(10, 15 * rows, 6500)
     assert not LocalBackend._graph_pays(10_000, 15 * rows, 256) and not LocalBackend._graph_pays(10, 15 * rows, 7000)
     assert not LocalBackend._graph_pays(10, 4000, 100) and LocalBackend._graph_pays(10, 4000, 64)  # a small shard's own
+
+
+def test_a_damaged_spanning_graph_is_built_anew_when_a_shard_fills(tmp_path, monkeypatch):
+    """The spanning graph read back to be extended is checked first: damaged (checksums forged
+    to match), it is built again over every full shard instead, and searches find what they did."""
+    from d2s_search.backends.local import backend as backend_mod
+    from tests.reliability.local_index_fixtures import rewrite_array, state_dir
+
+    monkeypatch.setattr(cache, "SHARD_ROWS", 64)
+    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 0)
+    monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
+    docs = documents(3 * 64 + 10)
+    backend = LocalBackend(tmp_path / "idx")
+    backend.open(IDENTITY)
+    backend.upsert(docs[:2 * 64 + 10])
+    assert backend._search_state().dense_units() == [(0, 2), (2, 1)]
+    backend.close()
+    blob = np.load(state_dir(tmp_path / "idx") / "shard-00000-hnsw.npy").copy()
+    start, count = graph.layout(blob, 128, DIM).neighbors
+    blob[start + 4 * (count // 2) : start + 4 * (count // 2) + 4] = np.frombuffer(np.int32(10**6).tobytes(), np.uint8)
+    rewrite_array(tmp_path / "idx", "shard-00000-hnsw.npy", blob)
+    again = LocalBackend(tmp_path / "idx")
+    again.open(None, create=False)
+    again.upsert(docs[2 * 64 + 10 :])  # fills the third shard: the damaged graph is not extended
+    state = again._search_state()
+    assert state.dense_units() == [(0, 3), (3, 1)]
+    graph.check(state.shards[0].arrays["hnsw"], graph.layout(state.shards[0].arrays["hnsw"], 192, DIM), 192)
+    found = 0
+    for doc in docs[::20]:
+        query = np.asarray(doc.dense) + 0.05
+        want = {d for d, _ in brute_force_dense(docs, query)[:10]}
+        found += len(want & {h.id for h in again.dense_search(query, 10, explain=0)})
+    assert found >= 0.9 * 10 * len(docs[::20])
+    again.close()

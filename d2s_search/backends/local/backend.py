@@ -924,7 +924,7 @@ class LocalBackend:
             try:
                 blob = graph.extend(head.arrays["hnsw"], span * built.shard_rows, built.dim,
                                     [m.dense_rows() for m in members[span:]])
-            except kernels.DamagedArrays:
+            except (kernels.DamagedArrays, RuntimeError):  # the layout walk, or faiss's reader, refused it
                 blob = None  # built anew below
         if blob is None:
             blob = graph.build([m.dense_rows() for m in members])
