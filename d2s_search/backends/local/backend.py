@@ -555,10 +555,7 @@ class LocalBackend:
     def _stored_sparse(self, term_blob: bytes, weight_blob: bytes) -> SparseVector:
         """A stored sparse vector; term ids outside the vocabulary (damage) are left out."""
         weights = _floats(weight_blob)
-        term_ids = row_blobs.decode_term_ids(term_blob, weights.nbytes)
-        if term_ids is None:  # lengths that do not pair up: read as 32-bit ids, as many as both have
-            term_ids = row_blobs.decode_term_ids(term_blob, len(term_blob) if isinstance(term_blob, bytes) else 1)
-            term_ids = term_ids if term_ids is not None else np.zeros(0, dtype=np.int32)
+        term_ids = row_blobs.paired_term_ids(term_blob, weights)
         n = min(term_ids.size, weights.size)
         terms = self._terms
         return {
@@ -1661,10 +1658,9 @@ def _first_dim(db: sqlite3.Connection) -> int:
 
 
 def _floats(blob) -> np.ndarray:
-    try:
-        return np.frombuffer(blob, dtype="<f4")
-    except (ValueError, TypeError):
-        return np.zeros(0, dtype="<f4")
+    """A stored float32 blob; empty when it is not one (damage)."""
+    found = row_blobs.decode_floats(blob)
+    return found if found is not None else np.zeros(0, dtype="<f4")
 
 
 def _owned_bytes(folder: Path) -> int:

@@ -74,7 +74,6 @@ MAPPED_FROM = 1 << 16  # files larger than this are memory-mapped; smaller ones 
 # beside ``dense``; dense_*: absent in caches written before them (scored from the postings alone).
 OPTIONAL = {"hnsw", "dense_terms", "dense_columns"}
 DENSE_COLUMN_FRACTION = 0.5  # a term in at least this share of a shard's rows gets a dense column
-SHORT_TERM_IDS = 1 << 16  # up to this many columns, the postings by document hold 16-bit term ids
 # Each array's dtype; csr_indices: one of two, the one csr_index_dtype gives for its shard's columns.
 DTYPES = {
     "seqs": np.int64, "has_url": np.bool_, "dense": np.float32,
@@ -88,7 +87,7 @@ DTYPES = {
 def csr_index_dtype(n_cols: int) -> np.dtype:
     """The term ids of a shard's postings by document: 16 bits when its ``n_cols`` columns all
     fit (2 bytes a posting instead of 4), else 32."""
-    return np.dtype(np.uint16 if n_cols <= SHORT_TERM_IDS else np.int32)
+    return np.dtype(np.uint16 if n_cols <= row_blobs.SHORT_IDS_BELOW else np.int32)
 
 
 class CacheUnusable(Exception):
@@ -140,8 +139,6 @@ class Shard:
             if not postings:
                 return
             check_postings(a["csc_indptr"], a["csc_indices"], a["csc_data"], rows)
-            if a["csr_indices"].dtype != csr_index_dtype(self.n_cols):
-                raise DamagedArrays(f"term ids of {a['csr_indices'].dtype} for {self.n_cols} columns")
             check_postings(a["csr_indptr"], a["csr_indices"], a["csr_data"], max(self.n_cols, 1))
             if a["csr_indptr"].shape[0] != rows + 1:
                 raise DamagedArrays("row pointers do not match the rows")

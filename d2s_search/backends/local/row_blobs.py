@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-SHORT_IDS_BELOW = 1 << 16
+SHORT_IDS_BELOW = 1 << 16  # ids below this take 16 bits (here, and in the search cache's postings)
 
 
 def encode_term_ids(ids: np.ndarray) -> bytes:
@@ -32,6 +32,15 @@ def decode_term_ids(blob: object, weight_bytes: int) -> np.ndarray | None:
     except (TypeError, ValueError):
         return None
     return None
+
+
+def paired_term_ids(blob: object, weights: np.ndarray) -> np.ndarray:
+    """As many of a row's term ids as can be read beside its weights: at the width their length
+    says, else (lengths that do not pair up: damage) as 32-bit ids; empty when not bytes."""
+    ids = decode_term_ids(blob, weights.nbytes)
+    if ids is None and isinstance(blob, bytes):
+        ids = decode_term_ids(blob, len(blob))
+    return ids if ids is not None else np.zeros(0, dtype=np.int32)
 
 
 def decode_floats(blob: object) -> np.ndarray | None:
