@@ -15,6 +15,7 @@ from d2s_search.filters import Condition, SearchFilter, build_filter
 from d2s_search.metadata import Metadata, parse_time
 from d2s_search.search import SearchOptions, fuse_minmax
 from tests.helpers import brute_force_dense, brute_force_sparse
+from tests.reliability.local_index_fixtures import graphs_at_any_size
 
 N = 3000
 DIM = 8
@@ -287,12 +288,7 @@ def test_filtered_dense_through_the_graphs(tmp_path, monkeypatch, name):
     """Dense search with graphs (one spanning the five full shards, one for the last): a filter
     that keeps most documents walks the graphs and keeps only passing rows (recall against
     brute force among them, exact scores); a narrow one scores every passing vector (exact)."""
-    from d2s_search.backends.local import backend as backend_mod
-
-    monkeypatch.setattr(cache_mod, "SHARD_ROWS", 512)
-    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 0)
-    monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
-    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
+    graphs_at_any_size(monkeypatch, 512)
     backend = LocalBackend(tmp_path / "idx")
     backend.open(IndexIdentity(fingerprint="f" * 32, dense_dim=DIM, model="synthetic"), create=True)
     backend.declare_fields(FIELD_TYPES)

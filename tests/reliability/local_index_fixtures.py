@@ -113,3 +113,15 @@ def meta_rows(index: Path) -> dict[str, str]:
         return dict(db.execute("SELECT key, value FROM meta"))
     finally:
         db.close()
+
+
+def graphs_at_any_size(monkeypatch, shard_rows: int, approximate_from: int = 0) -> None:
+    """Shards of ``shard_rows`` rows, the dense side through graphs from ``approximate_from``
+    documents on, a graph for a shard of any size, used for every k below its rows."""
+    from d2s_search.backends.local import backend as backend_mod
+    from d2s_search.backends.local import cache
+
+    monkeypatch.setattr(cache, "SHARD_ROWS", shard_rows)
+    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", approximate_from)
+    monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)

@@ -15,7 +15,7 @@ from d2s_search.backends.base import Document
 from d2s_search.backends.local import LocalBackend, cache, graph
 from d2s_search.errors import QueryError
 from tests.helpers import brute_force_dense, run_cli, run_cli_json
-from tests.reliability.local_index_fixtures import IDENTITY, VOCAB
+from tests.reliability.local_index_fixtures import IDENTITY, VOCAB, graphs_at_any_size
 
 pytestmark = pytest.mark.skipif(not graph.available(), reason="faiss 1.11+ (the faiss extra) builds the graphs")
 
@@ -35,12 +35,7 @@ def documents(n: int, seed: int = 3) -> list[Document]:
 def forced(tmp_path, monkeypatch):
     """Graphs at any size, shards of 256 rows, the graph for every k below a shard's rows,
     and a narrow build-time width (8) so the recall measured is below 1."""
-    from d2s_search.backends.local import backend as backend_mod
-
-    monkeypatch.setattr(cache, "SHARD_ROWS", 256)
-    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 0)
-    monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
-    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
+    graphs_at_any_size(monkeypatch, 256)
     monkeypatch.setattr(graph, "EF_SEARCH", 8)
     docs = documents(700)
     backend = LocalBackend(tmp_path / "idx")
@@ -272,14 +267,10 @@ def test_a_graph_spanning_many_shards_keeps_more_candidates_unless_asked(tmp_pat
     """Recall at a fixed width falls as a graph grows: a graph over eight shards searches with
     twice the default candidates (graph.default_ef), a width asked for is used as it is, and
     a width of more candidates than a share of the rows scans them instead (exact)."""
-    from d2s_search.backends.local import backend as backend_mod
 
     assert [graph.default_ef(span) for span in (1, 2, 3, 4, 8, 16)] == [graph.EF_SEARCH] * 4 + [
         2 * graph.EF_SEARCH, 4 * graph.EF_SEARCH]
-    monkeypatch.setattr(cache, "SHARD_ROWS", 64)
-    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 0)
-    monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
-    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
+    graphs_at_any_size(monkeypatch, 64)
     monkeypatch.setattr(graph, "EF_SEARCH", 8)
     docs = documents(8 * 64 + 20)
     backend = LocalBackend(tmp_path / "idx")
@@ -318,13 +309,9 @@ def test_the_plan_scans_where_a_graph_would_rescore_too_many_candidates():
 def test_a_damaged_spanning_graph_is_built_anew_when_a_shard_fills(tmp_path, monkeypatch):
     """The spanning graph read back to be extended is checked first: damaged (checksums forged
     to match), it is built again over every full shard instead, and searches find what they did."""
-    from d2s_search.backends.local import backend as backend_mod
     from tests.reliability.local_index_fixtures import rewrite_array, state_dir
 
-    monkeypatch.setattr(cache, "SHARD_ROWS", 64)
-    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 0)
-    monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
-    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
+    graphs_at_any_size(monkeypatch, 64)
     docs = documents(3 * 64 + 10)
     backend = LocalBackend(tmp_path / "idx")
     backend.open(IDENTITY)

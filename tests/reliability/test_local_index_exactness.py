@@ -14,7 +14,12 @@ from d2s_search.backends.local import LocalBackend, cache, graph, kernels
 from d2s_search.errors import QueryError
 from d2s_search.search import QueryVectors, SearchOptions, fuse_minmax, fuse_rrf, run_query
 from tests.helpers import brute_force_dense, brute_force_sparse
-from tests.reliability.local_index_fixtures import IDENTITY, VOCAB, synthetic_docs
+from tests.reliability.local_index_fixtures import (
+    IDENTITY,
+    VOCAB,
+    graphs_at_any_size,
+    synthetic_docs,
+)
 
 
 def assert_ranking(hits: list[Hit], reference: list[tuple[str, float]], k: int) -> None:
@@ -156,10 +161,7 @@ def test_dense_is_exact_below_the_threshold_and_a_graph_above(tmp_path, monkeypa
     hard-linked until a shard fills, then that shard's vectors are added to it)."""
     from d2s_search.backends.local import backend as backend_mod
 
-    monkeypatch.setattr(cache, "SHARD_ROWS", 64)
-    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 300)
-    monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
-    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)  # tiny shards: the graph for every k < rows
+    graphs_at_any_size(monkeypatch, 64, approximate_from=300)  # tiny shards: the graph for every k < rows
     rng = np.random.default_rng(11)
     centres = rng.normal(size=(12, 16)).astype(np.float32) * 3
     backend = LocalBackend(tmp_path / "idx")
@@ -201,10 +203,7 @@ def test_dense_is_exact_below_the_threshold_and_a_graph_above(tmp_path, monkeypa
     fresh.open(IDENTITY, create=False)
     assert_ranking(fresh.dense_search(probes[2], 10, explain=0), brute_force_dense(collection, probes[2]), 10)
     monkeypatch.undo()
-    monkeypatch.setattr(cache, "SHARD_ROWS", 64)
-    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 300)
-    monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
-    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
+    graphs_at_any_size(monkeypatch, 64, approximate_from=300)
     old_dir = reopened._search_state().state_dir
     more = clustered_docs(rng, centres, 20, 650)  # fills no shard: the spanning graph's file is linked
     reopened.upsert(more)
@@ -246,10 +245,7 @@ def test_dense_graph_recall_on_real_clip_embeddings(tmp_path, monkeypatch, spann
         pytest.skip(f"{clip} not found (shared test data)")
     images = np.load(clip / "image_embeddings.npy")[::5]
     captions = np.load(clip / "text_embeddings.npy")[::7]
-    monkeypatch.setattr(cache, "SHARD_ROWS", 32)
-    monkeypatch.setattr(backend_mod, "APPROXIMATE_DENSE_FROM", 0)
-    monkeypatch.setattr(backend_mod, "GRAPH_FROM_ROWS", 0)
-    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
+    graphs_at_any_size(monkeypatch, 32)
     backend = LocalBackend(tmp_path / "clip")
     backend.open(IndexIdentity("clip", images.shape[1], "clip"))
     docs = [Document(id=f"{i:064x}", path=f"/{i}", size_bytes=0, width=0, height=0, sparse={"x": 1.0},
