@@ -51,19 +51,20 @@ EF_SEARCH = 64  # candidates kept while searching (at least k)
 # in 1.97 ms; 16 graphs of a shard each 0.997 at 64 in 7.7 ms). default_ef gives 256 at 16 shards.
 SPAN_EF_STEP = 4
 
-
-def default_ef(span: int) -> int:
-    """Candidates a graph over ``span`` shards keeps when the search asks for no width:
-    EF_SEARCH, once more per SPAN_EF_STEP shards it spans."""
-    return EF_SEARCH * max(1, span // SPAN_EF_STEP)
 # The recall a build reports (index stats): the exact top 10 neighbours of this many of the
-# shard's vectors against what the graph finds with EF_SEARCH candidates.
+# graph's vectors against what it finds with its default candidates (default_ef).
 RECALL_SAMPLE = 50
 RECALL_K = 10
 _HEADER = struct.Struct("<iqqq?i")  # d, ntotal, dummy, dummy, is_trained, metric_type
 _QUANTIZER = struct.Struct("<iifQQ")  # qtype, rangestat, rangestat_arg, d, code_size
 _METRIC_INNER_PRODUCT = 0
 _QT_8BIT = 0  # faiss ScalarQuantizer::QT_8bit
+
+
+def default_ef(span: int) -> int:
+    """Candidates a graph over ``span`` shards keeps when the search asks for no width:
+    EF_SEARCH, once more per SPAN_EF_STEP shards it spans."""
+    return EF_SEARCH * max(1, span // SPAN_EF_STEP)
 
 
 @dataclass
@@ -175,7 +176,6 @@ def _framed(serialised: np.ndarray, dim: int) -> np.ndarray | None:
     blob = np.zeros(base + serialised.size, dtype=np.uint8)
     blob[:8] = np.frombuffer(np.uint64(base).tobytes(), np.uint8)
     blob[base:] = serialised
-    del serialised
     check(blob, layout(blob, rows, dim), rows)
     return blob
 
