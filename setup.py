@@ -1,8 +1,8 @@
 """Builds the local index's optional C parts and names the packages (the export side installs
 under another name than its folder's); everything else is in pyproject.toml.
 
-The scoring kernel (loaded with ctypes) and the hit builder (a CPython extension) are
-optional: without a C compiler the install still succeeds and the local index scores with
+The scoring kernel (loaded with ctypes), the hit builder and the graph walker (CPython
+extensions) are optional: without a C compiler the install still succeeds and the local index scores with
 numpy/scipy and builds hits in Python (same results, slower). The build log says so in one line
 (pip shows it with `pip install -v`; `index stats` and `serve` say it at their first start).
 """
@@ -62,6 +62,13 @@ setup(
             "d2s_search.backends.local._query",
             ["d2s_search/backends/local/_query.c"],
             depends=["d2s_search/backends/local/_score.c"],
+            extra_compile_args=FLAGS,
+            optional=True,
+        ),
+        # A CPython extension: a dense query's candidates from an HNSW graph, without faiss.
+        Extension(
+            "d2s_search.backends.local._graph",
+            ["d2s_search/backends/local/_graph.c"],
             extra_compile_args=FLAGS,
             optional=True,
         ),

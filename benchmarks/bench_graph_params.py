@@ -5,7 +5,8 @@ rescored, ``--ef`` of ``d2s-search query``), one graph per shard against one ove
 and a shard's graph against a scan of its vectors by shard size.
 
     python benchmarks/bench_graph_params.py [--model offline-mini|clip] [--docs 123000]
-        [--split validation|test] [--queries 500] [--builds 16x40,32x40,32x80] [--build-threads 1] [--json OUT]
+        [--split validation|test] [--queries 500] [--builds 16x40,32x40,32x80] [--build-threads 1]
+        [--one-graph | --one-graph-only] [--json OUT]
 
 The graphs are the index's own (``graph.build``: faiss HNSW over 8-bit copies, candidates
 rescored with the float vectors by ``graph.search``), one per 65,536 rows as the index cuts
@@ -56,7 +57,8 @@ def build_graphs(docs: np.ndarray, m: int, ef_construction: int, shard_rows: int
         for lo in range(0, len(docs), shard_rows):
             vectors = docs[lo : lo + shard_rows]
             blob = graph.build([vectors])
-            out.append((lo, vectors, blob, graph.open_index(blob, graph.layout(blob, len(vectors), docs.shape[1]))))
+            where = graph.layout(blob, len(vectors), docs.shape[1])
+            out.append((lo, vectors, blob, graph.OpenedGraph(blob, where, len(vectors), docs.shape[1])))
     finally:
         graph.M, graph.EF_CONSTRUCTION = old
         faiss.omp_set_num_threads(1)
@@ -226,6 +228,7 @@ def main() -> None:
     parser.add_argument("--widths", default="16,32,48,64,96,128,256")
     parser.add_argument("--k1000", action="store_true", help="recall@1000 at k=1000 too (against a scan)")
     parser.add_argument("--one-graph", action="store_true", help="one graph over every shard, as well")
+    parser.add_argument("--one-graph-only", action="store_true", help="one graph over every shard, no per-shard graphs")
     parser.add_argument("--shard-sizes", action="store_true", help="a shard's graph against its scan by shard size")
     parser.add_argument("--through-index", action="store_true",
                         help="the collection in a local index with the defaults: index stats' recall against the queries'")
@@ -252,6 +255,12 @@ def main() -> None:
     widths = [int(w) for w in args.widths.split(",")]
     for spec in filter(None, args.builds.split(",")):  # --builds '': only --through-index
         m, ef_construction = (int(x) for x in spec.split("x"))
+        if args.one_graph_only:
+            one, seconds = build_graphs(docs, m, ef_construction, shard_rows=len(docs))
+            out["runs"].append({"M": m, "efConstruction": ef_construction, "graphs": 1, "build_s": round(seconds, 1),
+                                "k10": sweep(one, queries, wanted10, 10, widths)})
+            print(json.dumps(out["runs"][-1]), file=sys.stderr)
+            continue
         shards, seconds = build_graphs(docs, m, ef_construction)
         run = {"M": m, "efConstruction": ef_construction, "graphs": len(shards), "build_s": round(seconds, 1),
                "graph_bytes": int(sum(blob.nbytes for _, _, blob, _ in shards)), "k10": sweep(shards, queries, wanted10, 10, widths)}

@@ -33,7 +33,7 @@ INGEST = {"found": int, "stored": int, "already_stored": int, "duplicates": int,
 STATS_LOCAL = {"backend": str, "location": str, "documents": int, "distinct_terms": int,
                "mean_terms_per_document": Number, "bundle_fingerprint": str, "bundle_model": str, "dense_dim": int,
                "created_at": str, "last_ingest_at": str, "disk_bytes": int, "scoring_kernel": str, "hit_builder": str,
-               "sparse_query": str, "dense_search": str, "dense_recall_at_10": (float, NoneType), "bundle_path": str,
+               "graph_walk": str, "sparse_query": str, "dense_search": str, "dense_recall_at_10": (float, NoneType), "bundle_path": str,
                "missing_files": int,
                "metadata": {"taken": int, "location": int, "camera": int, "fields": dict}}
 # ingest --update-existing and ingest --documents (pinned by tests/opensearch/test_update_existing.py

@@ -232,6 +232,7 @@ def test_index_stats_and_delete(tmp_path, tiny_blip_bundle, image_folder, capsys
     assert stats["mean_terms_per_document"] > 0 and stats["disk_bytes"] > 0
     assert stats["scoring_kernel"] == ("compiled" if kernels.c_kernel_loaded() else "numpy")
     assert stats["hit_builder"] == ("compiled" if kernels._c_hits is not None else "python")
+    assert stats["graph_walk"] == ("compiled" if kernels._c_graph is not None else "faiss")
     assert stats["sparse_query"] == ("compiled" if kernels._c_query is not None and kernels.c_kernel_loaded() else "python")
     assert stats["dense_search"] == "exact"  # 40 documents: every vector scored
     from d2s_search.backends.local import backend as backend_mod

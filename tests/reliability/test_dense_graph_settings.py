@@ -100,17 +100,23 @@ def test_a_bad_recorded_recall_reads_back_as_unknown(forced, value):
     assert cache.recorded_recall([7, 10]) == (7, 10)
 
 
+def widths_asked(monkeypatch) -> list[int]:
+    """The candidates each graph search asks for, in order (appended as they are asked)."""
+    asked: list[int] = []
+    real = graph.OpenedGraph.candidates
+
+    def spy(self, query, wanted, allowed=None):
+        asked.append(wanted)
+        return real(self, query, wanted, allowed)
+
+    monkeypatch.setattr(graph.OpenedGraph, "candidates", spy)
+    return asked
+
+
 def test_dense_ef_sets_the_candidates_searched_and_never_fewer_than_k(forced, monkeypatch):
     backend, docs = forced
     backend._search_state()  # graphs built (and their recall sampled) before counting
-    asked = []
-    real = graph._search_parameters.__wrapped__
-
-    def spy(ef: int):
-        asked.append(ef)
-        return real(ef)
-
-    monkeypatch.setattr(graph, "_search_parameters", spy)
+    asked = widths_asked(monkeypatch)
     query = np.asarray(docs[5].dense) + 0.1
     for ef, k, width in ((None, 5, 8), (40, 5, 40), (40, 60, 60), (1, 3, 3)):
         backend.dense_ef = ef
@@ -163,9 +169,7 @@ def test_query_ef_reaches_the_graph_search(tmp_path, tiny_blip_bundle, image_fol
     index = tmp_path / "idx"
     code, _ = run_cli_json(["ingest", image_folder, "--bundle", tiny_blip_bundle, "--index", index], capsys)
     assert code == 0
-    asked = []
-    real = graph._search_parameters.__wrapped__
-    monkeypatch.setattr(graph, "_search_parameters", lambda ef: asked.append(ef) or real(ef))
+    asked = widths_asked(monkeypatch)
     base = ["query", "a dog", "--mode", "dense", "-k", "3", "--no-serve", "--bundle", tiny_blip_bundle, "--index", index]
     for extra, width in (([], graph.EF_SEARCH), (["--ef", "21"], 21), (["--ef", "2"], 3)):
         asked.clear()
@@ -205,8 +209,8 @@ def test_a_graph_extended_by_a_shard_searches_as_one_built_over_both():
     np.testing.assert_allclose(spanned @ query, both @ query, rtol=1e-6)
     extended = graph.extend(graph.build([first]), 300, DIM, [second])
     built = graph.build([first, second])
-    for blob in (extended, built):
-        index = graph.open_index(blob, graph.layout(blob, 500, DIM))
+    for blob, compiled in ((extended, True), (built, True), (extended, False), (built, False)):
+        index = graph.OpenedGraph(blob, graph.layout(blob, 500, DIM), 500, DIM, compiled=compiled)
         found = 0
         for _ in range(30):
             query = rng.normal(size=DIM).astype(np.float32)
@@ -277,9 +281,7 @@ def test_a_graph_spanning_many_shards_keeps_more_candidates_unless_asked(tmp_pat
     backend.open(IDENTITY)
     backend.upsert(docs)
     assert backend._search_state().dense_units() == [(0, 8), (8, 1)]
-    asked = []
-    real = graph._search_parameters.__wrapped__
-    monkeypatch.setattr(graph, "_search_parameters", lambda ef: asked.append(ef) or real(ef))
+    asked = widths_asked(monkeypatch)
     query = np.asarray(docs[3].dense)
     backend.dense_search(query, 5, explain=0)
     assert sorted(asked) == [8, 16]  # the last shard's graph, then the one over eight shards

@@ -464,10 +464,11 @@ def test_graph_hits_are_scored_with_the_float_vectors(graph_index):
 
 
 def test_graphs_are_searched_from_a_huge_page_copy_where_linux_offers_one(graph_index, monkeypatch):
-    """Where transparent huge pages can be asked for, the graph faiss walks from the second
-    search on is an anonymous copy on 2 MB pages (checked there); the first search walks the
-    file's mapping (a one-query process never pays for the copy); with D2S_GRAPH_HUGE_PAGES=0,
-    or where they are off, always the mapping. The same hits either way."""
+    """Where transparent huge pages can be asked for, the second search starts an anonymous
+    copy of the graph on 2 MB pages in the background, walked once it is made; the first
+    search walks the file's mapping (a one-query process never pays for the copy), and so do
+    the searches while the copy is made; with D2S_GRAPH_HUGE_PAGES=0, or where they are off,
+    always the mapping. The same hits either way."""
     from d2s_search.backends.local import graph
 
     def file_backed(backend) -> bool:
@@ -487,8 +488,12 @@ def test_graphs_are_searched_from_a_huge_page_copy_where_linux_offers_one(graph_
         backend.open(None, create=False)
         runs[setting] = [(h.id, h.score) for h in backend.dense_search(docs[0].dense, 5, explain=0)]
         assert file_backed(backend)
-        runs[setting] += [(h.id, h.score) for q in docs[1:20] for h in backend.dense_search(q.dense, 5, explain=0)]
+        runs[setting] += [(h.id, h.score) for q in docs[1:10] for h in backend.dense_search(q.dense, 5, explain=0)]
+        shard = backend._search_state().shards[0]
+        assert shard._copying is not None  # started by the second search, whatever the setting
+        shard._copying.join(timeout=30)
         assert file_backed(backend) == (setting == "0" or not offered)
+        runs[setting] += [(h.id, h.score) for q in docs[10:20] for h in backend.dense_search(q.dense, 5, explain=0)]
         backend.close()
     assert runs["1"] == runs["0"]
     monkeypatch.setattr(graph, "_THP_SETTING", "/nonexistent")

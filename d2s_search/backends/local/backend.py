@@ -677,6 +677,7 @@ class LocalBackend:
             # which scoring kernel this install has: "numpy" means no C compiler at install time
             "scoring_kernel": "compiled" if kernels.c_kernel_loaded() else "numpy",
             "hit_builder": "compiled" if kernels._c_hits is not None else "python",  # _hits.c, built with it
+            "graph_walk": "compiled" if kernels._c_graph is not None else "faiss",  # _graph.c
             # _query.c: a sparse query's columns, every shard's top k and their merge in one call
             "sparse_query": "compiled" if kernels._c_query is not None and kernels.c_kernel_loaded() else "python",
             # "hnsw": dense search proposes candidates from graphs (approximate), see APPROXIMATE_DENSE_FROM
@@ -1218,8 +1219,7 @@ class LocalBackend:
                 continue
             if ("hnsw" in head.arrays and n_allowed >= GRAPH_FILTER_SHARE * unit_rows
                     and self._graph_pays(k, unit_rows, self._ef_for(span))):
-                rows, scores = graph.search_allowed(self._graph_of(head), self._unit_vectors(members), query, k,
-                                                    self._ef_for(span), mine)
+                rows, scores = self._graph_search(head, members, query, k, self._ef_for(span), mine)
                 if rows.size >= min(k, n_allowed):  # else too few reached: the exact scan below
                     out.append((rows + head.start, scores))
                     continue
@@ -1444,7 +1444,7 @@ class LocalBackend:
                 head = members[0]
                 ef = self._ef_for(span)
                 if "hnsw" in head.arrays and self._graph_pays(k, sum(m.rows for m in members), ef):
-                    rows, scores = graph.search(self._graph_of(head), self._unit_vectors(members), query, k, ef)
+                    rows, scores = self._graph_search(head, members, query, k, ef)
                     out.append((rows + head.start, scores))
                     continue
                 for shard in members:
@@ -1461,13 +1461,24 @@ class LocalBackend:
         (max(ef, k)) are under GRAPH_K_SHARE of them (less for a graph over more than a shard's
         rows, GRAPH_SHARE_FALLOFF); past that a scan of every vector is as fast, and exact."""
         share = GRAPH_K_SHARE * min(1.0, cache_mod.SHARD_ROWS / max(rows, 1)) ** GRAPH_SHARE_FALLOFF
-        return max(k, ef) < share * rows and graph.available()
+        return max(k, ef) < share * rows and graph.searchable()
 
-    def _graph_of(self, shard: Shard):
+    def _graph_of(self, shard: Shard) -> graph.OpenedGraph:
         try:
             return shard.dense_graph()
         except CacheUnusable as exc:  # damaged: rebuild, and stop this search cleanly
             self._damaged(exc)
+
+    def _graph_search(self, head: Shard, members: list[Shard], query: np.ndarray, k: int, ef: int,
+                      allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The graph stored with ``head`` (over ``members``' rows) searched, among ``allowed`` rows if given."""
+        opened, vectors = self._graph_of(head), self._unit_vectors(members)
+        try:
+            if allowed is None:
+                return graph.search(opened, vectors, query, k, ef)
+            return graph.search_allowed(opened, vectors, query, k, ef, allowed)
+        except kernels.DamagedArrays as exc:  # the walk's own bounds checks: changed since checked
+            self._damaged(CacheUnusable(f"shard at row {head.start} is damaged: {exc}"))
 
     def explain_hits(self, hits: list[Hit], query: SparseVector, explain: int = 5) -> None:
         """Fill ``matched`` of hits (e.g. after fusion) from the cached rows, in place."""

@@ -46,6 +46,7 @@ import json
 import os
 import shutil
 import stat
+import threading
 import time
 import uuid
 import zlib
@@ -113,9 +114,14 @@ class Shard:
     # shards it spans after this one have no graph of their own. ``graph_rows``: their rows.
     graph_span: int = 1
     graph_rows: int = 0
-    _graph: object = field(default=None, repr=False)  # the faiss index over ``hnsw``, once checked
+    # ``hnsw``'s bytes are ones a build checked (graph.check): built in this process, or read
+    # from a file the cache's stamp vouches for (unchanged since this package wrote it)
+    graph_vouched: bool = False
+    _graph: graph.OpenedGraph | None = field(default=None, repr=False)  # over ``hnsw``, once opened
     _graph_copied: bool = field(default=False, repr=False)  # moved to huge pages (or tried)
-    _retired: list = field(default_factory=list, repr=False)  # what an earlier faiss index reads
+    _retired: list = field(default_factory=list, repr=False)  # what an earlier opened graph reads
+    _copying: threading.Thread | None = field(default=None, repr=False)  # making the huge-page copy
+    _graph_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _bound: BoundShard | None = field(default=None, repr=False)
 
     @property
@@ -182,35 +188,54 @@ class Shard:
         """The dense vectors in row order (a view of the memory-mapped file)."""
         return np.asarray(self.arrays["dense"])
 
-    def dense_graph(self):
-        """The faiss index over this shard's graph (None: none), checked before first use
-        (neighbour ids, lists and levels: what keeps faiss inside the arrays). The first search
-        walks the mapped file; the second moves the walk to a copy on huge pages
-        (:func:`graph.huge_page_copy`, checked again), which pays off only over many searches:
-        a process that answers one query never makes it."""
-        if "hnsw" not in self.arrays or not graph.available():
+    def dense_graph(self) -> graph.OpenedGraph | None:
+        """This shard's graph opened for search (None: none, or none can be searched here).
+        Before faiss walks it, it is checked (neighbour ids, lists and levels: what keeps faiss
+        inside the arrays); the compiled walk checks every read itself, so a graph it walks is
+        checked only when its bytes are not known to be ones a build checked
+        (:attr:`graph_vouched`). The first search walks the mapped file; the second starts
+        moving the walk to a copy on huge pages (:func:`graph.huge_page_copy`), made in the
+        background and swapped in when done (0.85x the time of a search at 1M): a process
+        that answers one query never makes it, and no search waits for it."""
+        if "hnsw" not in self.arrays or not graph.searchable():
             return None
-        if self._graph is None:
-            self._graph = self._opened_graph(self.arrays["hnsw"])
-        elif not self._graph_copied:
-            self._graph_copied = True
-            copy = graph.huge_page_copy(self.arrays["hnsw"])
-            if copy is not None:
-                index = self._opened_graph(copy)
-                # a search in another thread may still walk the mapping: it stays referenced
-                self._retired.append((self.arrays["hnsw"], self.mapped.pop("hnsw", None), self._graph))
-                self.arrays["hnsw"], self._graph = copy, index
-        return self._graph
+        with self._graph_lock:
+            opened = self._graph
+            if opened is None:
+                opened = self._graph = self._opened_graph(self.arrays["hnsw"])
+            elif not self._graph_copied:
+                self._graph_copied = True
+                self._copying = threading.Thread(target=self._move_to_huge_pages, args=(self.arrays["hnsw"], opened),
+                                                 name="d2s-graph-copy", daemon=True)
+                self._copying.start()
+        return opened
 
-    def _opened_graph(self, blob: np.ndarray):
-        rows = self.graph_rows or self.rows
+    def _move_to_huge_pages(self, blob: np.ndarray, opened: graph.OpenedGraph) -> None:
+        copy = graph.huge_page_copy(blob)
+        if copy is None:
+            return
         try:
-            where = graph.layout(blob, rows, self.arrays["dense"].shape[1])
-            graph.check(blob, where, rows)
+            moved = self._opened_graph(copy)
+        except CacheUnusable:  # changed under the copy: the searches' own checks report it
+            return
+        with self._graph_lock:
+            if self._graph is not opened:  # replaced or dropped meanwhile
+                return
+            # a search in another thread may still walk the mapping: it stays referenced
+            self._retired.append((blob, self.mapped.get("hnsw"), opened))
+            self.mapped = {name: m for name, m in self.mapped.items() if name != "hnsw"}  # a new dict: others iterate it
+            self.arrays["hnsw"], self._graph = copy, moved
+
+    def _opened_graph(self, blob: np.ndarray) -> graph.OpenedGraph:
+        rows, dim = self.graph_rows or self.rows, self.arrays["dense"].shape[1]
+        try:
+            where = graph.layout(blob, rows, dim)
+            if not (self.graph_vouched and graph.compiled_walk()):
+                graph.check(blob, where, rows)
         except DamagedArrays as exc:
             raise CacheUnusable(f"shard at row {self.start} is damaged: {exc}") from None
         try:
-            return graph.open_index(blob, where)
+            return graph.OpenedGraph(blob, where, rows, dim)
         except RuntimeError as exc:  # faiss's own reader refused it
             raise CacheUnusable(f"shard at row {self.start} is damaged: {str(exc).splitlines()[-1]}") from None
 
@@ -219,14 +244,17 @@ class Shard:
         vectors, or over the ``rows`` of the ``span`` shards from this one on). Raises
         DamagedArrays when its layout does not fit them."""
         graph.layout(blob, rows if rows is not None else self.rows, dim)
-        self.arrays["hnsw"] = blob
-        self.graph_span, self.graph_rows = span, (rows if span > 1 and rows is not None else 0)
-        self._graph, self._graph_copied = None, False
+        with self._graph_lock:
+            self.arrays["hnsw"] = blob
+            self.graph_span, self.graph_rows = span, (rows if span > 1 and rows is not None else 0)
+            self._graph, self._graph_copied = None, False
+            self.graph_vouched = True  # graph.build and graph.extend check what they return
 
     def detach_graph(self) -> None:
         """Back to scanning every vector (the graph's file goes)."""
-        del self.arrays["hnsw"]
-        self._graph, self._graph_copied = None, False
+        with self._graph_lock:
+            del self.arrays["hnsw"]
+            self._graph, self._graph_copied = None, False
         self.graph_recall = None
         self.graph_span, self.graph_rows = 1, 0
 
@@ -635,6 +663,9 @@ def load(cache_dir: Path, verify: bool = True) -> Structures:
                 raise CacheUnusable(f"shard-{len(shards):05d}-csr_indices.npy holds {ids}, not {wanted}")
             if "hnsw" in shard.arrays:  # its layout is walked with its links, by the first search it serves
                 shard.graph_recall = recorded_recall(meta.get("graph_recall"))
+                name_ = f"shard-{len(shards):05d}-hnsw.npy"
+                shard.graph_vouched = stamped is not None and stamped.get(name_) == cache_stamp.entry(
+                    shard.stats["hnsw"], shard.files["hnsw"][1])
             if shard.rows != meta["rows"] or (shard.rows > SHARD_ROWS) or (
                 shard.rows < SHARD_ROWS and meta is not header["shards"][-1]
             ):

@@ -1,8 +1,13 @@
-"""Approximate dense search of the local index: HNSW graphs (faiss), one spanning the index's
-full shards and one for a shard of its own (the last, partial one; or each, in a small
+"""Approximate dense search of the local index: HNSW graphs (built by faiss), one spanning the
+index's full shards and one for a shard of its own (the last, partial one; or each, in a small
 index), read in place from the memory-mapped cache file (or from one copy of it on huge
 pages, see :func:`huge_page_copy`), their candidates rescored with the float vectors (a
 spanning graph's labels are the rows of its shards one after another: :class:`SpannedRows`).
+
+Searching does not need faiss: ``_graph.c`` walks faiss's serialised graph in place (the same
+candidates as faiss's own search on the graphs measured, in the same time), so a process that
+only searches never imports faiss (35 ms, most of a first dense search). Where that extension
+is not built, faiss reads the graph zero-copy and searches it (:class:`OpenedGraph`).
 
 The graph keeps 8-bit copies of the vectors (faiss ``IndexHNSWSQ``, ``QT_8bit``: each dimension
 quantised over its range in the shard, as Elasticsearch's default ``int8_hnsw`` does): walking it
@@ -41,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kernels import DamagedArrays, top_rows_any_sign
+from .kernels import DamagedArrays, _c_graph, top_rows_any_sign
 
 M = 32  # neighbours per node (64 on the bottom layer)
 EF_CONSTRUCTION = 80  # 40 gave recall@10 0.90 at 64 candidates on the real-shaped CLIP set, 80 0.97 (validation)
@@ -79,13 +84,24 @@ class Layout:
     entry_point: int
     max_level: int
     quantiser: int  # byte offset of the quantiser's fields (qtype first)
+    ranges: int  # byte offset of each dimension's minimum, then of each one's range (float32, 2 x dim)
     codes: int  # byte offset of the 8-bit copies of the vectors (rows x dim)
+
+
+def compiled_walk() -> bool:
+    """Whether graphs are walked by ``_graph.c`` here (every read bounds-checked as it goes)."""
+    return _c_graph is not None
+
+
+def searchable() -> bool:
+    """Whether graphs can be searched here: by the compiled walk, else by faiss (:func:`available`)."""
+    return _c_graph is not None or available()
 
 
 @functools.cache
 def available() -> bool:
-    """faiss with zero-copy reading (1.11 and later); without it graphs written by another
-    install are not read (their shards are scanned) and none are built."""
+    """faiss with zero-copy reading (1.11 and later): what builds graphs (and searches them
+    where ``_graph.c`` is not built); without it none are built and dense search stays exact."""
     try:
         import faiss
     except ImportError:  # pragma: no cover
@@ -254,12 +270,12 @@ def _walk(blob: np.ndarray, base: int, rows: int, dim: int) -> Layout:
     qtype, _, _, d, code_size = _QUANTIZER.unpack(blob[at : at + _QUANTIZER.size].tobytes())
     if qtype != _QT_8BIT or d != dim or code_size != dim:
         raise DamagedArrays("graph file's vector copies are not the shard's 8-bit vectors")
-    (_, ranges), at = _vector_at(blob, at + _QUANTIZER.size, 4, 2 * dim)  # NaN ranges cost recall, not safety
+    (ranges_at, ranges), at = _vector_at(blob, at + _QUANTIZER.size, 4, 2 * dim)  # NaN ranges cost recall, not safety
     (codes, count), at = _vector_at(blob, at, 1, rows * code_size)
     if ranges != 2 * dim or count != rows * code_size or at != blob.size:
         raise DamagedArrays("graph file's vector copies do not match the shard")
     return Layout(base=base, cum=cum, levels=levels, offsets=offsets, neighbors=neighbors, entry_point=entry_point,
-                  max_level=max_level, quantiser=quantiser, codes=codes)
+                  max_level=max_level, quantiser=quantiser, ranges=ranges_at, codes=codes)
 
 
 def _view(blob: np.ndarray, part: tuple[int, int], dtype: str) -> np.ndarray:
@@ -348,7 +364,55 @@ def open_index(blob: np.ndarray, where: Layout):
     return faiss.read_index(reader)
 
 
-def sampled_recall(index, vectors: np.ndarray, ef: int, sample: int = RECALL_SAMPLE,
+class OpenedGraph:
+    """A checked graph ready to search: walked in place by ``_graph.c``, or read by faiss
+    (:func:`open_index`) where that is not built or ``compiled=False``. Raises RuntimeError
+    when faiss's reader refuses the bytes."""
+
+    def __init__(self, blob: np.ndarray, where: Layout, rows: int, dim: int, compiled: bool = True) -> None:
+        self.blob, self.rows = blob, rows
+        self._walker = _c_graph if compiled else None
+        self._faiss = None if self._walker is not None else open_index(blob, where)
+        self._fields = (where.cum[0], where.cum[1], where.levels[0], where.offsets[0], where.neighbors[0],
+                        where.neighbors[1], where.entry_point, where.max_level, where.ranges, where.codes, rows, dim)
+
+    @property
+    def compiled(self) -> bool:
+        return self._walker is not None
+
+    def candidates(self, query: np.ndarray, wanted: int, allowed: np.ndarray | None = None) -> np.ndarray:
+        """Up to ``wanted`` rows the graph finds nearest ``query`` by its 8-bit copies, in no
+        order (``allowed``: one bool per row; only those are returned). Raises DamagedArrays
+        when the graph's bytes no longer hold together (changed since checked)."""
+        if self._walker is not None:
+            found = np.empty(wanted, dtype=np.int64)
+            bitmap = None if allowed is None else np.packbits(allowed, bitorder="little")
+            try:
+                n = self._walker.search(self.blob, self._fields, np.ascontiguousarray(query, dtype=np.float32),
+                                        wanted, bitmap, found)
+            except ValueError as exc:
+                raise DamagedArrays(str(exc)) from None
+            return found[:n]
+        return self._faiss_candidates(query, wanted, allowed)
+
+    def _faiss_candidates(self, query: np.ndarray, wanted: int, allowed: np.ndarray | None) -> np.ndarray:
+        if allowed is None:
+            _, found = self._faiss.search(query.reshape(1, -1), wanted, params=_search_parameters(wanted))
+            return found[0][found[0] >= 0]
+        import faiss
+
+        bitmap = np.packbits(allowed, bitorder="little")  # faiss reads bit i of byte i // 8
+        params = faiss.SearchParametersHNSW()
+        params.efSearch = wanted
+        selector = faiss.IDSelectorBitmap(allowed.size, faiss.swig_ptr(bitmap))
+        params.sel = selector
+        _, found = self._faiss.search(query.reshape(1, -1), wanted, params=params)
+        del selector, bitmap  # kept alive until here: faiss holds only the pointer
+        rows = found[0]
+        return rows[(rows >= 0) & (rows < allowed.size)]
+
+
+def sampled_recall(opened: OpenedGraph, vectors: np.ndarray, ef: int, sample: int = RECALL_SAMPLE,
                    k: int = RECALL_K) -> tuple[int, int]:
     """(found, wanted): how many of the exact top ``k`` neighbours of ``sample`` of the shard's
     own vectors (evenly spaced rows; the row itself left out of both lists) :func:`search`
@@ -359,7 +423,7 @@ def sampled_recall(index, vectors: np.ndarray, ef: int, sample: int = RECALL_SAM
     for row in picked:
         query = np.asarray(vectors[row], dtype=np.float32)
         exact = _top_without(vectors @ query, row, k)
-        got, _ = search(index, vectors, query, k + 1, ef)
+        got, _ = search(opened, vectors, query, k + 1, ef)
         found += len(set(exact.tolist()) & set(got[got != row][:k].tolist()))
         wanted += exact.size
     return found, wanted
@@ -370,39 +434,25 @@ def _top_without(scores: np.ndarray, row: int, k: int) -> np.ndarray:
     return top_rows_any_sign(scores, min(k, scores.size - 1))
 
 
-def search(index, vectors: np.ndarray, query: np.ndarray, k: int, ef: int) -> tuple[np.ndarray, np.ndarray]:
+def search(opened: OpenedGraph, vectors: np.ndarray, query: np.ndarray, k: int, ef: int) -> tuple[np.ndarray, np.ndarray]:
     """(rows, exact inner products) of the approximate top-k of one query, best first, ties by
     row: the graph's ``max(ef, k)`` candidates scored with ``vectors`` (the shard's float32
     vectors, as the exact plan scores them)."""
-    wanted = max(ef, k)
-    _, found = index.search(query.reshape(1, -1), wanted, params=_search_parameters(wanted))
-    rows = found[0]
-    rows = rows[rows >= 0]
+    rows = opened.candidates(query, max(ef, k))
     scores = vectors[rows] @ query
     order = np.lexsort((rows, -scores))[:k]
     return rows[order], scores[order]
 
 
-def search_allowed(index, vectors: np.ndarray, query: np.ndarray, k: int, ef: int,
+def search_allowed(opened: OpenedGraph, vectors: np.ndarray, query: np.ndarray, k: int, ef: int,
                    allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`search` among the rows ``allowed`` (one bool per row of the shard): faiss walks
-    the graph as usual and keeps only allowed rows as results (an ``IDSelectorBitmap``), so
-    a filter that keeps most rows costs about what no filter does."""
-    import faiss
-
-    wanted = max(ef, k)
-    bitmap = np.packbits(allowed, bitorder="little")  # faiss reads bit i of byte i // 8
-    params = faiss.SearchParametersHNSW()
-    params.efSearch = wanted
-    selector = faiss.IDSelectorBitmap(allowed.size, faiss.swig_ptr(bitmap))
-    params.sel = selector
-    _, found = index.search(query.reshape(1, -1), wanted, params=params)
-    rows = found[0]
-    rows = rows[(rows >= 0) & (rows < allowed.size)]
-    rows = rows[allowed[rows]]  # what faiss kept is checked, not trusted
+    """:func:`search` among the rows ``allowed`` (one bool per row of the shard): the walk goes
+    through every row as usual and keeps only allowed ones as candidates, so a filter that
+    keeps most rows costs about what no filter does."""
+    rows = opened.candidates(query, max(ef, k), allowed)
+    rows = rows[allowed[rows]]  # what the walk kept is checked, not trusted
     scores = vectors[rows] @ query
     order = np.lexsort((rows, -scores))[:k]
-    del selector, bitmap  # kept alive until here: faiss holds only the pointer
     return rows[order], scores[order]
 
 

@@ -126,6 +126,7 @@ def _load_c_module(name: str):
 
 _c_hits = _load_c_module("_hits")  # hits and their words (_hits.c)
 _c_query = _load_c_module("_query")  # a sparse query's top k in one call (_query.c, see QueryTop)
+_c_graph = _load_c_module("_graph")  # a dense query's graph candidates without faiss (_graph.c, see graph.py)
 
 
 def c_kernel_loaded() -> bool:
@@ -134,13 +135,13 @@ def c_kernel_loaded() -> bool:
 
 
 def missing_compiled_parts() -> list[str]:
-    """The compiled parts (``_score.c``, ``_query.c``, ``_hits.c``) this install runs without
+    """The compiled parts (``_score.c``, ``_query.c``, ``_graph.c``, ``_hits.c``) this install runs without
     (not built: no C compiler at install time), not counting those turned off with ``D2S_C_KERNEL=0``."""
     import os
 
     if os.environ.get("D2S_C_KERNEL", "1") == "0":
         return []
-    loaded = {"_score.c": _c_kernel, "_query.c": _c_query, "_hits.c": _c_hits}
+    loaded = {"_score.c": _c_kernel, "_query.c": _c_query, "_graph.c": _c_graph, "_hits.c": _c_hits}
     return [name for name, part in loaded.items() if part is None]
 
 

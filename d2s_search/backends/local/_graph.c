@@ -1,0 +1,380 @@
+/* A dense query's candidates from an HNSW graph as faiss serialises an IndexHNSWSQ (8-bit
+ * codes, inner product), walked in place in the cache's bytes (optional: graph.py hands the
+ * graph to faiss without it).
+ *
+ * Importing faiss costs a process about 35 ms, most of a first dense search; the walk itself
+ * is a few hundred lines. The search is HNSW's (Malkov & Yashunin, algorithms 2 and 5, as
+ * hnswlib's searchBaseLayerST does it, with a filter): a greedy descent through the upper
+ * layers from the entry point, then a best-first search of the bottom layer keeping the
+ * ``ef`` best codes; with a bitmap of allowed rows, every row is walked but only allowed rows
+ * are kept, and the search goes on until ``ef`` of them are held.
+ *
+ * A code's score is its inner product with the query as faiss decodes it (dimension j:
+ * vmin[j] + (code + 0.5) / 255 * vdiff[j]); the constant part is left out, which changes no
+ * order. The caller rescores the candidates with the float vectors.
+ *
+ * The layout's offsets come from graph.layout and the graph from graph.check (neighbour ids
+ * inside the rows, lists matching the levels); every read is still bounds-checked here, so a
+ * graph changed under the process can cost recall but never a read outside its bytes.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(address) __builtin_prefetch(address)
+#else
+#define PREFETCH(address) ((void)(address))
+#endif
+
+typedef struct {
+    const uint8_t *bytes;
+    int64_t size;
+    int64_t cum_at, n_cum, levels_at, offsets_at, neighbors_at, n_neighbors;
+    int64_t entry, max_level, ranges_at, codes_at, rows, dim;
+} graph_t;
+
+typedef struct {
+    float score;
+    int32_t row;
+} item;
+
+/* Binary heaps of items: `best_first` pops the highest score, `worst_first` the lowest. */
+typedef struct {
+    item *items;
+    int64_t size, capacity;
+} heap;
+
+static int heap_push(heap *h, item it, int best_first) {
+    if (h->size == h->capacity) {
+        int64_t capacity = h->capacity ? 2 * h->capacity : 256;
+        item *grown = realloc(h->items, (size_t)capacity * sizeof(item));
+        if (grown == NULL) {
+            return -1;
+        }
+        h->items = grown;
+        h->capacity = capacity;
+    }
+    int64_t i = h->size++;
+    while (i > 0) {
+        int64_t parent = (i - 1) / 2;
+        int above = best_first ? h->items[parent].score >= it.score : h->items[parent].score <= it.score;
+        if (above) {
+            break;
+        }
+        h->items[i] = h->items[parent];
+        i = parent;
+    }
+    h->items[i] = it;
+    return 0;
+}
+
+static item heap_pop(heap *h, int best_first) {
+    item top = h->items[0];
+    item last = h->items[--h->size];
+    int64_t i = 0, n = h->size;
+    for (;;) {
+        int64_t child = 2 * i + 1;
+        if (child >= n) {
+            break;
+        }
+        if (child + 1 < n && (best_first ? h->items[child + 1].score > h->items[child].score
+                                         : h->items[child + 1].score < h->items[child].score)) {
+            child++;
+        }
+        int stays = best_first ? last.score >= h->items[child].score : last.score <= h->items[child].score;
+        if (stays) {
+            break;
+        }
+        h->items[i] = h->items[child];
+        i = child;
+    }
+    if (n > 0) {
+        h->items[i] = last;
+    }
+    return top;
+}
+
+static inline int64_t read_i64(const uint8_t *at) {
+    int64_t v;
+    memcpy(&v, at, sizeof v);
+    return v;
+}
+
+static inline int32_t read_i32(const uint8_t *at) {
+    int32_t v;
+    memcpy(&v, at, sizeof v);
+    return v;
+}
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+
+/* 16 codes a step: widened to 32-bit integers, converted, multiplied by their weights into
+ * four sums of 4 lanes (SSE2: every x86-64 CPU). */
+static inline float code_score(const graph_t *g, const float *weights, int64_t row) {
+    const uint8_t *code = g->bytes + g->codes_at + row * g->dim;
+    const __m128i zero = _mm_setzero_si128();
+    __m128 s0 = _mm_setzero_ps(), s1 = _mm_setzero_ps(), s2 = _mm_setzero_ps(), s3 = _mm_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= g->dim; j += 16) {
+        __m128i bytes = _mm_loadu_si128((const __m128i *)(code + j));
+        __m128i low = _mm_unpacklo_epi8(bytes, zero), high = _mm_unpackhi_epi8(bytes, zero);
+        s0 = _mm_add_ps(s0, _mm_mul_ps(_mm_loadu_ps(weights + j), _mm_cvtepi32_ps(_mm_unpacklo_epi16(low, zero))));
+        s1 = _mm_add_ps(s1, _mm_mul_ps(_mm_loadu_ps(weights + j + 4), _mm_cvtepi32_ps(_mm_unpackhi_epi16(low, zero))));
+        s2 = _mm_add_ps(s2, _mm_mul_ps(_mm_loadu_ps(weights + j + 8), _mm_cvtepi32_ps(_mm_unpacklo_epi16(high, zero))));
+        s3 = _mm_add_ps(s3, _mm_mul_ps(_mm_loadu_ps(weights + j + 12), _mm_cvtepi32_ps(_mm_unpackhi_epi16(high, zero))));
+    }
+    float lanes[4];
+    _mm_storeu_ps(lanes, _mm_add_ps(_mm_add_ps(s0, s1), _mm_add_ps(s2, s3)));
+    float sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    for (; j < g->dim; j++) {
+        sum += weights[j] * (float)code[j];
+    }
+    return sum;
+}
+#else
+static inline float code_score(const graph_t *g, const float *weights, int64_t row) {
+    const uint8_t *code = g->bytes + g->codes_at + row * g->dim;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < g->dim; j++) {
+        sum += weights[j] * (float)code[j];
+    }
+    return sum;
+}
+#endif
+
+/* [begin, end) of a node's neighbour slots on a level, or -1 when they fall outside the graph. */
+static int neighbour_slots(const graph_t *g, int64_t row, int64_t level, int64_t *begin, int64_t *end) {
+    if (row < 0 || row >= g->rows || level < 0 || level + 1 >= g->n_cum) {
+        return -1;
+    }
+    int64_t offset = read_i64(g->bytes + g->offsets_at + 8 * row);
+    int64_t low = read_i32(g->bytes + g->cum_at + 4 * level);
+    int64_t high = read_i32(g->bytes + g->cum_at + 4 * (level + 1));
+    if (offset < 0 || low < 0 || high < low || offset > g->n_neighbors - high) {
+        return -1;
+    }
+    *begin = offset + low;
+    *end = offset + high;
+    return 0;
+}
+
+static inline int32_t neighbour(const graph_t *g, int64_t slot) {
+    return read_i32(g->bytes + g->neighbors_at + 4 * slot);
+}
+
+#define ALLOWED(bits, row) ((bits) == NULL || (((bits)[(row) >> 3] >> ((row) & 7)) & 1))
+#define SEEN(seen, row) (((seen)[(row) >> 3] >> ((row) & 7)) & 1)
+#define MARK(seen, row) ((seen)[(row) >> 3] |= (uint8_t)(1u << ((row) & 7)))
+
+/* The walk; fills `out` with up to `ef` rows and returns how many, -1 out of memory, -2 a
+ * graph that does not hold together. */
+static int64_t walk(const graph_t *g, const float *weights, int64_t ef, const uint8_t *allowed, int64_t *out) {
+    int64_t node = g->entry;
+    if (node < 0 || node >= g->rows) {
+        return -2;
+    }
+    float best = code_score(g, weights, node);
+    for (int64_t level = g->max_level; level >= 1; level--) {
+        for (int changed = 1; changed;) {
+            changed = 0;
+            int64_t begin, end;
+            if (neighbour_slots(g, node, level, &begin, &end) < 0) {
+                return -2;
+            }
+            for (int64_t slot = begin; slot < end; slot++) {
+                int32_t next = neighbour(g, slot);
+                if (next < 0) {
+                    break;
+                }
+                if (next >= g->rows) {
+                    return -2;
+                }
+                float score = code_score(g, weights, next);
+                if (score > best) {
+                    best = score;
+                    node = next;
+                    changed = 1;
+                }
+            }
+        }
+    }
+
+    uint8_t *seen = calloc((size_t)(g->rows + 7) / 8, 1);
+    heap candidates = {0}, kept = {0};
+    int64_t n = -1;
+    if (seen == NULL) {
+        goto done;
+    }
+    MARK(seen, node);
+    if (heap_push(&candidates, (item){best, (int32_t)node}, 1) < 0) {
+        goto done;
+    }
+    if (ALLOWED(allowed, node) && heap_push(&kept, (item){best, (int32_t)node}, 0) < 0) {
+        goto done;
+    }
+    while (candidates.size > 0) {
+        item current = candidates.items[0];
+        if (kept.size == ef && current.score < kept.items[0].score) {
+            break;
+        }
+        heap_pop(&candidates, 1);
+        int64_t begin, end;
+        if (neighbour_slots(g, current.row, 0, &begin, &end) < 0) {
+            n = -2;
+            goto done;
+        }
+        for (int64_t slot = begin; slot < end; slot++) {  // the codes of the next ones on their way
+            int32_t next = neighbour(g, slot);
+            if (next < 0) {
+                break;
+            }
+            if (next < g->rows && !SEEN(seen, next)) {
+                PREFETCH(g->bytes + g->codes_at + (int64_t)next * g->dim);
+            }
+        }
+        for (int64_t slot = begin; slot < end; slot++) {
+            int32_t next = neighbour(g, slot);
+            if (next < 0) {
+                break;
+            }
+            if (next >= g->rows) {
+                n = -2;
+                goto done;
+            }
+            if (SEEN(seen, next)) {
+                continue;
+            }
+            MARK(seen, next);
+            float score = code_score(g, weights, next);
+            if (kept.size < ef || score > kept.items[0].score) {
+                if (heap_push(&candidates, (item){score, next}, 1) < 0) {
+                    goto done;
+                }
+                if (ALLOWED(allowed, next)) {
+                    if (heap_push(&kept, (item){score, next}, 0) < 0) {
+                        goto done;
+                    }
+                    if (kept.size > ef) {
+                        heap_pop(&kept, 0);
+                    }
+                }
+            }
+        }
+    }
+    n = kept.size;
+    for (int64_t i = 0; i < n; i++) {
+        out[i] = kept.items[i].row;
+    }
+done:
+    free(seen);
+    free(candidates.items);
+    free(kept.items);
+    return n;
+}
+
+static int get_buffer(PyObject *obj, Py_buffer *view, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0) {
+        return -1;
+    }
+    (void)what;
+    return 0;
+}
+
+/* search(blob, layout, query, ef, allowed, out) -> n
+ *   blob: the graph's bytes (uint8 buffer); layout: a tuple of 12 ints (cum offset, cum
+ *   count, levels offset, offsets offset, neighbours offset, neighbours count, entry point,
+ *   top level, ranges offset, codes offset, rows, dim); query: dim float32; ef: candidates;
+ *   allowed: None or a bitmap of rows (bit i of byte i // 8); out: int64 buffer of ef rows. */
+static PyObject *search(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 12) {
+        PyErr_SetString(PyExc_TypeError, "search(blob, layout, query, ef, allowed, out)");
+        return NULL;
+    }
+    int64_t fields[12];
+    for (int i = 0; i < 12; i++) {
+        fields[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(args[1], i));
+        if (fields[i] == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    int64_t ef = PyLong_AsLongLong(args[3]);
+    if (ef == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_buffer blob = {0}, query = {0}, allowed = {0}, out = {0};
+    PyObject *result = NULL;
+    float *weights = NULL;
+    int have_allowed = args[4] != Py_None;
+    if (get_buffer(args[0], &blob, "blob") < 0) {
+        return NULL;
+    }
+    if (get_buffer(args[2], &query, "query") < 0 || (have_allowed && get_buffer(args[4], &allowed, "allowed") < 0) ||
+        get_buffer(args[5], &out, "out") < 0) {
+        goto release;
+    }
+    graph_t g = {blob.buf, blob.len, fields[0], fields[1], fields[2], fields[3], fields[4], fields[5],
+                 fields[6], fields[7], fields[8], fields[9], fields[10], fields[11]};
+    int64_t dim = g.dim, rows = g.rows;
+    /* every array the walk reads lies inside the blob */
+    int fits = dim > 0 && rows > 0 && rows < INT32_MAX && ef > 0 && g.n_cum >= 2 && g.n_neighbors >= 0 &&
+               g.cum_at >= 0 && g.cum_at <= g.size - 4 * g.n_cum &&
+               g.levels_at >= 0 && g.levels_at <= g.size - 4 * rows &&
+               g.offsets_at >= 0 && g.offsets_at <= g.size - 8 * (rows + 1) &&
+               g.neighbors_at >= 0 && g.neighbors_at <= g.size - 4 * g.n_neighbors &&
+               g.ranges_at >= 0 && g.ranges_at <= g.size - 8 * dim &&
+               g.codes_at >= 0 && rows <= (g.size - g.codes_at) / dim &&
+               g.max_level >= 0 && g.max_level + 1 < g.n_cum &&
+               query.len == (Py_ssize_t)(4 * dim) && out.len >= (Py_ssize_t)(8 * ef) &&
+               (!have_allowed || allowed.len >= (rows + 7) / 8);
+    if (!fits) {
+        PyErr_SetString(PyExc_ValueError, "graph layout, query or output do not fit the graph's bytes");
+        goto release;
+    }
+    weights = malloc((size_t)dim * sizeof(float));
+    if (weights == NULL) {
+        PyErr_NoMemory();
+        goto release;
+    }
+    const float *q = query.buf;
+    for (int64_t j = 0; j < dim; j++) {  // q[j] * vdiff[j] / 255 per unit of code
+        float vdiff;
+        memcpy(&vdiff, g.bytes + g.ranges_at + 4 * (dim + j), sizeof vdiff);
+        weights[j] = q[j] * vdiff / 255.0f;
+    }
+    int64_t n;
+    Py_BEGIN_ALLOW_THREADS
+    n = walk(&g, weights, ef, have_allowed ? allowed.buf : NULL, out.buf);
+    Py_END_ALLOW_THREADS
+    if (n == -1) {
+        PyErr_NoMemory();
+    } else if (n == -2) {
+        PyErr_SetString(PyExc_ValueError, "graph neighbours point outside the graph");
+    } else {
+        result = PyLong_FromLongLong(n);
+    }
+release:
+    free(weights);
+    PyBuffer_Release(&blob);
+    if (query.obj) PyBuffer_Release(&query);
+    if (allowed.obj) PyBuffer_Release(&allowed);
+    if (out.obj) PyBuffer_Release(&out);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"search", (PyCFunction)(void (*)(void))search, METH_FASTCALL,
+     "search(blob, layout, query, ef, allowed, out) -> n: a dense query's candidate rows from an HNSW graph."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_graph", "An HNSW graph's candidates for a dense query, walked in C.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__graph(void) { return PyModule_Create(&module_def); }
