@@ -5,8 +5,8 @@ pages, see :func:`huge_page_copy`), their candidates rescored with the float vec
 spanning graph's labels are the rows of its shards one after another: :class:`SpannedRows`).
 
 Searching does not need faiss: ``_graph.c`` walks faiss's serialised graph in place (the same
-candidates as faiss's own search on the graphs measured, in the same time), so a process that
-only searches never imports faiss (35 ms, most of a first dense search). Where that extension
+candidates as faiss's own search on the graphs measured, in 0.79-0.91x its time), so a process
+that only searches never imports faiss (35 ms, most of a first dense search). Where that extension
 is not built, faiss reads the graph zero-copy and searches it (:class:`OpenedGraph`).
 
 The graph keeps 8-bit copies of the vectors (faiss ``IndexHNSWSQ``, ``QT_8bit``: each dimension
@@ -34,7 +34,9 @@ field against the shard's rows, the dimension and the file size (a wrong length 
 faiss allocate or read past the end); :func:`check` verifies the graph (neighbour ids inside
 the shard, offsets and levels consistent) before faiss is handed it: with both, a damaged
 file can cost recall but cannot make faiss read outside the shard's arrays, and a hit's score
-always comes from the float vectors.
+always comes from the float vectors. The compiled walk checks every read itself (a bad one
+raises DamagedArrays), so it skips :func:`check` for a graph known to be one a build checked
+(``Shard.graph_vouched``).
 """
 
 from __future__ import annotations
@@ -165,6 +167,7 @@ def extend(blob: np.ndarray, rows: int, dim: int, parts: Sequence[np.ndarray]) -
 
 
 RANGE_SAMPLE = 65536  # rows the 8-bit ranges are measured on (a shard's worth)
+SEEDS = 0  # evenly spaced rows the compiled walk's bottom-layer search also starts from
 
 
 def _range_sample(parts: list[np.ndarray]) -> np.ndarray:
@@ -369,9 +372,12 @@ class OpenedGraph:
     (:func:`open_index`) where that is not built or ``compiled=False``. Raises RuntimeError
     when faiss's reader refuses the bytes."""
 
-    def __init__(self, blob: np.ndarray, where: Layout, rows: int, dim: int, compiled: bool = True) -> None:
+    def __init__(self, blob: np.ndarray, where: Layout, rows: int, dim: int, compiled: bool = True,
+                 seeds: int | None = None) -> None:
         self.blob, self.rows = blob, rows
         self._walker = _c_graph if compiled else None
+        count = min(rows, SEEDS if seeds is None else seeds)
+        self.seeds = np.unique(np.linspace(0, rows - 1, num=count).astype(np.int64)) if count > 0 else None
         self._faiss = None if self._walker is not None else open_index(blob, where)
         self._fields = (where.cum[0], where.cum[1], where.levels[0], where.offsets[0], where.neighbors[0],
                         where.neighbors[1], where.entry_point, where.max_level, where.ranges, where.codes, rows, dim)
@@ -389,7 +395,7 @@ class OpenedGraph:
             bitmap = None if allowed is None else np.packbits(allowed, bitorder="little")
             try:
                 n = self._walker.search(self.blob, self._fields, np.ascontiguousarray(query, dtype=np.float32),
-                                        wanted, bitmap, found)
+                                        wanted, bitmap, self.seeds, found)
             except ValueError as exc:
                 raise DamagedArrays(str(exc)) from None
             return found[:n]
