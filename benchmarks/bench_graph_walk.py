@@ -2,7 +2,7 @@
 walk over the file's mapping against the same walk over a copy on huge pages.
 
     python benchmarks/bench_graph_walk.py [--model offline-mini|clip] [--docs 140000] [--queries 300]
-        [--widths 16,64,256,1000] [--seeds 0,1024] [--json OUT]
+        [--widths 16,64,256,1000] [--json OUT]
 
 One graph (the index's: ``graph.build``, M 32, efConstruction 80, 8-bit copies) over
 ``--docs`` real-shaped offline-mini vectors (:mod:`real_shaped`), written to a file and
@@ -10,9 +10,7 @@ memory-mapped as the index reads it; validation captions as queries. Per width: 
 faiss's candidates the walk also returns, recall@10 of both (candidates rescored with the float
 vectors, as ``graph.search`` does), and p50 of the candidates' search alone, the two taking
 turns query by query (so each runs as often right after the other); then the walk on the
-mapping against the walk on :func:`graph.huge_page_copy`, the same way; and the walk started
-from more places than the descent's one node (``--seeds``: that many evenly spaced rows,
-``graph.SEEDS``): recall@10, the least recall of a query, p50. One thread.
+mapping against the walk on :func:`graph.huge_page_copy`, the same way. One thread.
 """
 
 from __future__ import annotations
@@ -61,7 +59,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=("offline-mini", "clip"), default="offline-mini")
     parser.add_argument("--docs", type=int, default=140_000)
-    parser.add_argument("--seeds", default="", help="seed counts to compare, comma separated (e.g. 0,256,1024)")
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--widths", default="16,64,256,1000")
     parser.add_argument("--json", dest="json_out")
@@ -87,7 +84,7 @@ def main() -> None:
         mapped = np.asarray(np.load(Path(tmp) / "graph.npy", mmap_mode="r"))  # as the cache maps it
         where = graph.layout(mapped, rows, dim)
         graph.check(mapped, where, rows)
-        walk = graph.OpenedGraph(mapped, where, rows, dim, seeds=0)
+        walk = graph.OpenedGraph(mapped, where, rows, dim)
         by_faiss = graph.OpenedGraph(mapped, where, rows, dim, compiled=False)
         copy = graph.huge_page_copy(mapped)
         on_huge_pages = graph.OpenedGraph(copy, where, rows, dim) if copy is not None else None
@@ -104,17 +101,6 @@ def main() -> None:
                 pages, _ = timed_turns({"mapping": walk, "huge pages": on_huge_pages}, queries, width)
                 row["p50 ms walk, mapping"] = round(pages["mapping"] * 1e3, 3)
                 row["p50 ms walk, huge pages"] = round(pages["huge pages"] * 1e3, 3)
-            counts = [int(c) for c in args.seeds.split(",") if c]
-            if counts:
-                seeded = {c: graph.OpenedGraph(mapped, where, rows, dim, seeds=c) for c in counts}
-                p50, found = timed_turns(seeded, queries, width)
-                for c in counts:
-                    per_query = [recall_at_10(docs, queries[i : i + 1], found[c][i : i + 1], exact[i : i + 1])
-                                 for i in range(len(queries))]
-                    row[f"seeds {c}"] = {"recall@10": round(float(np.mean(per_query)), 4),
-                                         "min_recall": round(float(np.min(per_query)), 2),
-                                         "p50_ms": round(p50[c] * 1e3, 3)}
-                del seeded
             table.append(row)
             print(row, file=sys.stderr)
         del walk, by_faiss, on_huge_pages, mapped

@@ -170,22 +170,3 @@ def test_a_process_that_only_searches_never_imports_faiss(tmp_path, monkeypatch)
     assert result["graphs"] == 1  # one graph spanning the three full shards
     assert result["ids"] == want and not result["faiss"]
 
-
-def test_seeded_walks_start_from_evenly_spaced_rows_too(built):
-    """Seeds are rows the bottom-layer search also starts from: with every row a seed the
-    candidates are the best codes of all (the exact top 10 after rescoring); seeds outside the
-    graph are refused, not read."""
-    vectors, blob, where = built
-    every = graph.OpenedGraph(blob, where, 3000, WIDE, seeds=3000)
-    assert every.seeds.tolist() == list(range(3000))
-    some = graph.OpenedGraph(blob, where, 3000, WIDE, seeds=7)
-    assert some.seeds.tolist() == [0, 499, 999, 1499, 1999, 2499, 2999]
-    assert graph.OpenedGraph(blob, where, 3000, WIDE, seeds=0).seeds is None
-    rng = np.random.default_rng(8)
-    for _ in range(5):
-        query = rng.normal(size=WIDE).astype(np.float32)
-        rows, _ = graph.search(every, vectors, query, 10, 100)
-        assert rows.tolist() == np.lexsort((np.arange(3000), -(vectors @ query)))[:10].tolist()
-    some.seeds = np.array([5, 3000], dtype=np.int64)
-    with pytest.raises(kernels.DamagedArrays):
-        some.candidates(vectors[0], 10)

@@ -172,8 +172,7 @@ static inline int32_t neighbour(const graph_t *g, int64_t slot) {
 
 /* The walk; fills `out` with up to `ef` rows and returns how many, -1 out of memory, -2 a
  * graph that does not hold together. */
-static int64_t walk(const graph_t *g, const float *weights, int64_t ef, const uint8_t *allowed,
-                    const int64_t *seeds, int64_t n_seeds, int64_t *out) {
+static int64_t walk(const graph_t *g, const float *weights, int64_t ef, const uint8_t *allowed, int64_t *out) {
     int64_t node = g->entry;
     if (node < 0 || node >= g->rows) {
         return -2;
@@ -216,29 +215,6 @@ static int64_t walk(const graph_t *g, const float *weights, int64_t ef, const ui
     }
     if (ALLOWED(allowed, node) && heap_push(&kept, (item){best, (int32_t)node}, 0) < 0) {
         goto done;
-    }
-    for (int64_t i = 0; i < n_seeds; i++) {  // more places to start from than the descent's one
-        int64_t seed = seeds[i];
-        if (seed < 0 || seed >= g->rows) {
-            n = -2;
-            goto done;
-        }
-        if (SEEN(seen, seed)) {
-            continue;
-        }
-        MARK(seen, seed);
-        float score = code_score(g, weights, seed);
-        if (heap_push(&candidates, (item){score, (int32_t)seed}, 1) < 0) {
-            goto done;
-        }
-        if (ALLOWED(allowed, seed)) {
-            if (heap_push(&kept, (item){score, (int32_t)seed}, 0) < 0) {
-                goto done;
-            }
-            if (kept.size > ef) {
-                heap_pop(&kept, 0);
-            }
-        }
     }
     while (candidates.size > 0) {
         item current = candidates.items[0];
@@ -308,16 +284,15 @@ static int get_buffer(PyObject *obj, Py_buffer *view, const char *what) {
     return 0;
 }
 
-/* search(blob, layout, query, ef, allowed, seeds, out) -> n
+/* search(blob, layout, query, ef, allowed, out) -> n
  *   blob: the graph's bytes (uint8 buffer); layout: a tuple of 12 ints (cum offset, cum
  *   count, levels offset, offsets offset, neighbours offset, neighbours count, entry point,
  *   top level, ranges offset, codes offset, rows, dim); query: dim float32; ef: candidates;
- *   allowed: None or a bitmap of rows (bit i of byte i // 8); seeds: None or int64 rows the
- *   bottom-layer search also starts from; out: int64 buffer of ef rows. */
+ *   allowed: None or a bitmap of rows (bit i of byte i // 8); out: int64 buffer of ef rows. */
 static PyObject *search(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 7 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 12) {
-        PyErr_SetString(PyExc_TypeError, "search(blob, layout, query, ef, allowed, seeds, out)");
+    if (nargs != 6 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 12) {
+        PyErr_SetString(PyExc_TypeError, "search(blob, layout, query, ef, allowed, out)");
         return NULL;
     }
     int64_t fields[12];
@@ -331,15 +306,15 @@ static PyObject *search(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (ef == -1 && PyErr_Occurred()) {
         return NULL;
     }
-    Py_buffer blob = {0}, query = {0}, allowed = {0}, seeds = {0}, out = {0};
+    Py_buffer blob = {0}, query = {0}, allowed = {0}, out = {0};
     PyObject *result = NULL;
     float *weights = NULL;
-    int have_allowed = args[4] != Py_None, have_seeds = args[5] != Py_None;
+    int have_allowed = args[4] != Py_None;
     if (get_buffer(args[0], &blob, "blob") < 0) {
         return NULL;
     }
     if (get_buffer(args[2], &query, "query") < 0 || (have_allowed && get_buffer(args[4], &allowed, "allowed") < 0) ||
-        (have_seeds && get_buffer(args[5], &seeds, "seeds") < 0) || get_buffer(args[6], &out, "out") < 0) {
+        get_buffer(args[5], &out, "out") < 0) {
         goto release;
     }
     graph_t g = {blob.buf, blob.len, fields[0], fields[1], fields[2], fields[3], fields[4], fields[5],
@@ -355,7 +330,7 @@ static PyObject *search(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                g.codes_at >= 0 && rows <= (g.size - g.codes_at) / dim &&
                g.max_level >= 0 && g.max_level + 1 < g.n_cum &&
                query.len == (Py_ssize_t)(4 * dim) && out.len >= (Py_ssize_t)(8 * ef) &&
-               (!have_allowed || allowed.len >= (rows + 7) / 8) && (!have_seeds || (seeds.itemsize == 8 && seeds.len % 8 == 0));
+               (!have_allowed || allowed.len >= (rows + 7) / 8);
     if (!fits) {
         PyErr_SetString(PyExc_ValueError, "graph layout, query or output do not fit the graph's bytes");
         goto release;
@@ -373,8 +348,7 @@ static PyObject *search(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     int64_t n;
     Py_BEGIN_ALLOW_THREADS
-    n = walk(&g, weights, ef, have_allowed ? allowed.buf : NULL, have_seeds ? seeds.buf : NULL,
-             have_seeds ? seeds.len / 8 : 0, out.buf);
+    n = walk(&g, weights, ef, have_allowed ? allowed.buf : NULL, out.buf);
     Py_END_ALLOW_THREADS
     if (n == -1) {
         PyErr_NoMemory();
@@ -388,14 +362,13 @@ release:
     PyBuffer_Release(&blob);
     if (query.obj) PyBuffer_Release(&query);
     if (allowed.obj) PyBuffer_Release(&allowed);
-    if (seeds.obj) PyBuffer_Release(&seeds);
     if (out.obj) PyBuffer_Release(&out);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"search", (PyCFunction)(void (*)(void))search, METH_FASTCALL,
-     "search(blob, layout, query, ef, allowed, seeds, out) -> n: a dense query's candidate rows from an HNSW graph."},
+     "search(blob, layout, query, ef, allowed, out) -> n: a dense query's candidate rows from an HNSW graph."},
     {NULL, NULL, 0, NULL},
 };
 

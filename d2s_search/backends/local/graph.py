@@ -167,7 +167,6 @@ def extend(blob: np.ndarray, rows: int, dim: int, parts: Sequence[np.ndarray]) -
 
 
 RANGE_SAMPLE = 65536  # rows the 8-bit ranges are measured on (a shard's worth)
-SEEDS = 0  # evenly spaced rows the compiled walk's bottom-layer search also starts from
 
 
 def _range_sample(parts: list[np.ndarray]) -> np.ndarray:
@@ -372,12 +371,9 @@ class OpenedGraph:
     (:func:`open_index`) where that is not built or ``compiled=False``. Raises RuntimeError
     when faiss's reader refuses the bytes."""
 
-    def __init__(self, blob: np.ndarray, where: Layout, rows: int, dim: int, compiled: bool = True,
-                 seeds: int | None = None) -> None:
+    def __init__(self, blob: np.ndarray, where: Layout, rows: int, dim: int, compiled: bool = True) -> None:
         self.blob, self.rows = blob, rows
         self._walker = _c_graph if compiled else None
-        count = min(rows, SEEDS if seeds is None else seeds)
-        self.seeds = np.unique(np.linspace(0, rows - 1, num=count).astype(np.int64)) if count > 0 else None
         self._faiss = None if self._walker is not None else open_index(blob, where)
         self._fields = (where.cum[0], where.cum[1], where.levels[0], where.offsets[0], where.neighbors[0],
                         where.neighbors[1], where.entry_point, where.max_level, where.ranges, where.codes, rows, dim)
@@ -395,7 +391,7 @@ class OpenedGraph:
             bitmap = None if allowed is None else np.packbits(allowed, bitorder="little")
             try:
                 n = self._walker.search(self.blob, self._fields, np.ascontiguousarray(query, dtype=np.float32),
-                                        wanted, bitmap, self.seeds, found)
+                                        wanted, bitmap, found)
             except ValueError as exc:
                 raise DamagedArrays(str(exc)) from None
             return found[:n]
