@@ -139,6 +139,50 @@ def test_damaged_cache_is_rebuilt_with_one_warning(index, damage):
     assert code == 0 and not warning_lines(err) and [h[0] for h in hits] == expected(docs), err
 
 
+def test_postings_the_stamp_vouches_for_are_not_scanned_again(index, monkeypatch):
+    """The ids of postings unchanged since written (the cache's stamp vouches: a build checked
+    them) are not scanned again where every read of them checks each id (the compiled code);
+    a file written since (checksums forged) is, and so is every file where the numpy path reads."""
+    from d2s_search.backends.local import cache, kernels
+
+    path, docs = index
+    scanned = []
+    real = cache.check_postings
+    monkeypatch.setattr(cache, "check_postings", lambda *a: scanned.append(a[4]) or real(*a))
+
+    def first_search() -> list[bool]:
+        scanned.clear()
+        backend = LocalBackend(path)
+        backend.open(None, create=False)
+        assert [h.id for h in backend.sparse_search(QUERY, 10, explain=0)] == expected(docs)
+        backend.close()
+        return list(scanned)
+
+    compiled = kernels.postings_reads_checked()
+    assert first_search() == [not compiled] * 2
+    monkeypatch.setattr(kernels, "_c_query", None)  # a read that would not check: scanned
+    assert first_search() == [True, True]
+    monkeypatch.undo()
+    monkeypatch.setattr(cache, "check_postings", lambda *a: scanned.append(a[4]) or real(*a))
+    f = state_dir(path) / "shard-00000-csc_indices.npy"
+    rewrite_array(path, f.name, np.load(f).copy())  # the same ids, a new file
+    assert first_search() == [True, True]
+
+
+def test_the_numpy_path_checks_the_ids_it_hands_to_scipy():
+    """scipy's csc_matvec writes where an id says: the numpy path checks each list it hands over."""
+    from d2s_search.backends.local import kernels
+
+    indptr = np.array([0, 2, 3], dtype=np.int32)
+    indices = np.array([0, 4, 1], dtype=np.uint16)  # 4 is past the shard's 3 rows
+    data = kernels.encode_weights(np.ones(3, np.float32))
+    out = np.zeros(3, np.float32)
+    kernels.accumulate(indptr, indices, data, 3, np.array([1]), np.array([2.0], np.float32), out, use_c=False)
+    assert out.tolist() == [0.0, 2.0, 0.0]
+    with pytest.raises(kernels.DamagedArrays, match="outside the shard"):
+        kernels.accumulate(indptr, indices, data, 3, np.array([0]), np.array([1.0], np.float32), out, use_c=False)
+
+
 def test_16_bit_term_ids_in_a_shard_of_a_wider_vocabulary_are_damage(tmp_path):
     """A shard whose columns need 32-bit term ids, its postings by document rewritten in 16
     bits (checksums forged): rebuilt with one warning, the answers those of brute force."""

@@ -57,7 +57,13 @@ import numpy as np
 
 from ...processes import pid_alive
 from . import cache_stamp, graph, row_blobs
-from .kernels import BoundShard, DamagedArrays, check_postings, encode_weights
+from .kernels import (
+    BoundShard,
+    DamagedArrays,
+    check_postings,
+    encode_weights,
+    postings_reads_checked,
+)
 from .mapped import MappedFiles
 from .store import CACHE_POINTER as POINTER
 from .store import LEGACY_CACHE, fsync_dir, is_temp_name, write_atomic
@@ -117,6 +123,9 @@ class Shard:
     # ``hnsw``'s bytes are ones a build checked (graph.check): built in this process, or read
     # from a file the cache's stamp vouches for (unchanged since this package wrote it)
     graph_vouched: bool = False
+    # the postings' id files likewise (build_shard checks what it writes): their ids are not
+    # scanned again where every read of them checks each id (kernels.postings_reads_checked)
+    postings_vouched: bool = False
     _graph: graph.OpenedGraph | None = field(default=None, repr=False)  # over ``hnsw``, once opened
     _graph_copied: bool = field(default=False, repr=False)  # moved to huge pages (or tried)
     _retired: list = field(default_factory=list, repr=False)  # what an earlier opened graph reads
@@ -144,8 +153,9 @@ class Shard:
                 self._validate_rows()
             if not postings:
                 return
-            check_postings(a["csc_indptr"], a["csc_indices"], a["csc_data"], rows)
-            check_postings(a["csr_indptr"], a["csr_indices"], a["csr_data"], max(self.n_cols, 1))
+            ids = not (self.postings_vouched and postings_reads_checked())
+            check_postings(a["csc_indptr"], a["csc_indices"], a["csc_data"], rows, ids)
+            check_postings(a["csr_indptr"], a["csr_indices"], a["csr_data"], max(self.n_cols, 1), ids)
             if a["csr_indptr"].shape[0] != rows + 1:
                 raise DamagedArrays("row pointers do not match the rows")
             if ("dense_terms" in a) != ("dense_columns" in a):
@@ -661,11 +671,12 @@ def load(cache_dir: Path, verify: bool = True) -> Structures:
             ids, wanted = shard.arrays["csr_indices"].dtype, csr_index_dtype(shard.n_cols)
             if ids != wanted:  # exactly the width the shard's columns call for
                 raise CacheUnusable(f"shard-{len(shards):05d}-csr_indices.npy holds {ids}, not {wanted}")
+            vouched = {name_ for name_ in shard.arrays if stamped is not None and stamped.get(
+                f"shard-{len(shards):05d}-{name_}.npy") == cache_stamp.entry(shard.stats[name_], shard.files[name_][1])}
+            shard.postings_vouched = {"csc_indices", "csr_indices"} <= vouched
             if "hnsw" in shard.arrays:  # its layout is walked with its links, by the first search it serves
                 shard.graph_recall = recorded_recall(meta.get("graph_recall"))
-                name_ = f"shard-{len(shards):05d}-hnsw.npy"
-                shard.graph_vouched = stamped is not None and stamped.get(name_) == cache_stamp.entry(
-                    shard.stats["hnsw"], shard.files["hnsw"][1])
+                shard.graph_vouched = "hnsw" in vouched
             if shard.rows != meta["rows"] or (shard.rows > SHARD_ROWS) or (
                 shard.rows < SHARD_ROWS and meta is not header["shards"][-1]
             ):

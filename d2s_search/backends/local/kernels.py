@@ -175,9 +175,11 @@ class DamagedArrays(ValueError):
     """Arrays read back from disk do not describe a valid structure."""
 
 
-def check_postings(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows: int) -> None:
+def check_postings(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows: int, ids: bool = True) -> None:
     """Raise DamagedArrays unless (indptr, indices, data) is a CSC/CSR structure whose ids
-    all lie in [0, n_rows): what makes the unchecked C kernel safe to call."""
+    all lie in [0, n_rows). ``ids=False``: the ids are not read (most of the cost: one pass
+    over every posting), for postings known to be ones a build checked and read only by code
+    that checks each id itself (:func:`postings_reads_checked`)."""
     if indptr.ndim != 1 or indptr.size < 1 or indptr[0] != 0 or indptr[-1] != indices.size:
         raise DamagedArrays("pointer array does not span the postings")
     if indices.size != data.size:
@@ -185,9 +187,18 @@ def check_postings(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_
     if indptr.size > 1 and np.any(np.diff(indptr) < 0):
         raise DamagedArrays("pointer array goes backwards")
     # One unsigned reduction catches negative ids too (they wrap to huge values).
+    if not ids:
+        return
     unsigned = indices if indices.dtype.kind == "u" else indices.view(np.dtype(f"u{indices.dtype.itemsize}"))
     if indices.size and int(unsigned.max()) >= n_rows:
         raise DamagedArrays("an id points outside the shard")
+
+
+def postings_reads_checked() -> bool:
+    """Whether every read of a shard's postings by a search checks its ids as it goes: the
+    compiled scoring, query and explanation code (_score.c, _query.c) is loaded; the numpy
+    path's scipy ``csc_matvec`` is handed only slices checked here (see :func:`accumulate`)."""
+    return _c_kernel is not None and _c_query is not None
 
 
 def _dense_slots(cols: np.ndarray, dense_terms: np.ndarray | None) -> np.ndarray | None:
@@ -548,6 +559,9 @@ def accumulate(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_rows
             continue
         if end - start > n_rows:  # more postings than rows: damaged (check_postings refuses it earlier)
             raise DamagedArrays("a posting list is longer than the shard")
+        ids = indices[start:end]
+        if int(ids.view(np.dtype(f"u{ids.dtype.itemsize}")).max()) >= n_rows:  # csc_matvec does not check
+            raise DamagedArrays("an id points outside the shard")
         values = decode_weights(data[start:end], scratch)
         if _csc_matvec is None:  # pragma: no cover
             np.add.at(scores, indices[start:end], values * np.float32(weight))
