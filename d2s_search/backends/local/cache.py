@@ -205,8 +205,9 @@ class Shard:
         checked only when its bytes are not known to be ones a build checked
         (:attr:`graph_vouched`). The first search walks the mapped file; the second starts
         moving the walk to a copy on huge pages (:func:`graph.huge_page_copy`), made in the
-        background and swapped in when done (0.85x the time of a search at 1M): a process
-        that answers one query never makes it, and no search waits for it."""
+        background and swapped in when done (fewer TLB misses: docs/design-decisions.md, "Graphs
+        over 8-bit copies"): a process that answers one query never makes it, and no search
+        waits for it."""
         if "hnsw" not in self.arrays or not graph.searchable():
             return None
         with self._graph_lock:

@@ -367,9 +367,10 @@ def open_index(blob: np.ndarray, where: Layout):
 
 
 class OpenedGraph:
-    """A checked graph ready to search: walked in place by ``_graph.c``, or read by faiss
-    (:func:`open_index`) where that is not built or ``compiled=False``. Raises RuntimeError
-    when faiss's reader refuses the bytes."""
+    """A graph ready to search, its layout walked (and :func:`check` passed, unless the
+    compiled walk reads bytes known to be a build's): walked in place by ``_graph.c``, or read
+    by faiss (:func:`open_index`) where that is not built or ``compiled=False``. Raises
+    RuntimeError when faiss's reader refuses the bytes."""
 
     def __init__(self, blob: np.ndarray, where: Layout, rows: int, dim: int, compiled: bool = True) -> None:
         self.blob, self.rows = blob, rows

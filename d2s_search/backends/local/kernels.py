@@ -2,9 +2,9 @@
 
 Pure functions over numpy arrays (no SQLite, no files). A shard is scored by the compiled
 kernel ``_score.c`` when the install built it (it checks every id and pointer it reads),
-else by scipy's ``csc_matvec``, which is only handed postings whose ids were checked to be
-inside the score array (see :func:`check_postings`); everything else is numpy indexing,
-which checks bounds itself. Both paths give bit-identical scores.
+else by scipy's ``csc_matvec``, which is only handed posting lists whose ids were checked to be
+inside the score array (:func:`check_postings`, and each list again as it is handed over);
+everything else is numpy indexing, which checks bounds itself. Both paths give bit-identical scores.
 
 Stored weights are 16 bits: :func:`encode_weights`, Lucene's ``FeatureField`` encoding, the
 precision OpenSearch's ``rank_features`` keeps. Functions taking ``data`` accept it encoded
@@ -186,18 +186,18 @@ def check_postings(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_
         raise DamagedArrays("ids and weights differ in length")
     if indptr.size > 1 and np.any(np.diff(indptr) < 0):
         raise DamagedArrays("pointer array goes backwards")
-    # One unsigned reduction catches negative ids too (they wrap to huge values).
     if not ids:
         return
+    # One unsigned reduction catches negative ids too (they wrap to huge values).
     unsigned = indices if indices.dtype.kind == "u" else indices.view(np.dtype(f"u{indices.dtype.itemsize}"))
     if indices.size and int(unsigned.max()) >= n_rows:
         raise DamagedArrays("an id points outside the shard")
 
 
 def postings_reads_checked() -> bool:
-    """Whether every read of a shard's postings by a search checks its ids as it goes: the
-    compiled scoring, query and explanation code (_score.c, _query.c) is loaded; the numpy
-    path's scipy ``csc_matvec`` is handed only slices checked here (see :func:`accumulate`)."""
+    """Whether searches read a shard's postings through the compiled scoring, query and
+    explanation code (_score.c, _query.c), which checks each id it reads and reports a bad
+    one as damage."""
     return _c_kernel is not None and _c_query is not None
 
 
