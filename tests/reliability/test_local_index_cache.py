@@ -265,6 +265,26 @@ def test_leftover_temp_files_of_dead_writers_are_removed(index):
     assert alive.is_dir()
 
 
+def test_a_temp_folder_this_process_is_writing_is_not_a_leftover_to_its_other_writers(index):
+    """Two handles of one index in one process (a watcher's thread and a search, say): one's
+    open must not remove the cache the other is writing; once written, a name of this process
+    left behind is a leftover again."""
+    from d2s_search.backends.local import store
+
+    path, docs = index
+    busy = path / "cache" / f".tmp-{os.getpid()}-0000beef"
+    with store.writing(busy.name):
+        busy.mkdir()
+        (busy / "shard-00000-seqs.npy").write_bytes(b"being written")
+        other = LocalBackend(path)
+        other.open(None, create=False)
+        assert [h.id for h in other.sparse_search(QUERY, 10, explain=0)] == expected(docs)
+        other.close()
+        assert (busy / "shard-00000-seqs.npy").read_bytes() == b"being written"
+    LocalBackend(path).open(None, create=False)
+    assert not busy.exists()
+
+
 def test_index_check_reports_and_repairs_a_damaged_cache(index, capsys):
     path, docs = index
     code, report = run_cli_json(["index", "check", "--index", path], capsys)

@@ -66,7 +66,7 @@ from .kernels import (
 )
 from .mapped import MappedFiles
 from .store import CACHE_POINTER as POINTER
-from .store import LEGACY_CACHE, fsync_dir, is_temp_name, write_atomic
+from .store import LEGACY_CACHE, being_written, fsync_dir, is_temp_name, write_atomic, writing
 
 SHARD_ROWS = 65536  # at most 2**16: the postings hold 16-bit in-shard ids
 CACHE_FORMAT = "d2s-local-cache/8"  # 3: dense clusters; 4: 16-bit posting ids; 5: per-shard HNSW graphs;
@@ -499,52 +499,53 @@ def save(cache_dir: Path, structures: Structures, reuse: Structures | None) -> P
     if pointer.is_dir() and not pointer.is_symlink() and not any(pointer.iterdir()):
         pointer.rmdir()  # an empty folder where the pointer belongs holds nothing to lose
     tmp = cache_dir / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    known: dict[str, int] = {}  # file name -> CRC, for the files whose bytes are known to hold it
-    try:
-        shards_meta = []
-        for j, shard in enumerate(structures.shards):
-            old = _same_shard(reuse, j, shard)
-            files = {}
-            for name, array in shard.arrays.items():
-                target = tmp / f"shard-{j:05d}-{name}.npy"
-                if old is not None and name in old.files and name not in shard.dirty:
-                    source = reuse.state_dir / target.name
-                    try:
-                        # still the file verified when it was opened: then its copy needs no reading
-                        verified = name in old.stats and _same_file(os.stat(source, follow_symlinks=False),
-                                                                     old.stats[name])
-                        os.link(source, target)
-                        files[name] = old.files[name]
-                        if verified:
-                            known[target.name] = files[name][1]
-                        continue
-                    except OSError:
-                        pass
-                files[name] = _write_array(target, array)
-                known[target.name] = files[name][1]
-            shard.files = files
-            meta = {"start": shard.start, "rows": shard.rows, "files": files}
-            if shard.graph_recall is not None and "hnsw" in shard.arrays:
-                meta["graph_recall"] = list(shard.graph_recall)
-            if shard.graph_span != 1 and "hnsw" in shard.arrays:
-                meta["graph_span"] = shard.graph_span
-            shards_meta.append(meta)
-        header = {
-            "format": CACHE_FORMAT, "index_id": structures.index_id, "generation": structures.generation,
-            "mutations": structures.mutations, "max_seq": structures.max_seq, "dim": structures.dim,
-            "shard_rows": structures.shard_rows, "shards": shards_meta, "written_at": time.time(),
-        }
-        header_bytes = json.dumps(header).encode()
-        with open(tmp / "header.json", "wb") as f:
-            f.write(header_bytes)
-            os.fsync(f.fileno())
-        fsync_dir(tmp)
-        final = cache_dir / f"state-{structures.generation}-{uuid.uuid4().hex[:8]}"
-        os.rename(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with writing(tmp.name):  # not a leftover to another writer of this process
+        tmp.mkdir()
+        known: dict[str, int] = {}  # file name -> CRC, for the files whose bytes are known to hold it
+        try:
+            shards_meta = []
+            for j, shard in enumerate(structures.shards):
+                old = _same_shard(reuse, j, shard)
+                files = {}
+                for name, array in shard.arrays.items():
+                    target = tmp / f"shard-{j:05d}-{name}.npy"
+                    if old is not None and name in old.files and name not in shard.dirty:
+                        source = reuse.state_dir / target.name
+                        try:
+                            # still the file verified when it was opened: then its copy needs no reading
+                            verified = name in old.stats and _same_file(os.stat(source, follow_symlinks=False),
+                                                                         old.stats[name])
+                            os.link(source, target)
+                            files[name] = old.files[name]
+                            if verified:
+                                known[target.name] = files[name][1]
+                            continue
+                        except OSError:
+                            pass
+                    files[name] = _write_array(target, array)
+                    known[target.name] = files[name][1]
+                shard.files = files
+                meta = {"start": shard.start, "rows": shard.rows, "files": files}
+                if shard.graph_recall is not None and "hnsw" in shard.arrays:
+                    meta["graph_recall"] = list(shard.graph_recall)
+                if shard.graph_span != 1 and "hnsw" in shard.arrays:
+                    meta["graph_span"] = shard.graph_span
+                shards_meta.append(meta)
+            header = {
+                "format": CACHE_FORMAT, "index_id": structures.index_id, "generation": structures.generation,
+                "mutations": structures.mutations, "max_seq": structures.max_seq, "dim": structures.dim,
+                "shard_rows": structures.shard_rows, "shards": shards_meta, "written_at": time.time(),
+            }
+            header_bytes = json.dumps(header).encode()
+            with open(tmp / "header.json", "wb") as f:
+                f.write(header_bytes)
+                os.fsync(f.fileno())
+            fsync_dir(tmp)
+            final = cache_dir / f"state-{structures.generation}-{uuid.uuid4().hex[:8]}"
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     fsync_dir(cache_dir)
     write_atomic(cache_dir / POINTER, f"{final.name} {zlib.crc32(header_bytes)}\n".encode())
     remove_unused_states(cache_dir, keep={final.name, reuse.state_dir.name if reuse and reuse.state_dir else ""})
@@ -819,7 +820,8 @@ def verify_all(structures: Structures) -> list[str]:
 
 
 def remove_leftovers(folder: Path) -> list[str]:
-    """Temp files and folders of writers that are gone (a crash mid-write)."""
+    """Temp files and folders of writers that are gone (a crash mid-write; this process's own
+    only when no writer of it is still writing them)."""
     removed = []
     try:
         entries = list(os.scandir(folder))
@@ -832,7 +834,7 @@ def remove_leftovers(folder: Path) -> list[str]:
             pid = int(entry.name.split("-")[1])
         except (IndexError, ValueError):
             continue
-        if pid != os.getpid() and pid_alive(pid):
+        if (pid != os.getpid() and pid_alive(pid)) or being_written(entry.name):
             continue
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)

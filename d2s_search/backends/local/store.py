@@ -385,6 +385,26 @@ def is_cache_entry(name: str) -> bool:
     return name in (CACHE_POINTER, LEGACY_CACHE) or name.startswith("state-") or is_temp_name(name) or legacy_temp
 
 
+# Temp names this process is writing now: another writer in the same process (a second index
+# handle, a watcher's thread) must not take them for a crashed write's leftovers.
+_WRITING: set[str] = set()
+
+
+@contextlib.contextmanager
+def writing(name: str):
+    """Mark the temp file or folder ``name`` as being written by this process until the block ends."""
+    _WRITING.add(name)
+    try:
+        yield
+    finally:
+        _WRITING.discard(name)
+
+
+def being_written(name: str) -> bool:
+    """Whether this process is writing the temp file or folder ``name`` now (see :func:`writing`)."""
+    return name in _WRITING
+
+
 def is_temp_name(name: str) -> bool:
     """A temp file name this package writes: ``.tmp-<pid>-...``."""
     parts = name.split("-", 2)
@@ -407,13 +427,14 @@ def fsync_dir(folder: Path) -> None:
 def write_atomic(path: Path, data: bytes) -> None:
     """Temp file, fsync, rename over ``path``, fsync the folder: all or nothing after a crash."""
     tmp = path.with_name(f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}-{path.name}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with writing(tmp.name):
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     fsync_dir(path.parent)
