@@ -76,7 +76,7 @@ def test_every_row_a_candidate_is_brute_force_and_filters_hold(built):
         assert rows.tolist() == exact.tolist()
         np.testing.assert_allclose(scores, vectors[exact] @ query, rtol=1e-6)
         allowed = rng.random(3000) < 0.2
-        rows, _ = graph.search_allowed(walk, vectors, query, 10, 3000, allowed)
+        rows, _ = graph.search(walk, vectors, query, 10, 3000, allowed)
         allowed_rows = np.flatnonzero(allowed)
         assert rows.tolist() == allowed_rows[np.lexsort((allowed_rows, -(vectors[allowed_rows] @ query)))[:10]].tolist()
         narrow = walk.candidates(query, 40, allowed)

@@ -276,14 +276,6 @@ done:
     return n;
 }
 
-static int get_buffer(PyObject *obj, Py_buffer *view, const char *what) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0) {
-        return -1;
-    }
-    (void)what;
-    return 0;
-}
-
 /* search(blob, layout, query, ef, allowed, out) -> n
  *   blob: the graph's bytes (uint8 buffer); layout: a tuple of 12 ints (cum offset, cum
  *   count, levels offset, offsets offset, neighbours offset, neighbours count, entry point,
@@ -310,11 +302,11 @@ static PyObject *search(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *result = NULL;
     float *weights = NULL;
     int have_allowed = args[4] != Py_None;
-    if (get_buffer(args[0], &blob, "blob") < 0) {
+    if (PyObject_GetBuffer(args[0], &blob, PyBUF_C_CONTIGUOUS) < 0) {
         return NULL;
     }
-    if (get_buffer(args[2], &query, "query") < 0 || (have_allowed && get_buffer(args[4], &allowed, "allowed") < 0) ||
-        get_buffer(args[5], &out, "out") < 0) {
+    if (PyObject_GetBuffer(args[2], &query, PyBUF_C_CONTIGUOUS) < 0 || (have_allowed && PyObject_GetBuffer(args[4], &allowed, PyBUF_C_CONTIGUOUS) < 0) ||
+        PyObject_GetBuffer(args[5], &out, PyBUF_C_CONTIGUOUS) < 0) {
         goto release;
     }
     graph_t g = {blob.buf, blob.len, fields[0], fields[1], fields[2], fields[3], fields[4], fields[5],

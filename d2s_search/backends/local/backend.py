@@ -1474,9 +1474,7 @@ class LocalBackend:
         """The graph stored with ``head`` (over ``members``' rows) searched, among ``allowed`` rows if given."""
         opened, vectors = self._graph_of(head), self._unit_vectors(members)
         try:
-            if allowed is None:
-                return graph.search(opened, vectors, query, k, ef)
-            return graph.search_allowed(opened, vectors, query, k, ef, allowed)
+            return graph.search(opened, vectors, query, k, ef, allowed)
         except kernels.DamagedArrays as exc:  # the walk's own bounds checks: changed since checked
             self._damaged(CacheUnusable(f"shard at row {head.start} is damaged: {exc}"))
 

@@ -97,7 +97,7 @@ def compiled_walk() -> bool:
 
 def searchable() -> bool:
     """Whether graphs can be searched here: by the compiled walk, else by faiss (:func:`available`)."""
-    return _c_graph is not None or available()
+    return compiled_walk() or available()
 
 
 @functools.cache
@@ -373,7 +373,7 @@ class OpenedGraph:
     RuntimeError when faiss's reader refuses the bytes."""
 
     def __init__(self, blob: np.ndarray, where: Layout, rows: int, dim: int, compiled: bool = True) -> None:
-        self.blob, self.rows = blob, rows
+        self.blob = blob
         self._walker = _c_graph if compiled else None
         self._faiss = None if self._walker is not None else open_index(blob, where)
         self._fields = (where.cum[0], where.cum[1], where.levels[0], where.offsets[0], where.neighbors[0],
@@ -437,23 +437,16 @@ def _top_without(scores: np.ndarray, row: int, k: int) -> np.ndarray:
     return top_rows_any_sign(scores, min(k, scores.size - 1))
 
 
-def search(opened: OpenedGraph, vectors: np.ndarray, query: np.ndarray, k: int, ef: int) -> tuple[np.ndarray, np.ndarray]:
+def search(opened: OpenedGraph, vectors: np.ndarray, query: np.ndarray, k: int, ef: int,
+           allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(rows, exact inner products) of the approximate top-k of one query, best first, ties by
     row: the graph's ``max(ef, k)`` candidates scored with ``vectors`` (the shard's float32
-    vectors, as the exact plan scores them)."""
-    rows = opened.candidates(query, max(ef, k))
-    scores = vectors[rows] @ query
-    order = np.lexsort((rows, -scores))[:k]
-    return rows[order], scores[order]
-
-
-def search_allowed(opened: OpenedGraph, vectors: np.ndarray, query: np.ndarray, k: int, ef: int,
-                   allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`search` among the rows ``allowed`` (one bool per row of the shard): the walk goes
-    through every row as usual and keeps only allowed ones as candidates, so a filter that
-    keeps most rows costs about what no filter does."""
+    vectors, as the exact plan scores them). With ``allowed`` (one bool per row) only those
+    rows: the walk goes through every row as usual and keeps only allowed ones as candidates,
+    so a filter that keeps most rows costs about what no filter does."""
     rows = opened.candidates(query, max(ef, k), allowed)
-    rows = rows[allowed[rows]]  # what the walk kept is checked, not trusted
+    if allowed is not None:
+        rows = rows[allowed[rows]]  # what the walk kept is checked, not trusted
     scores = vectors[rows] @ query
     order = np.lexsort((rows, -scores))[:k]
     return rows[order], scores[order]
