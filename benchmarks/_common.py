@@ -16,6 +16,11 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+# numpy's BLAS on one thread, as every latency here is measured, unless the caller's environment
+# says otherwise: OpenBLAS reads this once, when numpy is first imported, and every benchmark
+# imports this module before numpy (set later, it changes nothing: a scan ran on every core).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "benchmarks" / ".cache"
 RESULTS = ROOT / "benchmarks" / "results"

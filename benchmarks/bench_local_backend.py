@@ -3,6 +3,7 @@ and the reference engines, on a paper-shaped synthetic collection.
 
     python benchmarks/bench_local_backend.py [--docs 123000] [--queries 300] [--json OUT]
     python benchmarks/bench_local_backend.py --docs 1000000 --queries 100 --k 10 --threads 2
+    python benchmarks/bench_local_backend.py --docs 1000000 --rebuild-structures   # the build again
 
 Measures p50/p99 latency at k=10 and k=1000 of the full search call (hits with ids, paths,
 URLs; with and without 5 explained words) for sparse (exact), two-phase, dense and hybrid
@@ -242,6 +243,8 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--cache", default=str(_common.CACHE))
     parser.add_argument("--rebuild", action="store_true")
+    parser.add_argument("--rebuild-structures", action="store_true",
+                        help="keep the documents, build the search structures anew (time and peak memory)")
     parser.add_argument("--k", default="10,1000", help="comma-separated k values (e.g. 10 for a quick 1M run)")
     parser.add_argument("--peers", default="pisa,seismic,faiss-flat", help="reference engines ('' for none)")
     parser.add_argument("--json", dest="json_out", help="also write the results to this file")
@@ -256,6 +259,14 @@ def main() -> None:
     if args.rebuild and path.exists():
         shutil.rmtree(path)
     backend, build = build_index(path, args.docs, build_threads=args.build_threads)
+    if args.rebuild_structures and not build:
+        backend.close()
+        shutil.rmtree(path / "cache", ignore_errors=True)
+        built = _common.build_in_a_process(path, args.build_threads)
+        build = {"cache_build_seconds": built["seconds"], "build_peak_rss_mb": built["peak_rss_mb"],
+                 "build_threads": args.build_threads}
+        backend = LocalBackend(path, threads=1)
+        backend.open(None, create=False)
     backend.close()
     backend = LocalBackend(path, threads=args.threads)
     backend.open(None, create=False)
@@ -405,7 +416,8 @@ def render(summary: dict) -> str:
         f"of search structures; SQLite {summary['sqlite_mb']:,} MB."
         + (f" Search structures built from SQLite in {summary['cache_build_seconds']} s (a fresh process, "
            f"{summary['build_threads']} faiss thread(s), peak resident memory {summary['build_peak_rss_mb']:,} MB) "
-           f"after {summary['ingest_seconds']} s of upserts." if "cache_build_seconds" in summary else ""))
+           + (f"after {summary['ingest_seconds']} s of upserts." if "ingest_seconds" in summary else "(the documents kept).")
+           if "cache_build_seconds" in summary else ""))
     out.append(_common.caption(summary))
     if "cache_parts_mb" in summary:
         out.append("The index on disk:\n\n" + render_disk(summary))

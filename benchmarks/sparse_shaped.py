@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 from _common import CACHE, DATA
 
+from d2s_search.backends.local import row_blobs
+
 PHOTOS = CACHE / "photos-800"
 SIGMA = 0.3  # log-normal sigma of a copy's weight noise
 CHURN = 0.1  # share of a copy's terms dropped (and about as many added)
@@ -46,21 +48,13 @@ def read_index(path: Path) -> tuple[list[str], list[Sparse]]:
             vocab[i] = term
         docs = []
         for ids, weights in db.execute("SELECT term_ids, weights FROM docs ORDER BY seq"):
-            t, w = np.frombuffer(ids, dtype="<i4"), np.frombuffer(weights, dtype="<f4")
+            w = np.frombuffer(weights, dtype="<f4")
+            t = row_blobs.decode_term_ids(ids, w.nbytes)  # 16- or 32-bit, as the index stored them
             order = np.argsort(t, kind="stable")
             docs.append((t[order].astype(np.int32), w[order].astype(np.float32)))
     finally:
         db.close()
     return vocab, docs
-
-
-def photo_dense() -> np.ndarray:
-    db = sqlite3.connect(f"file:{PHOTOS / 'index' / 'index.sqlite'}?mode=ro", uri=True)
-    try:
-        rows = db.execute("SELECT dense FROM docs ORDER BY seq").fetchall()
-    finally:
-        db.close()
-    return np.stack([np.frombuffer(blob, dtype="<f4") for (blob,) in rows])
 
 
 def tile(sources: list[Sparse], n: int, seed: int = 0, sigma: float = SIGMA, churn: float = CHURN) -> list[Sparse]:

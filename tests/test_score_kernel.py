@@ -283,6 +283,25 @@ def test_merging_shards_ranks_by_score_then_row(seed):
     assert kernels.merge_top(distinct, 4)[0].tolist() == [0, 3, 1, 4]
 
 
+@pytest.mark.parametrize("k", [1, 25, 59, 60, 200])
+def test_selecting_the_top_of_unranked_shard_lists_equals_ranking_every_row(k):
+    """A scan's shards hand on every row at least their k-th score, unranked
+    (rows_at_least_kth); select_top ranks them once: score descending, then row, ties at the
+    k-th kept in every shard so none is lost to another shard's order."""
+    rng = np.random.default_rng(k)
+    candidates, every = [], []
+    for start in (0, 1000, 2000):
+        scores = rng.integers(0, 6, size=60).astype(np.float32) / 4  # many ties, across shards too
+        rows = kernels.rows_at_least_kth(scores, k)
+        assert np.all(np.diff(rows) > 0) and rows.size >= min(k, 60)
+        assert np.all(scores[rows] >= np.sort(scores)[::-1][min(k, 60) - 1])
+        candidates.append((rows + start, scores[rows]))
+        every += [(-float(v), start + i) for i, v in enumerate(scores)]
+    got_rows, got_scores = kernels.select_top(candidates, k)
+    assert list(zip((-got_scores).tolist(), got_rows.tolist())) == sorted(every)[:k]
+    assert kernels.select_top([], k)[0].size == 0
+
+
 def test_strings_copied_out_in_one_block_equal_one_by_one():
     """The strided gather of the hits' strings: ASCII, UTF-8, a non-UTF-8 name kept as
     surrogates, empty strings, rows at the blob's very end; a lone long string falls back."""

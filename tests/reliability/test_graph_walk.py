@@ -109,6 +109,79 @@ def test_a_graph_changed_after_its_check_is_refused_not_read_past(built):
         opened(built, True).candidates(query[:-1], 10)  # a query of the wrong dimension
 
 
+def test_every_code_scored_in_one_scan_is_the_walks_score(built):
+    """The scan of every 8-bit code (a hybrid's large pool): each row's score is the inner
+    product as faiss decodes the codes, less one constant for all rows; a cut blob or a query
+    of the wrong dimension is refused; without the compiled walk there is no scan."""
+    import faiss
+
+    vectors, blob, where = built
+    index = faiss.deserialize_index(np.ascontiguousarray(blob[where.base :]))
+    decoded = index.storage.reconstruct_n(0, 3000)  # vmin + (code + 0.5) / 255 * vdiff
+    walk = opened(built, True)
+    for query in clustered(5, 6):
+        scores = walk.code_scores(query)
+        exact = decoded @ query
+        shift = exact - scores
+        assert scores.dtype == np.float32 and scores.shape == (3000,)
+        assert np.ptp(shift) < 1e-3 * np.ptp(exact)  # one constant for every row
+        assert np.argmax(scores) == np.argmax(exact)
+    with pytest.raises(kernels.DamagedArrays, match="do not fit"):
+        graph.OpenedGraph(blob[: where.codes + 100], where, 3000, WIDE).code_scores(vectors[0])
+    with pytest.raises(kernels.DamagedArrays, match="do not fit"):
+        walk.code_scores(vectors[0][:-1])
+    assert opened(built, False).code_scores(vectors[0]) is None
+
+
+def test_a_scanned_pool_holds_the_exact_top_k_with_exact_scores(built):
+    vectors = built[0]
+    walk = opened(built, True)
+    for query in clustered(10, 7):
+        rows, scores = graph.scanned(walk, vectors, query, 500)
+        exact = vectors @ query
+        top = np.lexsort((np.arange(3000), -exact))[:500]
+        assert set(top.tolist()) <= set(rows.tolist())
+        np.testing.assert_array_equal(scores, vectors[rows] @ query)  # scored with the float vectors
+        assert np.all(scores >= exact[top[-1]])  # the k best and what ties the k-th, no more
+    assert graph.scanned(walk, vectors, vectors[0], 700) is None  # a pool of most rows: scan the floats
+
+
+def test_a_hybrid_pool_from_the_codes_fuses_as_one_from_the_floats(tmp_path, monkeypatch):
+    """A hybrid search's dense pool (hundreds a side: k=30 fuses 300) from a scan of the
+    spanning graph's codes: the same hits, scores and parts as the pool scanned from the float
+    vectors."""
+    from d2s_search.backends.local import backend as backend_mod
+    from d2s_search.search import QueryVectors, SearchOptions, run_query
+
+    graphs_at_any_size(monkeypatch, 512)
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1 / 48)  # 300 candidates of 1,536 rows: past the graph
+    vectors = clustered(1800, 8, DIM)
+    docs = [Document(id=f"{i:064x}", path=f"/p/{i}.jpg", size_bytes=1, width=1, height=1,
+                     sparse={VOCAB[i % len(VOCAB)]: 1.0 + (i % 7) / 7, VOCAB[(3 * i) % len(VOCAB)]: 0.5},
+                     dense=vectors[i]) for i in range(1800)]
+    backend = LocalBackend(tmp_path / "idx")
+    backend.open(IDENTITY)
+    backend.upsert(docs)
+    used = []
+    scanned = graph.scanned
+
+    def counted(*args):
+        found = scanned(*args)
+        used.append(found is not None)
+        return found
+
+    options = SearchOptions(mode="hybrid", k=30, explain=0)
+    for seed, q in enumerate(clustered(6, 9, DIM)):
+        query = QueryVectors(full={VOCAB[seed]: 1.0, VOCAB[seed + 5]: 0.7}, own={VOCAB[seed]: 1.0}, dense=q)
+        monkeypatch.setattr(graph, "scanned", counted)
+        codes = run_query(backend, query, options).hits
+        monkeypatch.setattr(graph, "scanned", lambda *args: None)
+        floats = run_query(backend, query, options).hits
+        assert [(h.id, h.score, h.parts) for h in codes] == [(h.id, h.score, h.parts) for h in floats]
+    assert used == [True, False] * 6  # the spanning graph's codes; the last shard's 264 rows: its floats
+    backend.close()
+
+
 def spanned_index(path, monkeypatch) -> LocalBackend:
     """600 documents in shards of 200: one graph spanning the three, the cache written."""
     graphs_at_any_size(monkeypatch, 200)

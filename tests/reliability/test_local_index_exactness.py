@@ -196,6 +196,8 @@ def test_dense_is_exact_below_the_threshold_and_a_graph_above(tmp_path, monkeypa
     # A k that is a large share of a shard's rows is a scan of its vectors: exact.
     monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1 / 48)
     assert_ranking(reopened.dense_search(probes[1], 50, explain=0), brute_force_dense(collection, probes[1]), 50)
+    monkeypatch.setattr(backend_mod, "RANK_EACH_SHARD_UP_TO", 8)  # ranked once across shards past k=8
+    assert_ranking(reopened.dense_search(probes[2], 50, explain=0), brute_force_dense(collection, probes[2]), 50)
     monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 1.0)
     # A faiss that cannot read graphs in place (before 1.11) scans them too: exact, no crash.
     monkeypatch.setattr(graph, "available", lambda: False)

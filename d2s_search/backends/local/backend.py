@@ -86,6 +86,9 @@ FEW_HITS = 16
 # from 2 (1.16-1.89x); benchmarks/bench_search_threads.py, docs/benchmarks.md "Search threads".
 SPARSE_PARALLEL_FROM = 6
 DENSE_PARALLEL_FROM = 2
+# Past this k a scan's shards hand on every row at least their k-th score, ranked once across
+# shards (kernels.select_top) rather than each shard ranking its k first.
+RANK_EACH_SHARD_UP_TO = 256
 # An approximate (graph) shard answers a filtered dense search through its graph when the
 # filter keeps at least this share of its rows (faiss keeps only allowed rows as results), and
 # by scoring every allowed vector otherwise (a narrow filter would leave the walk too few).
@@ -842,36 +845,61 @@ class LocalBackend:
             else:
                 since = base.max_seq
         lost: list[int] = []
+        writer, unwritten = self._state_writer(base) if index_id else (None, None)
         cursor = db.execute(
             "SELECT seq, id, path, url, term_ids, weights, dense FROM docs WHERE seq > ? ORDER BY seq", (since,)
         )
         pending: list[tuple] = []
         start = sum(s.rows for s in shards)
-        while True:
-            batch = cursor.fetchmany(4096)
-            good, bad = cache_mod.parse_rows(batch, n_cols, dim)
-            pending.extend(good)
-            lost.extend(bad)
-            while len(pending) >= shard_rows or (not batch and pending):
-                shards.append(cache_mod.build_shard(start, pending[:shard_rows], n_cols, dim))
-                start += shards[-1].rows
-                pending = pending[shard_rows:]
-            if not batch:
-                break
-        if lost:
-            self._warn(f"{len(lost)} document(s) in {self.db_path} have damaged vectors and cannot be searched "
-                       f"(run `d2s-search index check --index {self.path}`)")
-        built = Structures(index_id=index_id, generation=generation, mutations=mutations, max_seq=max_seq,
-                           dim=dim, shards=shards, shard_rows=shard_rows)
-        self._dense_graphs(built)
-        if index_id:
+        try:
+            while True:
+                batch = cursor.fetchmany(4096)
+                good, bad = cache_mod.parse_rows(batch, n_cols, dim)
+                pending.extend(good)
+                lost.extend(bad)
+                while len(pending) >= shard_rows or (not batch and pending):
+                    shards.append(cache_mod.build_shard(start, pending[:shard_rows], n_cols, dim))
+                    start += shards[-1].rows
+                    pending = pending[shard_rows:]
+                    if writer is not None:  # written now, mapped back: one shard in memory at a time
+                        try:
+                            writer.add(len(shards) - 1, shards[-1])
+                        except OSError as exc:
+                            writer.close()
+                            writer, unwritten = None, exc
+                if not batch:
+                    break
+            if lost:
+                self._warn(f"{len(lost)} document(s) in {self.db_path} have damaged vectors and cannot be searched "
+                           f"(run `d2s-search index check --index {self.path}`)")
+            built = Structures(index_id=index_id, generation=generation, mutations=mutations, max_seq=max_seq,
+                               dim=dim, shards=shards, shard_rows=shard_rows)
             try:
-                built.state_dir = cache_mod.save(self.cache_dir, built, reuse=base)
-                built = cache_mod.load(self.cache_dir)  # memory-mapped: the pages are shared
-            except (OSError, CacheUnusable) as exc:
-                self._warn(self._cache_not_written(built, exc))
+                self._dense_graphs(built, writer)
+            except OSError as exc:  # writing a graph's file
+                writer.close()
+                writer, unwritten = None, exc
+                self._dense_graphs(built, None)
+            if writer is not None:
+                try:
+                    built.state_dir = writer.commit(built)
+                    built = cache_mod.load(self.cache_dir)  # memory-mapped: the pages are shared
+                except (OSError, CacheUnusable) as exc:
+                    unwritten = exc
+            if unwritten is not None:
+                self._warn(self._cache_not_written(built, unwritten))
                 built.state_dir = None
+        finally:
+            if writer is not None:
+                writer.close()
         return built, lost
+
+    def _state_writer(self, base: Structures | None) -> tuple[cache_mod.StateWriter | None, Exception | None]:
+        """The new cache state a build writes shard by shard, or (None, why it cannot be written)."""
+        try:
+            return cache_mod.StateWriter(self.cache_dir, base), None
+        except OSError as exc:
+            return None, exc
 
     def _cache_not_written(self, built: Structures, exc: Exception) -> str:
         """Why the rebuilt cache stays in memory. A full disk is said as such: numpy reports a
@@ -885,31 +913,40 @@ class LocalBackend:
         return (f"disk full: the search cache could not be written to {self.cache_dir} ({room}); it is kept in "
                 "memory for this run: every document is stored, and the first search after space is freed writes it")
 
-    def _dense_graphs(self, built: Structures) -> None:
+    def _dense_graphs(self, built: Structures, writer: cache_mod.StateWriter | None = None) -> None:
         """From APPROXIMATE_DENSE_FROM documents on, the dense side is searched through HNSW
         graphs: one spanning the full shards once there are SPANNING_GRAPH_FROM_SHARDS of them
         (extended as shards fill), and one for every other shard of GRAPH_FROM_ROWS rows or
         more (full shards keep theirs across appends; a shard whose graph faiss cannot build
-        stays exact); below it, graphs are dropped."""
+        stays exact); below it, graphs are dropped. A new graph goes straight into ``writer``'s
+        state when there is one."""
         approximate = built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and graph.available()
         if built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and not approximate:
             self._warn(graph.unavailable_note(APPROXIMATE_DENSE_FROM), kind="note")  # the `faiss` extra
         full = 0
         while full < len(built.shards) and built.shards[full].rows == built.shard_rows:
             full += 1
-        spanned = self._spanning_graph(built, full) if approximate and full >= max(SPANNING_GRAPH_FROM_SHARDS, 2) else 0
-        for shard in built.shards[spanned:]:
+        spanned = (self._spanning_graph(built, full, writer)
+                   if approximate and full >= max(SPANNING_GRAPH_FROM_SHARDS, 2) else 0)
+        for j, shard in enumerate(built.shards[spanned:], start=spanned):
             if "hnsw" in shard.arrays and (shard.graph_span != 1 or not (approximate and shard.rows >= GRAPH_FROM_ROWS)):
                 shard.detach_graph()
             if approximate and "hnsw" not in shard.arrays and shard.rows >= max(GRAPH_FROM_ROWS, 1):
-                blob = graph.build([shard.dense_rows()])
+                blob = graph.build([shard.dense_rows()], out=writer.graph_file(j) if writer else None)
                 if blob is not None:
-                    shard.attach_graph(blob, built.dim)
-                    shard.dirty.add("hnsw")
+                    self._attach(shard, blob, built.dim, writer, j)
                     shard.graph_recall = graph.sampled_recall(self._graph_of(shard), shard.dense_rows(),
                                                               graph.EF_SEARCH)
 
-    def _spanning_graph(self, built: Structures, full: int) -> int:
+    @staticmethod
+    def _attach(shard: Shard, blob: np.ndarray, dim: int, writer: cache_mod.StateWriter | None, j: int,
+                span: int = 1, rows: int | None = None) -> None:
+        shard.attach_graph(blob, dim, span=span, rows=rows)
+        shard.dirty.add("hnsw")
+        if writer is not None:  # graph.build wrote it there
+            writer.graph_written(j)
+
+    def _spanning_graph(self, built: Structures, full: int, writer: cache_mod.StateWriter | None = None) -> int:
         """The first ``full`` shards under one graph (stored with the first): the one they have
         when it spans them already, else it extended by the shards filled since (or built anew);
         returns how many shards it spans (0: faiss could not build it)."""
@@ -917,24 +954,25 @@ class LocalBackend:
         span = head.graph_span if "hnsw" in head.arrays else 0
         if span == full:
             return full
+        out = writer.graph_file(0) if writer is not None else None
         blob = None
         if span > 0 and span < full:  # an earlier graph over the first shards: add the newly full ones
             try:
                 blob = graph.extend(head.arrays["hnsw"], span * built.shard_rows, built.dim,
-                                    [m.dense_rows() for m in members[span:]])
+                                    [m.dense_rows() for m in members[span:]], out=out)
             except (kernels.DamagedArrays, RuntimeError):  # the layout walk, or faiss's reader, refused it
                 blob = None  # built anew below
+        release = (lambda i: writer.release(i, "dense")) if writer is not None else None
         if blob is None:
-            blob = graph.build([m.dense_rows() for m in members])
+            blob = graph.build([m.dense_rows() for m in members], out=out, release=release)
         if blob is None:
             return 0
-        head.attach_graph(blob, built.dim, span=full, rows=full * built.shard_rows)
-        head.dirty.add("hnsw")
+        self._attach(head, blob, built.dim, writer, 0, span=full, rows=full * built.shard_rows)
         for member in members[1:]:
             if "hnsw" in member.arrays:
                 member.detach_graph()
-        head.graph_recall = graph.sampled_recall(self._graph_of(head), self._unit_vectors(members),
-                                                 graph.default_ef(full))
+        spanned = graph.SpannedRows([m.dense_rows() for m in members], release)  # one part resident at a time
+        head.graph_recall = graph.sampled_recall(self._graph_of(head), spanned, graph.default_ef(full))
         return full
 
     @staticmethod
@@ -1375,7 +1413,7 @@ class LocalBackend:
                 columns = QueryColumns(cols, weights)
                 runs = [("sparse", rows, scores)]
             dense_top = (functools.partial(self._filtered_dense_top, allowed=allowed) if allowed is not None
-                         else self._dense_top)
+                         else functools.partial(self._dense_top, exact=False))
             runs.append(("dense", *(dense_top(state, query, n) if state.size else (np.zeros(0, np.int64),) * 2)))
             if options.fusion == "rrf":
                 weights = {name: 1.0 / (int(options.rrf_k) + np.arange(1, rows.size + 1)) for name, rows, _ in runs}
@@ -1428,10 +1466,12 @@ class LocalBackend:
                 hit.matched = terms
         return hits
 
-    def _dense_top(self, state: Structures, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _dense_top(self, state: Structures, query: np.ndarray, k: int,
+                   exact: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Global rows and inner products of the dense top-k: per part (a graph and the shards
         it spans, or one shard) through the graph, or exact (every vector, in place) where k is
-        a large share of its rows, merged."""
+        a large share of its rows, merged. ``exact=False`` (a hybrid's pool): there, a scan of
+        the graph's 8-bit codes, its best rescored (:func:`graph.scanned`)."""
         units = state.dense_units()
 
         def tops(numbers: range) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -1447,13 +1487,20 @@ class LocalBackend:
                     rows, scores = self._graph_search(head, members, query, k, ef)
                     out.append((rows + head.start, scores))
                     continue
+                if not exact and "hnsw" in head.arrays and ranked_once:
+                    found = self._code_scan(head, members, query, k)
+                    if found is not None:
+                        out.append((found[0] + head.start, found[1]))
+                        continue
                 for shard in members:
                     scores = shard.arrays["dense"] @ query
-                    rows = kernels.top_rows_any_sign(scores, k)
+                    rows = kernels.rows_at_least_kth(scores, k) if ranked_once else kernels.top_rows_any_sign(scores, k)
                     out.append((rows + shard.start, scores[rows]))
             return out
 
-        return kernels.merge_top(self._by_shard_groups(tops, len(units), DENSE_PARALLEL_FROM), k)
+        ranked_once = k > RANK_EACH_SHARD_UP_TO
+        found = self._by_shard_groups(tops, len(units), DENSE_PARALLEL_FROM)
+        return kernels.select_top(found, k) if ranked_once else kernels.merge_top(found, k)
 
     @staticmethod
     def _graph_pays(k: int, rows: int, ef: int) -> bool:
@@ -1462,6 +1509,13 @@ class LocalBackend:
         rows, GRAPH_SHARE_FALLOFF); past that a scan of every vector is as fast, and exact."""
         share = GRAPH_K_SHARE * min(1.0, cache_mod.SHARD_ROWS / max(rows, 1)) ** GRAPH_SHARE_FALLOFF
         return max(k, ef) < share * rows and graph.searchable()
+
+    def _code_scan(self, head: Shard, members: list[Shard], query: np.ndarray,
+                   k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        try:
+            return graph.scanned(self._graph_of(head), self._unit_vectors(members), query, k)
+        except kernels.DamagedArrays as exc:  # the scan's own bounds checks: changed since checked
+            self._damaged(CacheUnusable(f"shard at row {head.start} is damaged: {exc}"))
 
     def _graph_of(self, shard: Shard) -> graph.OpenedGraph:
         try:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import io
 import json
+import mmap
 import os
 import shutil
 import stat
@@ -493,39 +494,109 @@ def dense_columns(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, row
 def save(cache_dir: Path, structures: Structures, reuse: Structures | None) -> Path:
     """Write a new state (reusing ``reuse``'s unchanged shard files by hard link), point
     ``current`` at it and remove states nobody uses. Returns the state folder."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    remove_leftovers(cache_dir)
-    pointer = cache_dir / POINTER
-    if pointer.is_dir() and not pointer.is_symlink() and not any(pointer.iterdir()):
-        pointer.rmdir()  # an empty folder where the pointer belongs holds nothing to lose
-    tmp = cache_dir / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    with writing(tmp.name):  # not a leftover to another writer of this process
-        tmp.mkdir()
-        known: dict[str, int] = {}  # file name -> CRC, for the files whose bytes are known to hold it
+    writer = StateWriter(cache_dir, reuse)
+    try:
+        for j, shard in enumerate(structures.shards):
+            writer.add(j, shard, map_back=False)
+        return writer.commit(structures)
+    finally:
+        writer.close()
+
+
+class StateWriter:
+    """A new state written shard by shard as a build makes them (:meth:`add`: a shard's files
+    written, or hard-linked from ``reuse`` when unchanged, and its arrays swapped for mappings
+    of them, so a build holds one shard in memory, not the index), its graphs written by
+    :func:`graph.build` straight into :meth:`graph_file`, then :meth:`commit`: the header,
+    the rename, ``current``. :meth:`close` removes a state never committed."""
+
+    def __init__(self, cache_dir: Path, reuse: Structures | None) -> None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(cache_dir)
+        pointer = cache_dir / POINTER
+        if pointer.is_dir() and not pointer.is_symlink() and not any(pointer.iterdir()):
+            pointer.rmdir()  # an empty folder where the pointer belongs holds nothing to lose
+        self.cache_dir, self.reuse = cache_dir, reuse
+        self.tmp = cache_dir / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._writing = writing(self.tmp.name)  # not a leftover to another writer of this process
+        self._writing.__enter__()
+        self.files: dict[int, dict[str, list[int]]] = {}  # shard -> file name -> [size, crc]
+        self.known: dict[str, int] = {}  # file name -> CRC, for the files whose bytes are known to hold it
+        self._maps: dict[tuple[int, str], object] = {}
+        self.committed: Path | None = None
+        try:
+            self.tmp.mkdir()
+        except BaseException:
+            self._writing.__exit__(None, None, None)
+            raise
+
+    def add(self, j: int, shard: Shard, map_back: bool = True) -> None:
+        """Shard ``j``'s arrays but its graph into the state; ``map_back``: the arrays written
+        are replaced by read-only mappings of their files (their memory freed)."""
+        old = _same_shard(self.reuse, j, shard)
+        files = self.files.setdefault(j, {})
+        for name, array in list(shard.arrays.items()):
+            if name == "hnsw" or name in files:
+                continue
+            target = self.tmp / f"shard-{j:05d}-{name}.npy"
+            if self._link(old, name, shard, target, files):
+                continue
+            files[name] = _write_array(target, array)
+            self.known[target.name] = files[name][1]
+            if map_back and array.nbytes > MAPPED_FROM:
+                mapped = np.load(target, mmap_mode="r", allow_pickle=False)  # written just now by this process
+                self._maps[(j, name)] = mapped._mmap
+                shard.arrays[name] = np.asarray(mapped)
+
+    def _link(self, old: Shard | None, name: str, shard: Shard, target: Path, files: dict) -> bool:
+        if old is None or name not in old.files or name in shard.dirty:
+            return False
+        source = self.reuse.state_dir / target.name
+        try:
+            # still the file verified when it was opened: then its copy needs no reading
+            verified = name in old.stats and _same_file(os.stat(source, follow_symlinks=False), old.stats[name])
+            os.link(source, target)
+        except OSError:
+            return False
+        files[name] = old.files[name]
+        if verified:
+            self.known[target.name] = files[name][1]
+        return True
+
+    def release(self, j: int, name: str) -> None:
+        """Drop the pages of shard ``j``'s mapped ``name`` from this process (the page cache
+        keeps them): a graph's build reads every vector once, and need not hold them all."""
+        mapping = self._maps.get((j, name))
+        if mapping is not None and hasattr(mmap, "MADV_DONTNEED"):
+            mapping.madvise(mmap.MADV_DONTNEED)
+
+    def graph_file(self, j: int) -> Path:
+        """Where shard ``j``'s graph is written (:func:`graph.build`'s ``out``); then :meth:`graph_written`."""
+        return self.tmp / f"shard-{j:05d}-hnsw.npy"
+
+    def graph_written(self, j: int) -> None:
+        path = self.graph_file(j)
+        self.files.setdefault(j, {})["hnsw"] = [path.stat().st_size, _crc_file(path)]
+        self.known[path.name] = self.files[j]["hnsw"][1]
+
+    def commit(self, structures: Structures) -> Path:
+        """The state complete (every shard added; graphs not written yet are written or linked
+        now), renamed into place and named by ``current``. Returns the state folder."""
         try:
             shards_meta = []
             for j, shard in enumerate(structures.shards):
-                old = _same_shard(reuse, j, shard)
-                files = {}
-                for name, array in shard.arrays.items():
-                    target = tmp / f"shard-{j:05d}-{name}.npy"
-                    if old is not None and name in old.files and name not in shard.dirty:
-                        source = reuse.state_dir / target.name
-                        try:
-                            # still the file verified when it was opened: then its copy needs no reading
-                            verified = name in old.stats and _same_file(os.stat(source, follow_symlinks=False),
-                                                                         old.stats[name])
-                            os.link(source, target)
-                            files[name] = old.files[name]
-                            if verified:
-                                known[target.name] = files[name][1]
-                            continue
-                        except OSError:
-                            pass
-                    files[name] = _write_array(target, array)
-                    known[target.name] = files[name][1]
-                shard.files = files
-                meta = {"start": shard.start, "rows": shard.rows, "files": files}
+                self.add(j, shard, map_back=False)  # any not added yet
+                files = self.files[j]
+                if "hnsw" in shard.arrays and "hnsw" not in files:
+                    target = self.graph_file(j)
+                    if not self._link(_same_shard(self.reuse, j, shard), "hnsw", shard, target, files):
+                        files["hnsw"] = _write_array(target, shard.arrays["hnsw"])
+                        self.known[target.name] = files["hnsw"][1]
+                elif "hnsw" in files and "hnsw" not in shard.arrays:  # written, then dropped
+                    self.graph_file(j).unlink()
+                    del files["hnsw"]
+                shard.files = dict(files)
+                meta = {"start": shard.start, "rows": shard.rows, "files": shard.files}
                 if shard.graph_recall is not None and "hnsw" in shard.arrays:
                     meta["graph_recall"] = list(shard.graph_recall)
                 if shard.graph_span != 1 and "hnsw" in shard.arrays:
@@ -537,23 +608,34 @@ def save(cache_dir: Path, structures: Structures, reuse: Structures | None) -> P
                 "shard_rows": structures.shard_rows, "shards": shards_meta, "written_at": time.time(),
             }
             header_bytes = json.dumps(header).encode()
-            with open(tmp / "header.json", "wb") as f:
+            with open(self.tmp / "header.json", "wb") as f:
                 f.write(header_bytes)
                 os.fsync(f.fileno())
-            fsync_dir(tmp)
-            final = cache_dir / f"state-{structures.generation}-{uuid.uuid4().hex[:8]}"
-            os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    fsync_dir(cache_dir)
-    write_atomic(cache_dir / POINTER, f"{final.name} {zlib.crc32(header_bytes)}\n".encode())
-    remove_unused_states(cache_dir, keep={final.name, reuse.state_dir.name if reuse and reuse.state_dir else ""})
-    _stamp_written(final, zlib.crc32(header_bytes), known)  # after the removals: they move shared files' ctime
-    legacy = cache_dir / LEGACY_CACHE  # replaced by the shards just written
-    if legacy.is_file() and not legacy.is_symlink():
-        legacy.unlink()
-    return final
+            fsync_dir(self.tmp)
+            final = self.cache_dir / f"state-{structures.generation}-{uuid.uuid4().hex[:8]}"
+            os.rename(self.tmp, final)
+            self.committed = final
+        finally:
+            self.close()
+        fsync_dir(self.cache_dir)
+        write_atomic(self.cache_dir / POINTER, f"{final.name} {zlib.crc32(header_bytes)}\n".encode())
+        reuse = self.reuse
+        remove_unused_states(self.cache_dir, keep={final.name, reuse.state_dir.name if reuse and reuse.state_dir else ""})
+        _stamp_written(final, zlib.crc32(header_bytes), self.known)  # after the removals: they move shared files' ctime
+        legacy = self.cache_dir / LEGACY_CACHE  # replaced by the shards just written
+        if legacy.is_file() and not legacy.is_symlink():
+            legacy.unlink()
+        return final
+
+    def close(self) -> None:
+        """The temp folder removed unless committed (arrays mapped from it stay readable: the
+        mappings hold the files); idempotent."""
+        if self._writing is None:
+            return
+        if self.committed is None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        self._writing.__exit__(None, None, None)
+        self._writing = None
 
 
 def _stamp_written(state_dir: Path, header_crc: int, known: dict[str, int]) -> None:

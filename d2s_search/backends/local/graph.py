@@ -42,13 +42,16 @@ raises DamagedArrays), so it skips :func:`check` for a graph known to be one a b
 from __future__ import annotations
 
 import functools
+import mmap
+import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from .kernels import DamagedArrays, _c_graph, top_rows_any_sign
+from .kernels import DamagedArrays, _c_graph, rows_at_least_kth, top_rows_any_sign
 
 M = 32  # neighbours per node (64 on the bottom layer)
 EF_CONSTRUCTION = 80  # 40 gave recall@10 0.90 at 64 candidates on the real-shaped CLIP set, 80 0.97 (validation)
@@ -122,35 +125,46 @@ def unavailable_note(graphs_from: int) -> str:
             f"from {graphs_from:,} pictures on): {install_command('faiss')}")
 
 
-def build(parts: Sequence[np.ndarray]) -> np.ndarray | None:
+def build(parts: Sequence[np.ndarray], out: Path | None = None,
+          release: Callable[[int], None] | None = None) -> np.ndarray | None:
     """The serialised graph over the rows of ``parts`` one after another (a shard's vectors, or
     the shards' a graph spans: its labels are the rows so numbered; inner product, 8-bit copies
     of the vectors), or None when this faiss cannot be read back zero-copy (the dense side then
-    stays exact). Each dimension's 8-bit range is measured on :func:`_range_sample` of them."""
+    stays exact). Each dimension's 8-bit range is measured on :func:`_range_sample` of them.
+    ``out``: written there as the cache's ``.npy`` file and returned memory-mapped (no copy of
+    the serialisation in memory); ``release(i)`` is called whenever part ``i``'s pages may leave
+    the process (once sampled for the ranges; once its rows are added): a mapped part need not
+    stay resident."""
     if not available():
         return None
     import faiss
 
-    parts = [np.ascontiguousarray(p, dtype=np.float32) for p in parts]
     dim = parts[0].shape[1]
     index = faiss.IndexHNSWSQ(dim, faiss.ScalarQuantizer.QT_8bit, M, faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efConstruction = EF_CONSTRUCTION
     index.hnsw.efSearch = EF_SEARCH
-    index.train(_range_sample(parts))
-    for part in parts:  # one shard at a time: the vectors are never all copied at once
-        index.add(part)
+    index.train(_range_sample(parts, release))
+    for i, part in enumerate(parts):  # one shard at a time: the vectors are never all copied at once
+        index.add(np.ascontiguousarray(part, dtype=np.float32))
+        if release is not None:
+            release(i)
+    if out is not None:
+        rows = _write_framed(index, out)
+        del index  # before its file is read back
+        return _read_back(out, rows, dim)
     serialised = faiss.serialize_index(index)
     del index  # before the framed copy is made: two copies of the graph at most, not three
     return _framed(serialised, dim)
 
 
-def extend(blob: np.ndarray, rows: int, dim: int, parts: Sequence[np.ndarray]) -> np.ndarray | None:
+def extend(blob: np.ndarray, rows: int, dim: int, parts: Sequence[np.ndarray],
+           out: Path | None = None) -> np.ndarray | None:
     """``blob`` (a graph over ``rows`` vectors) with the rows of ``parts`` added after them,
-    serialised anew (None: this faiss cannot): what a graph spanning full shards does when
-    another shard fills, instead of building over every vector again. The new rows are
-    quantised with the ranges the graph was trained on (an outlier is clipped in the copy;
-    candidates are rescored with the float vectors). Raises DamagedArrays for a blob that is
-    not such a graph."""
+    serialised anew (None: this faiss cannot; ``out`` as for :func:`build`): what a graph
+    spanning full shards does when another shard fills, instead of building over every vector
+    again. The new rows are quantised with the ranges the graph was trained on (an outlier is
+    clipped in the copy; candidates are rescored with the float vectors). Raises DamagedArrays
+    for a blob that is not such a graph."""
     if not available():
         return None
     import faiss
@@ -161,6 +175,10 @@ def extend(blob: np.ndarray, rows: int, dim: int, parts: Sequence[np.ndarray]) -
     index.hnsw.efConstruction = EF_CONSTRUCTION
     for part in parts:
         index.add(np.ascontiguousarray(part, dtype=np.float32))
+    if out is not None:
+        rows = _write_framed(index, out)
+        del index
+        return _read_back(out, rows, dim)
     serialised = faiss.serialize_index(index)
     del index
     return _framed(serialised, dim)
@@ -169,15 +187,21 @@ def extend(blob: np.ndarray, rows: int, dim: int, parts: Sequence[np.ndarray]) -
 RANGE_SAMPLE = 65536  # rows the 8-bit ranges are measured on (a shard's worth)
 
 
-def _range_sample(parts: list[np.ndarray]) -> np.ndarray:
+def _range_sample(parts: Sequence[np.ndarray], release: Callable[[int], None] | None = None) -> np.ndarray:
     """Every row when they are few; else evenly spaced rows of every part (a graph spanning
-    a million rows trains on 65,536 of them rather than on a copy of all)."""
+    a million rows trains on 65,536 of them rather than on a copy of all), each part released
+    once read (a sparse read of a mapping maps most of its pages)."""
     total = sum(p.shape[0] for p in parts)
     if len(parts) == 1 and total <= RANGE_SAMPLE:
         return parts[0]
     take = max(1, RANGE_SAMPLE // len(parts))
-    return np.vstack([p[np.unique(np.linspace(0, p.shape[0] - 1, num=min(take, p.shape[0])).astype(np.int64))]
-                      for p in parts if p.shape[0]])
+    rows = []
+    for i, p in enumerate(parts):
+        if p.shape[0]:
+            rows.append(p[np.unique(np.linspace(0, p.shape[0] - 1, num=min(take, p.shape[0])).astype(np.int64))])
+        if release is not None:
+            release(i)
+    return np.vstack(rows)
 
 
 def _framed(serialised: np.ndarray, dim: int) -> np.ndarray | None:
@@ -198,12 +222,55 @@ def _framed(serialised: np.ndarray, dim: int) -> np.ndarray | None:
     return blob
 
 
+def _write_framed(index, out: Path) -> int:
+    """``index`` serialised straight into ``out`` as :func:`_framed` frames it, inside a
+    ``.npy`` file of ``uint8``: counted in a first pass (faiss writes the codes last, so they
+    start ``ntotal * code_size`` bytes before its end), written in a second; no copy of the
+    serialisation is held. Returns the rows it holds."""
+    import faiss
+
+    total = 0
+
+    def count(chunk: bytes) -> None:
+        nonlocal total
+        total += len(chunk)
+
+    faiss.write_index(index, faiss.PyCallbackIOWriter(count))
+    rows, codes = int(index.ntotal), int(index.ntotal) * int(faiss.downcast_index(index.storage).code_size)
+    base = 8 + (-(8 + total - codes)) % 64
+    with open(out, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "|u1", "fortran_order": False, "shape": (base + total,)})
+        f.write(np.uint64(base).tobytes() + bytes(base - 8))
+        faiss.write_index(index, faiss.PyCallbackIOWriter(f.write))
+        f.flush()
+        os.fsync(f.fileno())
+    return rows
+
+
+def _read_back(out: Path, rows: int, dim: int) -> np.ndarray | None:
+    """The graph :func:`_write_framed` wrote, memory-mapped and checked as a read-back graph is
+    (its pages then dropped from this process: the page cache keeps them); None, and no
+    file, when its layout is not the one this module reads (a faiss that writes another)."""
+    mapped = np.load(out, mmap_mode="r", allow_pickle=False)
+    blob = np.asarray(mapped)
+    try:
+        check(blob, layout(blob, rows, dim), rows)
+    except DamagedArrays:
+        del blob, mapped
+        out.unlink()
+        return None
+    if hasattr(mmap, "MADV_DONTNEED"):
+        mapped._mmap.madvise(mmap.MADV_DONTNEED)
+    return blob
+
+
 class SpannedRows:
     """The float vectors of consecutive shards read as one array of rows, as a graph spanning
     them numbers its labels: what :func:`search` and :func:`sampled_recall` rescore with."""
 
-    def __init__(self, parts: Sequence[np.ndarray]) -> None:
+    def __init__(self, parts: Sequence[np.ndarray], release: Callable[[int], None] | None = None) -> None:
         self.parts = list(parts)
+        self.release = release  # called with a part's number once a product has read all of it
         self.starts = np.zeros(len(self.parts) + 1, dtype=np.int64)
         np.cumsum([p.shape[0] for p in self.parts], out=self.starts[1:])
         self.shape = (int(self.starts[-1]), self.parts[0].shape[1])
@@ -221,7 +288,12 @@ class SpannedRows:
         return out
 
     def __matmul__(self, query: np.ndarray) -> np.ndarray:
-        return np.concatenate([p @ query for p in self.parts])
+        scores = []
+        for i, part in enumerate(self.parts):
+            scores.append(part @ query)
+            if self.release is not None:
+                self.release(i)
+        return np.concatenate(scores)
 
 
 def _vector_at(blob: np.ndarray, at: int, itemsize: int, limit: int) -> tuple[tuple[int, int], int]:
@@ -398,6 +470,19 @@ class OpenedGraph:
             return found[:n]
         return self._faiss_candidates(query, wanted, allowed)
 
+    def code_scores(self, query: np.ndarray) -> np.ndarray | None:
+        """Every row's 8-bit copy scored against ``query`` (the walk's scores: the inner
+        product as faiss decodes the codes, less a constant part the same for every row), read
+        in order by ``_graph.c`` (a quarter of the float vectors' bytes); None without it."""
+        if self._walker is None:
+            return None
+        scores = np.empty(self._fields[10], dtype=np.float32)
+        try:
+            self._walker.scan(self.blob, self._fields, np.ascontiguousarray(query, dtype=np.float32), scores)
+        except ValueError as exc:
+            raise DamagedArrays(str(exc)) from None
+        return scores
+
     def _faiss_candidates(self, query: np.ndarray, wanted: int, allowed: np.ndarray | None) -> np.ndarray:
         if allowed is None:
             _, found = self._faiss.search(query.reshape(1, -1), wanted, params=_search_parameters(wanted))
@@ -450,6 +535,28 @@ def search(opened: OpenedGraph, vectors: np.ndarray, query: np.ndarray, k: int, 
     scores = vectors[rows] @ query
     order = np.lexsort((rows, -scores))[:k]
     return rows[order], scores[order]
+
+
+SCAN_MARGIN = 0.2  # codes' top k and this share more rescored: the exact top 10,000 of 983,040 random vectors all among them
+SCAN_FROM_SHARE = 4  # scanned when the rows rescored are at most a quarter of the graph's
+
+
+def scanned(opened: OpenedGraph, vectors: np.ndarray, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(rows, exact inner products) of about the top-k of one query by a scan of the graph's
+    8-bit codes: the ``k * (1 + SCAN_MARGIN)`` best codes rescored with ``vectors``, every row
+    at least the k-th exact score among them (unranked, ties kept: :func:`kernels.select_top`
+    ranks). For a pool of thousands (a hybrid's), where walking the graph costs more than
+    reading every code; None where the codes cannot be scanned here (then scan the floats)."""
+    wanted = int(k * (1 + SCAN_MARGIN))
+    if wanted * SCAN_FROM_SHARE > vectors.shape[0]:  # rescoring most rows: the float scan is as cheap
+        return None
+    codes = opened.code_scores(query)
+    if codes is None:
+        return None
+    rows = np.sort(rows_at_least_kth(codes, wanted))
+    scores = vectors[rows] @ query
+    keep = rows_at_least_kth(scores, k)
+    return rows[keep], scores[keep]
 
 
 @functools.lru_cache(maxsize=64)

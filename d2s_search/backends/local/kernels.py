@@ -617,6 +617,28 @@ def top_rows_any_sign(scores: np.ndarray, k: int) -> np.ndarray:
     return rows[order][:k]
 
 
+def rows_at_least_kth(scores: np.ndarray, k: int) -> np.ndarray:
+    """Rows (ascending, not ranked) of every score at least the k-th highest: the k best and
+    whatever ties the k-th, for :func:`select_top` to rank across shards once."""
+    if k >= scores.size:
+        return np.arange(scores.size)
+    return np.flatnonzero(scores >= scores[np.argpartition(-scores, k - 1)[k - 1]])
+
+
+def select_top(candidates: list[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The global top-k of per-shard (global rows, scores) lists in any order, best first,
+    ties by row: :func:`merge_top`'s answer without each list ranked first (a 10,000-candidate
+    scan of 16 shards ranked 160,000 rows to keep 10,000)."""
+    if not candidates:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+    rows = np.concatenate([r for r, _ in candidates])
+    scores = np.concatenate([s for _, s in candidates])
+    keep = rows_at_least_kth(scores, k)
+    rows, scores = rows[keep], scores[keep]
+    order = np.lexsort((rows, -scores))[:k]
+    return rows[order], scores[order]
+
+
 def merge_top(candidates: list[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
     """Merge per-shard (global rows, scores) lists into the global top-k, ties by row."""
     if not candidates:
