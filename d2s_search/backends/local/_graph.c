@@ -281,6 +281,21 @@ done:
     return n;
 }
 
+/* The query's weight per unit of each dimension's code, q[j] * vdiff[j] / 255 (a code's score
+ * less its constant part), in a new array; NULL when out of memory. */
+static float *code_weights(const graph_t *g, const float *q) {
+    float *weights = malloc((size_t)g->dim * sizeof(float));
+    if (weights == NULL) {
+        return NULL;
+    }
+    for (int64_t j = 0; j < g->dim; j++) {
+        float vdiff;
+        memcpy(&vdiff, g->bytes + g->ranges_at + 4 * (g->dim + j), sizeof vdiff);
+        weights[j] = q[j] * vdiff / 255.0f;
+    }
+    return weights;
+}
+
 /* The layout tuple's 12 integers (graph_t's fields from cum_at on); -1 with an exception set
  * when it is not one. */
 static int layout_fields(PyObject *layout, int64_t fields[12]) {
@@ -341,16 +356,10 @@ static PyObject *search(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "graph layout, query or output do not fit the graph's bytes");
         goto release;
     }
-    weights = malloc((size_t)dim * sizeof(float));
+    weights = code_weights(&g, query.buf);
     if (weights == NULL) {
         PyErr_NoMemory();
         goto release;
-    }
-    const float *q = query.buf;
-    for (int64_t j = 0; j < dim; j++) {  // q[j] * vdiff[j] / 255 per unit of code
-        float vdiff;
-        memcpy(&vdiff, g.bytes + g.ranges_at + 4 * (dim + j), sizeof vdiff);
-        weights[j] = q[j] * vdiff / 255.0f;
     }
     int64_t n;
     Py_BEGIN_ALLOW_THREADS
@@ -375,9 +384,9 @@ release:
 /* Every row's code scored against integer weights: a row's score is sum_j w[j] * code[j] in
  * 32-bit integers (SSE2: codes widened to 16 bits, multiplied and pairwise added by
  * _mm_madd_epi16, 16 codes a step). The caller bounds |w[j]| so that no sum can overflow. */
-static void scan_rows(const graph_t *g, const int16_t *w, int64_t first, int64_t count, float scale, float *out) {
+static void scan_rows(const graph_t *g, const int16_t *w, float scale, float *out) {
     const uint8_t *codes = g->bytes + g->codes_at;
-    for (int64_t row = first; row < first + count; row++) {
+    for (int64_t row = 0; row < g->rows; row++) {
         const uint8_t *code = codes + row * g->dim;
         int64_t j = 0;
         int32_t sum = 0;
@@ -396,7 +405,7 @@ static void scan_rows(const graph_t *g, const int16_t *w, int64_t first, int64_t
         for (; j < g->dim; j++) {
             sum += (int32_t)w[j] * (int32_t)code[j];
         }
-        out[row - first] = (float)sum * scale;
+        out[row] = (float)sum * scale;
     }
 }
 
@@ -409,6 +418,7 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     Py_buffer blob = {0}, query = {0}, out = {0};
     PyObject *result = NULL;
+    float *weights = NULL;
     int16_t *w = NULL;
     if (PyObject_GetBuffer(args[0], &blob, PyBUF_C_CONTIGUOUS) < 0) {
         return NULL;
@@ -426,34 +436,31 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_ValueError, "graph layout, query or output do not fit the graph's bytes");
         goto release;
     }
-    w = malloc((size_t)(dim + 16) * sizeof(int16_t));
-    if (w == NULL) {
+    weights = code_weights(&g, query.buf);
+    w = malloc((size_t)dim * sizeof(int16_t));
+    if (weights == NULL || w == NULL) {
         PyErr_NoMemory();
         goto release;
     }
-    /* The per-code weights q[j] * vdiff[j] / 255 (as code_score), as integers: the largest is
-     * `limit`, chosen so that dim * 255 * limit stays below 2^31 (no sum of a row overflows). */
-    const float *q = query.buf;
+    /* The per-code weights (as code_score's) as integers: the largest is `limit`, chosen so
+     * that dim * 255 * limit stays below 2^31 (no sum of a row overflows). */
     double largest = 0.0;
     for (int64_t j = 0; j < dim; j++) {
-        float vdiff;
-        memcpy(&vdiff, g.bytes + g.ranges_at + 4 * (dim + j), sizeof vdiff);
-        double x = fabs((double)q[j] * (double)vdiff / 255.0);
+        double x = fabs((double)weights[j]);
         if (x > largest) largest = x;
     }
     double limit = fmin(32767.0, floor(2147483647.0 / (255.0 * (double)dim)) - 1.0);
     double to_int = largest > 0.0 && isfinite(largest) ? limit / largest : 0.0;
     for (int64_t j = 0; j < dim; j++) {
-        float vdiff;
-        memcpy(&vdiff, g.bytes + g.ranges_at + 4 * (dim + j), sizeof vdiff);
-        w[j] = (int16_t)lrint((double)q[j] * (double)vdiff / 255.0 * to_int);
+        w[j] = (int16_t)lrint((double)weights[j] * to_int);
     }
     float scale = to_int > 0.0 ? (float)(1.0 / to_int) : 0.0f;
     Py_BEGIN_ALLOW_THREADS
-    scan_rows(&g, w, 0, rows, scale, out.buf);
+    scan_rows(&g, w, scale, out.buf);
     Py_END_ALLOW_THREADS
     result = PyLong_FromLongLong(rows);
 release:
+    free(weights);
     free(w);
     PyBuffer_Release(&blob);
     if (query.obj) PyBuffer_Release(&query);

@@ -1510,13 +1510,6 @@ class LocalBackend:
         share = GRAPH_K_SHARE * min(1.0, cache_mod.SHARD_ROWS / max(rows, 1)) ** GRAPH_SHARE_FALLOFF
         return max(k, ef) < share * rows and graph.searchable()
 
-    def _code_scan(self, head: Shard, members: list[Shard], query: np.ndarray,
-                   k: int) -> tuple[np.ndarray, np.ndarray] | None:
-        try:
-            return graph.scanned(self._graph_of(head), self._unit_vectors(members), query, k)
-        except kernels.DamagedArrays as exc:  # the scan's own bounds checks: changed since checked
-            self._damaged(CacheUnusable(f"shard at row {head.start} is damaged: {exc}"))
-
     def _graph_of(self, shard: Shard) -> graph.OpenedGraph:
         try:
             return shard.dense_graph()
@@ -1526,10 +1519,20 @@ class LocalBackend:
     def _graph_search(self, head: Shard, members: list[Shard], query: np.ndarray, k: int, ef: int,
                       allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The graph stored with ``head`` (over ``members``' rows) searched, among ``allowed`` rows if given."""
+        return self._through_graph(head, members, graph.search, query, k, ef, allowed)
+
+    def _code_scan(self, head: Shard, members: list[Shard], query: np.ndarray,
+                   k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """About the top k by a scan of that graph's 8-bit codes (:func:`graph.scanned`)."""
+        return self._through_graph(head, members, graph.scanned, query, k)
+
+    def _through_graph(self, head: Shard, members: list[Shard], read, *args):
+        """``read(the graph stored with head, the members' float vectors, *args)``; a bounds
+        check of the walk or scan that fails (the graph changed since it was checked) rebuilds."""
         opened, vectors = self._graph_of(head), self._unit_vectors(members)
         try:
-            return graph.search(opened, vectors, query, k, ef, allowed)
-        except kernels.DamagedArrays as exc:  # the walk's own bounds checks: changed since checked
+            return read(opened, vectors, *args)
+        except kernels.DamagedArrays as exc:
             self._damaged(CacheUnusable(f"shard at row {head.start} is damaged: {exc}"))
 
     def explain_hits(self, hits: list[Hit], query: SparseVector, explain: int = 5) -> None:

@@ -148,13 +148,9 @@ def build(parts: Sequence[np.ndarray], out: Path | None = None,
         index.add(np.ascontiguousarray(part, dtype=np.float32))
         if release is not None:
             release(i)
-    if out is not None:
-        rows = _write_framed(index, out)
-        del index  # before its file is read back
-        return _read_back(out, rows, dim)
-    serialised = faiss.serialize_index(index)
-    del index  # before the framed copy is made: two copies of the graph at most, not three
-    return _framed(serialised, dim)
+    written = _write_framed(index, out) if out is not None else faiss.serialize_index(index)
+    del index  # before the file is read back or the framed copy made: two copies of the graph at most
+    return _read_back(out, written, dim) if out is not None else _framed(written, dim)
 
 
 def extend(blob: np.ndarray, rows: int, dim: int, parts: Sequence[np.ndarray],
@@ -175,13 +171,9 @@ def extend(blob: np.ndarray, rows: int, dim: int, parts: Sequence[np.ndarray],
     index.hnsw.efConstruction = EF_CONSTRUCTION
     for part in parts:
         index.add(np.ascontiguousarray(part, dtype=np.float32))
-    if out is not None:
-        rows = _write_framed(index, out)
-        del index
-        return _read_back(out, rows, dim)
-    serialised = faiss.serialize_index(index)
-    del index
-    return _framed(serialised, dim)
+    written = _write_framed(index, out) if out is not None else faiss.serialize_index(index)
+    del index  # before the file is read back or the framed copy made: two copies of the graph at most
+    return _read_back(out, written, dim) if out is not None else _framed(written, dim)
 
 
 RANGE_SAMPLE = 65536  # rows the 8-bit ranges are measured on (a shard's worth)
@@ -204,6 +196,12 @@ def _range_sample(parts: Sequence[np.ndarray], release: Callable[[int], None] | 
     return np.vstack(rows)
 
 
+def _codes_start(codes: int) -> int:
+    """Where faiss's bytes start in the cache's array: after the 8-byte start field, padded so
+    that the codes (``codes`` bytes into faiss's) fall on a 64-byte boundary."""
+    return 8 + (-(8 + codes)) % 64
+
+
 def _framed(serialised: np.ndarray, dim: int) -> np.ndarray | None:
     """faiss's bytes of a graph behind the cache's 8-byte start field, its codes on a 64-byte
     boundary (None: a faiss that writes another layout)."""
@@ -214,7 +212,7 @@ def _framed(serialised: np.ndarray, dim: int) -> np.ndarray | None:
         where = _walk(serialised, 0, rows, dim)
     except DamagedArrays:
         return None
-    base = 8 + (-(8 + where.codes)) % 64
+    base = _codes_start(where.codes)
     blob = np.zeros(base + serialised.size, dtype=np.uint8)
     blob[:8] = np.frombuffer(np.uint64(base).tobytes(), np.uint8)
     blob[base:] = serialised
@@ -237,7 +235,7 @@ def _write_framed(index, out: Path) -> int:
 
     faiss.write_index(index, faiss.PyCallbackIOWriter(count))
     rows, codes = int(index.ntotal), int(index.ntotal) * int(faiss.downcast_index(index.storage).code_size)
-    base = 8 + (-(8 + total - codes)) % 64
+    base = _codes_start(total - codes)
     with open(out, "wb") as f:
         np.lib.format.write_array_header_1_0(f, {"descr": "|u1", "fortran_order": False, "shape": (base + total,)})
         f.write(np.uint64(base).tobytes() + bytes(base - 8))

@@ -605,14 +605,7 @@ def top_rows(scores: np.ndarray, k: int) -> np.ndarray:
 
 def top_rows_any_sign(scores: np.ndarray, k: int) -> np.ndarray:
     """Rows of the k highest scores (any sign: inner products), best first, ties by row."""
-    n = scores.size
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    if k < n:
-        kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
-        rows = np.flatnonzero(scores >= kth)
-    else:
-        rows = np.arange(n)
+    rows = rows_at_least_kth(scores, k)
     order = np.lexsort((rows, -scores[rows]))
     return rows[order][:k]
 
