@@ -505,3 +505,63 @@ D2S_EXPORT int64_t d2s_explain_slots16(const int64_t *indptr, int64_t n_rows, co
     return explain_slots(indptr, n_rows, indices, 0, data, nnz, rows, n_sel, qcols, qweights, n_q, m, out_slots,
                          out_vals);
 }
+
+/* Exact scores of the n_sel given rows of a row-wise (CSR) shard (a two-phase window, a narrow
+ * filter's rows): each row's products query weight * stored weight over the terms it shares
+ * with the query (one float32 rounding each) summed in double in the row's order, then rounded
+ * to float32: kernels.rescore_rows's numpy path (a bincount of the float32 products), bit for
+ * bit. Columns are looked up in a table from column to query slot (as explain_slots), the rows'
+ * postings asked for ahead. Returns the number of rows skipped because a row id or its pointers
+ * were out of bounds (their score is 0); -1 when qcols is not strictly ascending, too long for
+ * the table's 16-bit slots or holds a column past MAX_TABLE_COLUMNS, -2 when the table cannot
+ * be allocated (nothing usable is written then). */
+static inline int64_t rescore_rows(const int64_t *indptr, int64_t n_rows, const void *indices, int wide,
+                                   const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel,
+                                   const int64_t *qcols, const float *qweights, int64_t n_q, float *out) {
+    int64_t bad = 0;
+    if (n_q <= 0 || n_q > INT16_MAX || qcols[0] < 0) return -1;
+    for (int64_t t = 1; t < n_q; t++)
+        if (qcols[t] <= qcols[t - 1]) return -1;
+    int64_t n_map = qcols[n_q - 1] + 1;
+    if (n_map > MAX_TABLE_COLUMNS) return -1;
+    int16_t *slot_of = malloc((size_t)n_map * sizeof(int16_t));
+    if (!slot_of) return -2;
+    memset(slot_of, 0xff, (size_t)n_map * sizeof(int16_t)); /* -1: not a query term */
+    for (int64_t t = 0; t < n_q; t++) slot_of[qcols[t]] = (int16_t)t;
+    for (int64_t i = 0; i < n_sel; i++) {
+        if (i + PREFETCH_ROWS < n_sel) prefetch_row(indptr, n_rows, indices, wide, data, nnz, rows[i + PREFETCH_ROWS]);
+        if (i + 2 * PREFETCH_ROWS < n_sel) {
+            int64_t later = rows[i + 2 * PREFETCH_ROWS];
+            if (later >= 0 && later < n_rows) __builtin_prefetch(indptr + later);
+        }
+        int64_t row = rows[i];
+        out[i] = 0.0f;
+        if (row < 0 || row >= n_rows || indptr[row] < 0 || indptr[row] > indptr[row + 1] || indptr[row + 1] > nnz) {
+            bad++;
+            continue;
+        }
+        double sum = 0.0;
+        for (int64_t p = indptr[row]; p < indptr[row + 1]; p++) {
+            uint64_t col = (uint64_t)(uint32_t)term_at(indices, wide, p); /* a negative 32-bit id: past n_map */
+            if (col >= (uint64_t)n_map || slot_of[col] < 0) continue;
+            float value = qweights[slot_of[col]] * decode_weight(data[p]);
+            sum += (double)value;
+        }
+        out[i] = (float)sum;
+    }
+    free(slot_of);
+    return bad;
+}
+
+D2S_EXPORT int64_t d2s_rescore_rows(const int64_t *indptr, int64_t n_rows, const int32_t *indices,
+                                    const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel,
+                                    const int64_t *qcols, const float *qweights, int64_t n_q, float *out) {
+    return rescore_rows(indptr, n_rows, indices, 1, data, nnz, rows, n_sel, qcols, qweights, n_q, out);
+}
+
+/* d2s_rescore_rows over 16-bit term ids. */
+D2S_EXPORT int64_t d2s_rescore_rows16(const int64_t *indptr, int64_t n_rows, const uint16_t *indices,
+                                      const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel,
+                                      const int64_t *qcols, const float *qweights, int64_t n_q, float *out) {
+    return rescore_rows(indptr, n_rows, indices, 0, data, nnz, rows, n_sel, qcols, qweights, n_q, out);
+}

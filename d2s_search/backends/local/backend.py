@@ -1354,6 +1354,7 @@ class LocalBackend:
             shard = state.shards[j]
             self._validated(shard)
             picked = np.flatnonzero(shard_of == j)
+            picked = picked[np.argsort(rows[picked], kind="stable")]  # read in the shard's order: a sweep, not jumps
             a = shard.arrays
             local = rows[picked] - shard.start
             row_reads = int((a["csr_indptr"][local + 1] - a["csr_indptr"][local]).sum())
