@@ -222,6 +222,30 @@ def test_a_graph_extended_by_a_shard_searches_as_one_built_over_both():
         assert found >= 0.85 * 300
 
 
+def test_rows_gathered_in_c_equal_numpy_indexing(tmp_path):
+    """The rows a graph's candidates or a code scan's best are rescored from, copied by
+    ``_graph.c`` with the next ones asked for ahead: the same floats as numpy's indexing, from a
+    read-only mapping as from memory, rows in any order or repeated, odd row widths; a row
+    outside the matrix is refused, never read."""
+    assert graph._c_graph is not None, "the compiled walk is part of the build under test"
+    rng = np.random.default_rng(9)
+    for dim in (5, 16, 384):
+        matrix = rng.normal(size=(1000, dim)).astype(np.float32)
+        np.save(tmp_path / f"m{dim}.npy", matrix)
+        mapped = np.load(tmp_path / f"m{dim}.npy", mmap_mode="r")
+        for rows in (np.arange(1000), rng.integers(0, 1000, 3000), np.array([999, 0, 999]), np.zeros(0, np.int64)):
+            for source in (matrix, mapped):
+                got = graph.gather(source, rows)
+                assert got.shape == (rows.size, dim) and np.array_equal(got, matrix[rows])
+        for outside in ([1000], [0, -1], [2**40]):
+            with pytest.raises(IndexError):
+                graph.gather(mapped, np.array(outside))
+    parts = [rng.normal(size=(n, 8)).astype(np.float32) for n in (100, 1, 57)]
+    spanned, together = graph.SpannedRows(parts), np.vstack(parts)
+    for rows in (np.arange(158), np.sort(rng.integers(0, 158, 400)), rng.integers(0, 158, 400)):
+        assert np.array_equal(spanned[rows], together[rows])
+
+
 def test_extending_a_damaged_graph_is_refused():
     rng = np.random.default_rng(6)
     first, second = rng.normal(size=(200, DIM)).astype(np.float32), rng.normal(size=(50, DIM)).astype(np.float32)

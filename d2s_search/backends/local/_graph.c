@@ -468,11 +468,73 @@ release:
     return result;
 }
 
+#define GATHER_AHEAD 8 /* rows whose lines are asked for before they are copied */
+
+/* gather(matrix, row_bytes, rows, out) -> n: out[i] = the matrix's row rows[i] (row_bytes each),
+ * the rows some places ahead asked for first, so that many of their cache misses are in flight
+ * at once where numpy's take copies one row after another. The rescoring of a graph's
+ * candidates or a code scan's best: thousands of rows anywhere in a mapping. A row outside the
+ * matrix raises ValueError with nothing promised about out. */
+static PyObject *gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "gather(matrix, row_bytes, rows, out)");
+        return NULL;
+    }
+    int64_t width = PyLong_AsLongLong(args[1]);
+    if (width == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer matrix = {0}, rows = {0}, out = {0};
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(args[0], &matrix, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(args[2], &rows, PyBUF_C_CONTIGUOUS) < 0 ||
+        PyObject_GetBuffer(args[3], &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        goto release;
+    }
+    int64_t n = (int64_t)(rows.len / 8), have = width > 0 ? (int64_t)(matrix.len / width) : 0;
+    if (width <= 0 || rows.len % 8 != 0 || out.len < (Py_ssize_t)(n * width)) {
+        PyErr_SetString(PyExc_ValueError, "gather: rows (int64) or output do not fit");
+        goto release;
+    }
+    const int64_t *at = rows.buf;
+    const char *from = matrix.buf;
+    char *to = out.buf;
+    int64_t bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < n; i++) {
+        if (i + GATHER_AHEAD < n) {
+            int64_t later = at[i + GATHER_AHEAD];
+            if (later >= 0 && later < have) {
+                const char *line = from + later * width;
+                for (int64_t b = 0; b < width; b += 64) __builtin_prefetch(line + b);
+            }
+        }
+        int64_t row = at[i];
+        if (row < 0 || row >= have) {
+            bad = 1;
+            break;
+        }
+        memcpy(to + i * width, from + row * width, (size_t)width);
+    }
+    Py_END_ALLOW_THREADS
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "gather: a row outside the matrix");
+        goto release;
+    }
+    result = PyLong_FromLongLong(n);
+release:
+    PyBuffer_Release(&matrix);
+    if (rows.obj) PyBuffer_Release(&rows);
+    if (out.obj) PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"search", (PyCFunction)(void (*)(void))search, METH_FASTCALL,
      "search(blob, layout, query, ef, allowed, out) -> n: a dense query's candidate rows from an HNSW graph."},
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(blob, layout, query, out) -> rows: every row's code scored (float32, the constant part left out)."},
+    {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL,
+     "gather(matrix, row_bytes, rows, out) -> n: the given rows copied out, the next ones asked for ahead."},
     {NULL, NULL, 0, NULL},
 };
 

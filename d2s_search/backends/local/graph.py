@@ -278,12 +278,21 @@ class SpannedRows:
             part = int(np.searchsorted(self.starts, rows, side="right")) - 1
             return self.parts[part][int(rows) - int(self.starts[part])]
         rows = np.asarray(rows, dtype=np.int64)
-        out = np.empty((rows.size, self.shape[1]), dtype=np.float32)
         which = np.searchsorted(self.starts, rows, side="right") - 1
-        for part in np.unique(which).tolist():
-            picked = which == part
-            out[picked] = self.parts[part][rows[picked] - self.starts[part]]
-        return out
+        grouped = rows.size < 2 or bool(np.all(which[:-1] <= which[1:]))  # ascending rows (a scan's): in place
+        order = None if grouped else np.argsort(which, kind="stable")
+        ordered = rows if order is None else rows[order]
+        out = np.empty((rows.size, self.shape[1]), dtype=np.float32)
+        bounds = np.searchsorted(which if order is None else which[order], np.arange(len(self.parts) + 1))
+        for part in range(len(self.parts)):
+            lo, hi = int(bounds[part]), int(bounds[part + 1])
+            if hi > lo:
+                gather(self.parts[part], ordered[lo:hi] - self.starts[part], out[lo:hi])
+        if order is None:
+            return out
+        back = np.empty_like(out)
+        back[order] = out
+        return back
 
     def __matmul__(self, query: np.ndarray) -> np.ndarray:
         scores = []
@@ -292,6 +301,29 @@ class SpannedRows:
             if self.release is not None:
                 self.release(i)
         return np.concatenate(scores)
+
+
+def gather(matrix: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``matrix[rows]`` (into ``out`` when given): copied by ``_graph.c`` with the rows ahead
+    asked for first where it is built (thousands of rows anywhere in a mapping: a graph's
+    candidates, a code scan's best), else by numpy. A row outside the matrix: IndexError."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    if out is None:
+        out = np.empty((rows.size,) + matrix.shape[1:], dtype=matrix.dtype)
+    if (_c_graph is None or matrix.ndim != 2 or not matrix.flags.c_contiguous or not out.flags.c_contiguous
+            or out.dtype != matrix.dtype):
+        np.take(matrix, rows, axis=0, out=out)
+        return out
+    try:
+        _c_graph.gather(matrix, matrix.shape[1] * matrix.itemsize, rows, out)
+    except ValueError as exc:
+        raise IndexError(str(exc)) from None
+    return out
+
+
+def _rows_of(vectors, rows: np.ndarray) -> np.ndarray:
+    """The float vectors of ``rows`` of a shard's vectors or of :class:`SpannedRows`."""
+    return vectors[rows] if isinstance(vectors, SpannedRows) else gather(vectors, rows)
 
 
 def _vector_at(blob: np.ndarray, at: int, itemsize: int, limit: int) -> tuple[tuple[int, int], int]:
@@ -530,7 +562,7 @@ def search(opened: OpenedGraph, vectors: np.ndarray, query: np.ndarray, k: int, 
     rows = opened.candidates(query, max(ef, k), allowed)
     if allowed is not None:
         rows = rows[allowed[rows]]  # what the walk kept is checked, not trusted
-    scores = vectors[rows] @ query
+    scores = _rows_of(vectors, rows) @ query
     order = np.lexsort((rows, -scores))[:k]
     return rows[order], scores[order]
 
@@ -552,7 +584,7 @@ def scanned(opened: OpenedGraph, vectors: np.ndarray, query: np.ndarray, k: int)
     if codes is None:
         return None
     rows = np.sort(rows_at_least_kth(codes, wanted))
-    scores = vectors[rows] @ query
+    scores = _rows_of(vectors, rows) @ query
     keep = rows_at_least_kth(scores, k)
     return rows[keep], scores[keep]
 
