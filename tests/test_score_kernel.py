@@ -319,12 +319,17 @@ def test_strings_copied_out_in_one_block_equal_one_by_one():
     assert strided_strings(blob, np.array([2, 2]), np.array([0, 0])) == ["", ""]
 
 
-def numpy_explain(indptr, indices, data, rows, cols, weights, n):
+def without_c_kernel(kernel, *args):
+    """``kernel(*args)`` with the compiled kernel turned off: the numpy path's answer."""
     saved, kernels._c_kernel = kernels._c_kernel, None
     try:
-        return kernels.explain_rows(indptr, indices, data, rows, cols, weights, n)
+        return kernel(*args)
     finally:
         kernels._c_kernel = saved
+
+
+def numpy_explain(*args):
+    return without_c_kernel(kernels.explain_rows, *args)
 
 
 def row_wise(indptr, indices, data, rows, id_type=np.int32):
@@ -337,6 +342,19 @@ def row_wise(indptr, indices, data, rows, id_type=np.int32):
     return csr_indptr, cols[order].astype(id_type), data[order]
 
 
+def random_row_reads(rng, id_type, most_rows: int | None = None, queries: int = 10):
+    """A random shard's row-wise copy (term ids of ``id_type``) with, per query, rows picked in
+    any order (up to ``most_rows``, else any number) and query columns in any order, some of
+    them no row has: (csr, picked rows, columns)."""
+    rows, n_cols = int(rng.integers(30, 300)), 50
+    indptr, indices, data = random_shard(rng, rows, n_cols, per_row=int(rng.integers(3, 20)))
+    csr = row_wise(indptr, indices, data, rows, id_type)
+    for _ in range(queries):
+        cols = rng.choice(n_cols + 5, size=int(rng.integers(1, 25)), replace=False).astype(np.int64)
+        picked = rng.choice(rows, size=int(rng.integers(1, most_rows or rows)), replace=False)
+        yield csr, picked, cols
+
+
 @pytest.mark.parametrize("id_type", [np.int32, np.uint16])
 @pytest.mark.parametrize("seed", range(5))
 def test_explained_words_equal_the_numpy_path(seed, id_type):
@@ -344,13 +362,8 @@ def test_explained_words_equal_the_numpy_path(seed, id_type):
     weights come from few values, so ties occur); the query's columns in any order; term ids
     of 32 or 16 bits."""
     rng = np.random.default_rng(seed)
-    rows, n_cols = int(rng.integers(30, 300)), 50
-    indptr, indices, data = random_shard(rng, rows, n_cols, per_row=int(rng.integers(3, 20)))
-    csr = row_wise(indptr, indices, data, rows, id_type)
-    for _ in range(10):
-        cols = rng.choice(n_cols + 5, size=int(rng.integers(1, 25)), replace=False).astype(np.int64)
+    for csr, picked, cols in random_row_reads(rng, id_type, most_rows=12):
         weights = rng.choice([0.5, 1.0, 0.3, 2.0], size=cols.size).astype(np.float32)
-        picked = rng.choice(rows, size=int(rng.integers(1, 12)), replace=False)
         for n in (1, 3, 5, 40):
             got = kernels.explain_rows(*csr, picked, cols, weights, n)
             want = numpy_explain(*csr, picked, cols, weights, n)
@@ -394,12 +407,8 @@ def test_a_query_column_given_twice_is_explained_as_the_numpy_path_does():
 
 
 
-def numpy_rescore(indptr, indices, data, rows, cols, weights):
-    saved, kernels._c_kernel = kernels._c_kernel, None
-    try:
-        return kernels.rescore_rows(indptr, indices, data, rows, cols, weights)
-    finally:
-        kernels._c_kernel = saved
+def numpy_rescore(*args):
+    return without_c_kernel(kernels.rescore_rows, *args)
 
 
 @pytest.mark.parametrize("id_type", [np.int32, np.uint16])
@@ -410,13 +419,8 @@ def test_rescored_rows_equal_the_numpy_path_bit_for_bit(seed, id_type):
     order, a query's columns in any order and some no row has."""
     assert kernels._c_kernel is not None, "the compiled kernel is part of the build under test"
     rng = np.random.default_rng(seed)
-    rows, n_cols = int(rng.integers(30, 300)), 50
-    indptr, indices, data = random_shard(rng, rows, n_cols, per_row=int(rng.integers(3, 20)))
-    csr = row_wise(indptr, indices, data, rows, id_type)
-    for _ in range(10):
-        cols = rng.choice(n_cols + 5, size=int(rng.integers(1, 25)), replace=False).astype(np.int64)
+    for csr, picked, cols in random_row_reads(rng, id_type):
         weights = rng.random(cols.size).astype(np.float32) * 3
-        picked = rng.choice(rows, size=int(rng.integers(1, rows)), replace=False)
         got = kernels.rescore_rows(*csr, picked, cols, weights)
         want = numpy_rescore(*csr, picked, cols, weights)
         assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -450,6 +450,40 @@ static inline void prefetch_row(const int64_t *indptr, int64_t n_rows, const voi
     for (int64_t q = lo; q < hi; q += 32) __builtin_prefetch(data + q);
 }
 
+/* The table from column to query slot (-1: not a query term) that explain_slots and
+ * rescore_rows look a row's columns up in, qcols[n_q - 1] + 1 entries (*n_map); NULL with
+ * *status -1 when qcols is not strictly ascending, too long for 16-bit slots or holds a column
+ * past MAX_TABLE_COLUMNS, -2 when it cannot be allocated. The caller frees it. */
+static int16_t *slot_table(const int64_t *qcols, int64_t n_q, int64_t *n_map, int64_t *status) {
+    *status = -1;
+    if (n_q <= 0 || n_q > INT16_MAX || qcols[0] < 0) return NULL;
+    for (int64_t t = 1; t < n_q; t++)
+        if (qcols[t] <= qcols[t - 1]) return NULL;
+    *n_map = qcols[n_q - 1] + 1;
+    if (*n_map > MAX_TABLE_COLUMNS) return NULL; /* no vocabulary is that large: a table not worth its memory */
+    int16_t *slot_of = malloc((size_t)*n_map * sizeof(int16_t));
+    if (!slot_of) {
+        *status = -2;
+        return NULL;
+    }
+    memset(slot_of, 0xff, (size_t)*n_map * sizeof(int16_t));
+    for (int64_t t = 0; t < n_q; t++) slot_of[qcols[t]] = (int16_t)t;
+    *status = 0;
+    return slot_of;
+}
+
+/* The rows lie anywhere in the shard: the postings of the row PREFETCH_ROWS places ahead of i
+ * (and the pointers of the one twice as far) are asked for, so that many cache misses are in
+ * flight at once (reading them one by one waits on each). */
+static inline void prefetch_ahead(const int64_t *indptr, int64_t n_rows, const void *indices, int wide,
+                                  const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel, int64_t i) {
+    if (i + PREFETCH_ROWS < n_sel) prefetch_row(indptr, n_rows, indices, wide, data, nnz, rows[i + PREFETCH_ROWS]);
+    if (i + 2 * PREFETCH_ROWS < n_sel) {
+        int64_t later = rows[i + 2 * PREFETCH_ROWS];
+        if (later >= 0 && later < n_rows) __builtin_prefetch(indptr + later);
+    }
+}
+
 /* kernels.explain_by_postings's result read from the rows' own postings (row-wise, CSR), in one
  * call per shard: for each of the n_sel given rows, the m largest products query weight *
  * stored weight over the query's n_q terms, largest first, ties by query slot (qcols strictly
@@ -464,24 +498,12 @@ static inline int64_t explain_slots(const int64_t *indptr, int64_t n_rows, const
                                     const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel,
                                     const int64_t *qcols, const float *qweights, int64_t n_q, int64_t m,
                                     int64_t *out_slots, float *out_vals) {
-    int64_t bad = 0;
-    if (n_q <= 0 || n_q > INT16_MAX || m <= 0 || m > n_q || qcols[0] < 0) return -1;
-    for (int64_t t = 1; t < n_q; t++)
-        if (qcols[t] <= qcols[t - 1]) return -1;
-    int64_t n_map = qcols[n_q - 1] + 1;
-    if (n_map > MAX_TABLE_COLUMNS) return -1; /* no vocabulary is that large: a table not worth its memory */
-    int16_t *slot_of = malloc((size_t)n_map * sizeof(int16_t));
-    if (!slot_of) return -2;
-    memset(slot_of, 0xff, (size_t)n_map * sizeof(int16_t)); /* -1: not a query term */
-    for (int64_t t = 0; t < n_q; t++) slot_of[qcols[t]] = (int16_t)t;
+    int64_t bad = 0, n_map = 0, status;
+    if (m <= 0 || m > n_q) return -1;
+    int16_t *slot_of = slot_table(qcols, n_q, &n_map, &status);
+    if (!slot_of) return status;
     for (int64_t i = 0; i < n_sel; i++) {
-        /* The rows lie anywhere in the shard: their postings are asked for ahead, so that many
-         * cache misses are in flight at once (reading them one by one waits on each). */
-        if (i + PREFETCH_ROWS < n_sel) prefetch_row(indptr, n_rows, indices, wide, data, nnz, rows[i + PREFETCH_ROWS]);
-        if (i + 2 * PREFETCH_ROWS < n_sel) {
-            int64_t later = rows[i + 2 * PREFETCH_ROWS];
-            if (later >= 0 && later < n_rows) __builtin_prefetch(indptr + later);
-        }
+        prefetch_ahead(indptr, n_rows, indices, wide, data, nnz, rows, n_sel, i);
         bad += explain_row_slots(indptr, n_rows, indices, wide, data, nnz, rows[i], slot_of, n_map, qweights, n_q, m,
                                  out_slots + i * m, out_vals + i * m, NULL);
     }
@@ -518,22 +540,11 @@ D2S_EXPORT int64_t d2s_explain_slots16(const int64_t *indptr, int64_t n_rows, co
 static inline int64_t rescore_rows(const int64_t *indptr, int64_t n_rows, const void *indices, int wide,
                                    const uint16_t *data, int64_t nnz, const int64_t *rows, int64_t n_sel,
                                    const int64_t *qcols, const float *qweights, int64_t n_q, float *out) {
-    int64_t bad = 0;
-    if (n_q <= 0 || n_q > INT16_MAX || qcols[0] < 0) return -1;
-    for (int64_t t = 1; t < n_q; t++)
-        if (qcols[t] <= qcols[t - 1]) return -1;
-    int64_t n_map = qcols[n_q - 1] + 1;
-    if (n_map > MAX_TABLE_COLUMNS) return -1;
-    int16_t *slot_of = malloc((size_t)n_map * sizeof(int16_t));
-    if (!slot_of) return -2;
-    memset(slot_of, 0xff, (size_t)n_map * sizeof(int16_t)); /* -1: not a query term */
-    for (int64_t t = 0; t < n_q; t++) slot_of[qcols[t]] = (int16_t)t;
+    int64_t bad = 0, n_map = 0, status;
+    int16_t *slot_of = slot_table(qcols, n_q, &n_map, &status);
+    if (!slot_of) return status;
     for (int64_t i = 0; i < n_sel; i++) {
-        if (i + PREFETCH_ROWS < n_sel) prefetch_row(indptr, n_rows, indices, wide, data, nnz, rows[i + PREFETCH_ROWS]);
-        if (i + 2 * PREFETCH_ROWS < n_sel) {
-            int64_t later = rows[i + 2 * PREFETCH_ROWS];
-            if (later >= 0 && later < n_rows) __builtin_prefetch(indptr + later);
-        }
+        prefetch_ahead(indptr, n_rows, indices, wide, data, nnz, rows, n_sel, i);
         int64_t row = rows[i];
         out[i] = 0.0f;
         if (row < 0 || row >= n_rows || indptr[row] < 0 || indptr[row] > indptr[row + 1] || indptr[row + 1] > nnz) {
