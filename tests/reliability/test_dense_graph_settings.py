@@ -244,6 +244,9 @@ def test_rows_gathered_in_c_equal_numpy_indexing(tmp_path):
     spanned, together = graph.SpannedRows(parts), np.vstack(parts)
     for rows in (np.arange(158), np.sort(rng.integers(0, 158, 400)), rng.integers(0, 158, 400)):
         assert np.array_equal(spanned[rows], together[rows])
+    for outside in ([158], [3, -1]):
+        with pytest.raises(IndexError):
+            spanned[np.array(outside)]
 
 
 def test_extending_a_damaged_graph_is_refused():

@@ -278,6 +278,8 @@ class SpannedRows:
             part = int(np.searchsorted(self.starts, rows, side="right")) - 1
             return self.parts[part][int(rows) - int(self.starts[part])]
         rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= self.shape[0]):
+            raise IndexError(f"rows outside the {self.shape[0]:,} spanned")
         which = np.searchsorted(self.starts, rows, side="right") - 1
         grouped = rows.size < 2 or bool(np.all(which[:-1] <= which[1:]))  # ascending rows (a scan's): in place
         order = None if grouped else np.argsort(which, kind="stable")

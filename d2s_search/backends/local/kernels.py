@@ -681,8 +681,8 @@ def row_contributions(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray,
 def rescore_rows(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, rows: np.ndarray,
                  query_cols: np.ndarray, query_weights: np.ndarray) -> np.ndarray:
     """Exact sparse scores of the given rows: each row's float32 products summed in float64
-    in the row's order, then rounded to float32 (in C when built: 10,000 rows of 368 terms
-    in ~1/15 of the numpy path's time, the same bits)."""
+    in the row's order, then rounded to float32 (in C when built: 10,000 rows in 1/12 of the
+    numpy path's time at 110 terms a row, 1/80 at 368; the same bits)."""
     if rows.size == 0 or query_cols.size == 0:
         return np.zeros(rows.size, dtype=np.float32)
     compiled = _rescore_rows_c(indptr, indices, data, rows, query_cols, query_weights)
