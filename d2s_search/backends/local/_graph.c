@@ -311,6 +311,19 @@ static int layout_fields(PyObject *layout, int64_t fields[12]) {
     return 0;
 }
 
+/* The graph over a blob's bytes as the layout's 12 fields place it (nothing checked yet). */
+static graph_t graph_over(const Py_buffer *blob, const int64_t f[12]) {
+    graph_t g = {blob->buf, blob->len, f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11]};
+    return g;
+}
+
+/* Whether the 8-bit ranges and the rows' codes, all that scoring a code reads, lie inside the
+ * graph's bytes (search checks the links besides; scan reads nothing else). */
+static int codes_fit(const graph_t *g) {
+    return g->dim > 0 && g->rows > 0 && g->ranges_at >= 0 && g->ranges_at <= g->size - 8 * g->dim &&
+           g->codes_at >= 0 && g->rows <= (g->size - g->codes_at) / g->dim;
+}
+
 /* search(blob, layout, query, ef, allowed, out) -> n
  *   blob: the graph's bytes (uint8 buffer); layout: a tuple of 12 ints (cum offset, cum
  *   count, levels offset, offsets offset, neighbours offset, neighbours count, entry point,
@@ -338,17 +351,14 @@ static PyObject *search(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyObject_GetBuffer(args[5], &out, PyBUF_C_CONTIGUOUS) < 0) {
         goto release;
     }
-    graph_t g = {blob.buf, blob.len, fields[0], fields[1], fields[2], fields[3], fields[4], fields[5],
-                 fields[6], fields[7], fields[8], fields[9], fields[10], fields[11]};
+    graph_t g = graph_over(&blob, fields);
     int64_t dim = g.dim, rows = g.rows;
     /* every array the walk reads lies inside the blob */
-    int fits = dim > 0 && rows > 0 && rows < INT32_MAX && ef > 0 && g.n_cum >= 2 && g.n_neighbors >= 0 &&
+    int fits = codes_fit(&g) && rows < INT32_MAX && ef > 0 && g.n_cum >= 2 && g.n_neighbors >= 0 &&
                g.cum_at >= 0 && g.cum_at <= g.size - 4 * g.n_cum &&
                g.levels_at >= 0 && g.levels_at <= g.size - 4 * rows &&
                g.offsets_at >= 0 && g.offsets_at <= g.size - 8 * (rows + 1) &&
                g.neighbors_at >= 0 && g.neighbors_at <= g.size - 4 * g.n_neighbors &&
-               g.ranges_at >= 0 && g.ranges_at <= g.size - 8 * dim &&
-               g.codes_at >= 0 && rows <= (g.size - g.codes_at) / dim &&
                g.max_level >= 0 && g.max_level + 1 < g.n_cum &&
                query.len == (Py_ssize_t)(4 * dim) && out.len >= (Py_ssize_t)(8 * ef) &&
                (!have_allowed || allowed.len >= (rows + 7) / 8);
@@ -427,12 +437,9 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyObject_GetBuffer(args[3], &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
         goto release;
     }
-    graph_t g = {blob.buf, blob.len, fields[0], fields[1], fields[2], fields[3], fields[4], fields[5],
-                 fields[6], fields[7], fields[8], fields[9], fields[10], fields[11]};
+    graph_t g = graph_over(&blob, fields);
     int64_t dim = g.dim, rows = g.rows;
-    if (!(dim > 0 && rows > 0 && g.ranges_at >= 0 && g.ranges_at <= g.size - 8 * dim && g.codes_at >= 0 &&
-          rows <= (g.size - g.codes_at) / dim && query.len == (Py_ssize_t)(4 * dim) &&
-          out.len >= (Py_ssize_t)(4 * rows))) {
+    if (!(codes_fit(&g) && query.len == (Py_ssize_t)(4 * dim) && out.len >= (Py_ssize_t)(4 * rows))) {
         PyErr_SetString(PyExc_ValueError, "graph layout, query or output do not fit the graph's bytes");
         goto release;
     }

@@ -281,15 +281,16 @@ class SpannedRows:
         if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= self.shape[0]):
             raise IndexError(f"rows outside the {self.shape[0]:,} spanned")
         which = np.searchsorted(self.starts, rows, side="right") - 1
-        grouped = rows.size < 2 or bool(np.all(which[:-1] <= which[1:]))  # ascending rows (a scan's): in place
-        order = None if grouped else np.argsort(which, kind="stable")
-        ordered = rows if order is None else rows[order]
+        order = None  # ascending rows (a scan's) are gathered in place, part after part
+        if rows.size > 1 and not np.all(which[:-1] <= which[1:]):
+            order = np.argsort(which, kind="stable")
+            rows, which = rows[order], which[order]
         out = np.empty((rows.size, self.shape[1]), dtype=np.float32)
-        bounds = np.searchsorted(which if order is None else which[order], np.arange(len(self.parts) + 1))
+        bounds = np.searchsorted(which, np.arange(len(self.parts) + 1))
         for part in range(len(self.parts)):
             lo, hi = int(bounds[part]), int(bounds[part + 1])
             if hi > lo:
-                gather(self.parts[part], ordered[lo:hi] - self.starts[part], out[lo:hi])
+                gather(self.parts[part], rows[lo:hi] - self.starts[part], out[lo:hi])
         if order is None:
             return out
         back = np.empty_like(out)
