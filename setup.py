@@ -79,5 +79,12 @@ setup(
             extra_compile_args=FLAGS,
             optional=True,
         ),
+        # A CPython extension: a search's words with inflections collapsed, every hit in one call.
+        Extension(
+            "d2s_search._words",
+            ["d2s_search/_words.c"],
+            extra_compile_args=FLAGS,
+            optional=True,
+        ),
     ],
 )

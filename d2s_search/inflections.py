@@ -38,8 +38,12 @@ words the vocabulary has in one form only; the max keeps each entry on the scale
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import itertools
 import json
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -52,6 +56,26 @@ from .errors import D2SError
 TABLE = Path(__file__).resolve().parent / "data" / "inflections.json"
 FORMAT = "d2s-inflections"
 _WORD = re.compile(r"^[a-z]{2,}$")
+
+
+def _load_words_module():
+    """The compiled collapse (``_words.c``), or None: not built (no C compiler at install time) or
+    turned off with ``D2S_C_KERNEL=0`` (as the local index's compiled parts)."""
+    if os.environ.get("D2S_C_KERNEL", "1") == "0":
+        return None
+    name = __name__.rpartition(".")[0] + "._words"
+    try:
+        spec = importlib.util.find_spec(name)
+        # Only the build beside this file: for a top-level package's own modules an editable
+        # install's finder also looks in its checkout, which may be another copy than this one.
+        if spec is None or spec.origin is None or Path(spec.origin).parent != Path(__file__).resolve().parent:
+            return None
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+_c_words = _load_words_module()
 
 
 class InflectionTableError(D2SError):
@@ -136,6 +160,16 @@ class MatchWords:
                 groups.setdefault(lemma, []).append(term)
         self.groups = [tuple(forms) for forms in groups.values() if len(forms) > 1]
         self.grouped = frozenset(t for forms in self.groups for t in forms)
+        # For _words.c: each grouped term's number, group by group, and where each group's numbers end.
+        self._form_number = {t: i for i, t in enumerate(t for forms in self.groups for t in forms)}
+        self._group_ends = tuple(itertools.accumulate(len(forms) for forms in self.groups))
+
+    def many(self, raws: list[list[tuple[str, float]]], n: int) -> list[list[Word]]:
+        """``self(raw, n)`` for each of ``raws`` (one per hit), in one call to ``_words.c`` when it
+        was built (a hit's pairs of another shape are left to the Python path)."""
+        if _c_words is None or n < 1 or type(raws) is not list:
+            return [self(raw, n) for raw in raws]
+        return _c_words.collapse(raws, n, self._form_number, self._group_ends, Word, math.fsum, self)
 
     def __call__(self, matched: list[tuple[str, float]], n: int) -> list[Word]:
         """``matched``: (term, contribution) pairs, largest first."""

@@ -150,6 +150,83 @@ def test_a_querys_collapser_gives_the_general_sums_for_every_hit():
             assert collapse(pairs, n) == SMALL.summed(pairs, n)
 
 
+def _random_matches(rng, query: list[str], count: int) -> list[list[tuple[str, float]]]:
+    """Matches largest first, with what the compiled collapse must treat as Python does: ties,
+    a term twice, zeros of both signs, infinity, the smallest subnormal, forms summed past two."""
+    values = [0.125, 0.25, 0.5, 1.0, 0.1, 0.2, 0.7, 0.0, -0.0, math.inf, 5e-324, 1e300]
+    raws = []
+    for _ in range(count):
+        chosen = rng.choice(query, size=int(rng.integers(0, len(query) + 1)), replace=bool(rng.random() < 0.3))
+        pairs = [(str(t), float(rng.choice(values))) for t in chosen]
+        pairs.sort(key=lambda tw: -tw[1])
+        raws.append(pairs)
+    return raws
+
+
+needs_compiled_words = pytest.mark.skipif(infl._c_words is None, reason="_words.c not built (no C compiler here)")
+
+
+@needs_compiled_words
+@pytest.mark.parametrize("query", [["dog", "dogs", "sits", "sitting", "sat", "car", "red", "beach", "snow"],
+                                   ["car", "red", "beach", "snow"], ["dog", "dogs"]])
+def test_the_compiled_collapse_gives_the_python_paths_words_for_every_hit(query):
+    collapse = SMALL.matches(query)
+    raws = _random_matches(np.random.default_rng(len(query)), query, 2000)
+    for n in (1, 2, 3, 5, 20):
+        got = collapse.many(raws, n)
+        # repr: the same words, weights to the bit (a zero's sign included) and terms in order
+        assert [repr(w) for w in got] == [repr(collapse(raw, n)) for raw in raws]
+        assert all(type(word) is Word for words in got for word in words)
+
+
+@needs_compiled_words
+def test_the_compiled_collapse_by_hand_and_at_its_edges():
+    collapse = SMALL.matches(["dog", "dogs", "sat", "sits", "sitting", "car", "red"])
+    raw = [("car", 1.0), ("dogs", 0.75), ("sitting", 0.5), ("dog", 0.5), ("sat", 0.25), ("sits", 0.125), ("red", 0.0625)]
+    assert collapse.many([raw], 3) == [[Word("dogs", 1.25, ("dogs", "dog")), Word("car", 1.0, ("car",)),
+                                        Word("sitting", 0.875, ("sitting", "sat", "sits"))]]
+    # a pair of another shape (numpy's float, a NaN) is left to the Python path, the rest stay compiled
+    odd = [[("dog", np.float32(0.5)), ("car", 0.25)], [("dog", math.nan), ("car", 0.25)], raw]
+    assert [repr(w) for w in collapse.many(odd, 2)] == [repr(collapse(r, 2)) for r in odd]
+    # forms whose sum overflows: math.fsum's error, as the Python path raises it
+    with pytest.raises(OverflowError):
+        collapse.many([[("dog", 1e308), ("dogs", 1e308)]], 2)
+    with pytest.raises(OverflowError):
+        collapse([("dog", 1e308), ("dogs", 1e308)], 2)
+    assert collapse.many([], 5) == [] and collapse.many([[]], 5) == [[]]
+
+
+@needs_compiled_words
+def test_the_compiled_collapse_refuses_groups_that_do_not_fit_its_forms():
+    from d2s_search import _words
+
+    args = (0.5,)
+    with pytest.raises(ValueError, match="ascend"):
+        _words.collapse([[("dog", *args)]], 2, {"dog": 0, "dogs": 1}, (1, 3), Word, math.fsum, print)
+    with pytest.raises(ValueError, match="out of range"):
+        _words.collapse([[("dog", *args)]], 2, {"dog": 5, "dogs": 1}, (2,), Word, math.fsum, print)
+    with pytest.raises(ValueError, match="at least 1"):
+        _words.collapse([[("dog", *args)]], 0, {}, (), Word, math.fsum, print)
+    with pytest.raises(TypeError):
+        _words.collapse([[("dog", *args)]], 2, {}, (), dict, math.fsum, print)
+
+
+def test_a_search_shows_the_same_words_with_and_without_the_compiled_collapse(small_index, monkeypatch):
+    backend, docs = small_index
+    query = QueryVectors(full={"dog": 1.0, "dogs": 0.25, "car": 1.0, "sitting": 0.5, "sat": 0.5},
+                         own={"dog": 1.0}, dense=docs[0].dense)
+    shown = {}
+    for compiled in (True, False):
+        if not compiled:
+            monkeypatch.setattr(infl, "_c_words", None)
+        for mode in ("sparse", "hybrid"):
+            hits = run_query(backend, query, SearchOptions(mode=mode, k=20, explain=2)).hits
+            shown[compiled, mode] = [(h.id, repr(h.words), h.matched) for h in hits]
+            assert all(len(h.matched) <= 2 and len(h.words) <= 2 for h in hits)
+    assert shown[True, "sparse"] == shown[False, "sparse"] and shown[True, "hybrid"] == shown[False, "hybrid"]
+    assert any(h[1] != "[]" for h in shown[False, "sparse"])
+
+
 def test_a_vectors_own_words_take_the_strongest_forms_weight():
     pairs = [("dogs", 0.75), ("car", 1.0), ("dog", 0.5), ("sits", 0.25), ("sitting", 0.875)]
     assert SMALL.strongest(pairs) == [Word("car", 1.0, ("car",)), Word("sitting", 0.875, ("sitting", "sits")),

@@ -73,7 +73,7 @@ def test_a_build_without_a_c_compiler_succeeds_says_so_once_and_ships_the_licenc
     assert done.returncode == 0, log[-3000:]
     assert log.count(BUILD_LINE) == 1
     (line,) = [entry for entry in log.splitlines() if BUILD_LINE in entry]
-    assert "_score.c, _query.c, _graph.c, _hits.c" in line and "Everything works, searches are slower" in line
+    assert "_score.c, _query.c, _graph.c, _hits.c, _words.c" in line and "Everything works, searches are slower" in line
     (wheel,) = (tmp_path / "dist").glob("d2s_search-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
@@ -127,7 +127,7 @@ def test_without_the_compiled_parts_the_first_index_stats_and_serve_say_so_once(
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["scoring_kernel"] == "numpy"
     assert first.stderr.splitlines() == [
-        f"{NOTE} (_score.c, _query.c, _graph.c, _hits.c not built: no C compiler when it was installed); searches give the "
+        f"{NOTE} (_score.c, _query.c, _graph.c, _hits.c, _words.c not built: no C compiler when it was installed); searches give the "
         "same results, slower. With a C compiler and Python's headers, reinstall d2s-search to build it"
     ]
     again = _cli(plain, config, "index", "stats", "--index", str(index))

@@ -302,6 +302,21 @@ def test_selecting_the_top_of_unranked_shard_lists_equals_ranking_every_row(k):
     assert kernels.select_top([], k)[0].size == 0
 
 
+@pytest.mark.parametrize("sizes", [(0,), (0, 0), (5, 0), (1, 1), (300, 250), (10, 10, 10)])
+def test_the_union_of_fused_runs_and_their_places_equal_unique_and_searchsorted(sizes):
+    """A hybrid's fused rows: every run's rows once, ascending, and where each run's rows sit
+    in them, as np.unique of them all and np.searchsorted per run give it (overlapping runs,
+    a row twice within a run, empty runs)."""
+    rng = np.random.default_rng(sum(sizes) + len(sizes))
+    parts = [rng.integers(0, 400, size=n).astype(np.int64) for n in sizes]
+    rows, places = kernels.union_positions(parts)
+    want = np.unique(np.concatenate(parts))
+    assert rows.dtype == np.int64 and rows.tolist() == want.tolist()
+    assert [p.tolist() for p in places] == [np.searchsorted(want, part).tolist() for part in parts]
+    assert all(np.array_equal(rows[at], part) for at, part in zip(places, parts))
+    assert kernels.union_positions([])[0].size == 0
+
+
 def test_strings_copied_out_in_one_block_equal_one_by_one():
     """The strided gather of the hits' strings: ASCII, UTF-8, a non-UTF-8 name kept as
     surrogates, empty strings, rows at the blob's very end; a lone long string falls back."""

@@ -117,6 +117,13 @@ def test_hybrid_minmax_equals_reference(searchable, alpha):
     if alpha == 1.0:  # all weight on dense: the dense ranking
         assert [h.id for h in hits] == [d for d, _ in runs["dense"][:10]]
     assert all(h.matched for h in hits)  # every fused hit still says why it matched
+    for hit in hits:  # each run's own score of the hits it found
+        for name, run in runs.items():
+            found = dict(run)
+            if hit.id in found:
+                assert hit.parts[name] == pytest.approx(found[hit.id], rel=1e-5, abs=1e-6)
+            else:
+                assert name not in hit.parts
 
 
 def test_hybrid_rrf_equals_reference(searchable):

@@ -1421,11 +1421,10 @@ class LocalBackend:
             else:
                 weights = {name: ((1 - float(options.alpha)) if name == "sparse" else float(options.alpha))
                            * minmax_normalised(scores) for name, _, scores in runs}
-            rows = np.unique(np.concatenate([r for _, r, _ in runs]))
+            rows, places = kernels.union_positions([r for _, r, _ in runs])
             totals = np.zeros(rows.size, dtype=np.float64)
             parts = []
-            for name, run_rows, scores in runs:
-                at = np.searchsorted(rows, run_rows)
+            for (name, _, scores), at in zip(runs, places):
                 totals[at] += weights[name]
                 parts.append((name, at, scores))
             return self._fused_hits(state, rows, totals, parts, columns, k, int(options.explain), top)
@@ -1453,9 +1452,10 @@ class LocalBackend:
         for name, at, scores in parts:
             where = np.full(rows.size, -1, dtype=np.int64)
             where[at] = np.arange(at.size)
-            for hit, j in zip(hits, where[keep].tolist()):
-                if j >= 0:
-                    hit.parts[name] = float(scores[j])
+            picked = where[keep]
+            found = np.flatnonzero(picked >= 0)
+            for i, score in zip(found.tolist(), scores[picked[found]].tolist()):  # float(scores[j]), in one call
+                hits[i].parts[name] = score
         if explain and query:
             matched = None
             if top is not None:  # its search found the shard table

@@ -139,13 +139,17 @@ def c_kernel_loaded() -> bool:
 
 
 def missing_compiled_parts() -> list[str]:
-    """The compiled parts (``_score.c``, ``_query.c``, ``_graph.c``, ``_hits.c``) this install runs without
-    (not built: no C compiler at install time), not counting those turned off with ``D2S_C_KERNEL=0``."""
+    """The compiled parts (``_score.c``, ``_query.c``, ``_graph.c``, ``_hits.c``, and the words' ``_words.c``)
+    this install runs without (not built: no C compiler at install time), not counting those turned off
+    with ``D2S_C_KERNEL=0``."""
     import os
+
+    from ... import inflections
 
     if os.environ.get("D2S_C_KERNEL", "1") == "0":
         return []
-    loaded = {"_score.c": _c_kernel, "_query.c": _c_query, "_graph.c": _c_graph, "_hits.c": _c_hits}
+    loaded = {"_score.c": _c_kernel, "_query.c": _c_query, "_graph.c": _c_graph, "_hits.c": _c_hits,
+              "_words.c": inflections._c_words}
     return [name for name, part in loaded.items() if part is None]
 
 
@@ -620,6 +624,22 @@ def rows_at_least_kth(scores: np.ndarray, k: int) -> np.ndarray:
     if k >= scores.size:
         return np.arange(scores.size)
     return np.flatnonzero(scores >= scores[np.argpartition(-scores, k - 1)[k - 1]])
+
+
+def union_positions(parts: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The distinct rows of ``parts`` (int64 arrays) ascending, and where each part's rows are in
+    them: ``np.unique`` of the concatenation and a ``searchsorted`` per part, in one argsort (a
+    hybrid's two pools of 10,000: 1.0 against 7.3 ms, numpy 2.4's hashing unique the most of it)."""
+    joined = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]) if parts else np.zeros(0, np.int64)
+    order = np.argsort(joined)
+    ranked = joined[order]
+    fresh = np.empty(ranked.size, dtype=bool)
+    fresh[:1] = True
+    np.not_equal(ranked[1:], ranked[:-1], out=fresh[1:])
+    where = np.empty(joined.size, dtype=np.int64)
+    where[order] = np.cumsum(fresh) - 1
+    bounds = np.cumsum([0] + [len(p) for p in parts]).tolist()
+    return ranked[fresh], [where[bounds[i] : bounds[i + 1]] for i in range(len(parts))]
 
 
 def select_top(candidates: list[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
