@@ -19,16 +19,10 @@
 
 typedef struct {
     double weight;   /* the entry's contribution (a group's: the sum of its forms') */
-    PyObject *value; /* the float shown: borrowed (an ungrouped pair's own) or owned (a group's) */
+    PyObject *value; /* the float shown: a pair's own or a group's sum (owned; borrowed while a form) */
     PyObject *word;  /* borrowed */
     PyObject *terms; /* owned tuple, or NULL for (word,) */
 } entry;
-
-typedef struct {
-    double weight;
-    PyObject *term; /* borrowed */
-    PyObject *value;
-} form;
 
 /* Python's tuple order on (-weight, word, terms): a larger weight first, then the smaller word.
  * Two entries with the same weight and word are equal here (their terms tuples can only differ
@@ -38,12 +32,7 @@ static int entry_before(const entry *a, const entry *b) {
     return PyUnicode_Compare(a->word, b->word) < 0;
 }
 
-static int form_before(const form *a, const form *b) {
-    if (a->weight != b->weight) return a->weight > b->weight;
-    return PyUnicode_Compare(a->term, b->term) < 0;
-}
-
-/* Insertion sorts: a hit has a few entries, a group a few forms. */
+/* An insertion sort: a hit has a few entries, a group a few forms (sorted as entries, by form). */
 static void sort_entries(entry *e, Py_ssize_t n) {
     for (Py_ssize_t i = 1; i < n; i++) {
         entry x = e[i];
@@ -56,24 +45,12 @@ static void sort_entries(entry *e, Py_ssize_t n) {
     }
 }
 
-static void sort_forms(form *f, Py_ssize_t n) {
-    for (Py_ssize_t i = 1; i < n; i++) {
-        form x = f[i];
-        Py_ssize_t j = i;
-        while (j > 0 && form_before(&x, &f[j - 1])) {
-            f[j] = f[j - 1];
-            j--;
-        }
-        f[j] = x;
-    }
-}
-
 /* One hit's words, Py_None when its pairs are not of the shape handled here (the caller asks
  * the Python path), NULL with an exception set. ``ends[g]``: where group g's forms end in the
  * numbering of group_of (group by group). */
 static PyObject *collapse_one(PyObject *matched, Py_ssize_t n, PyObject *group_of, const Py_ssize_t *ends,
                               Py_ssize_t n_groups, PyTypeObject *word_type, PyObject *fsum, Py_ssize_t *noted_at,
-                              entry *entries, form *present, char *grouped) {
+                              entry *entries, entry *present, char *grouped) {
     Py_ssize_t size = PyList_GET_SIZE(matched);
     Py_ssize_t n_forms = n_groups ? ends[n_groups - 1] : 0;
     /* pass 1: check every pair; note where each grouped term last appears (dict(matched) keeps the last) */
@@ -107,15 +84,15 @@ static PyObject *collapse_one(PyObject *matched, Py_ssize_t n, PyObject *group_o
         for (; f < ends[g]; f++) {
             if (noted_at[f] < 0) continue;
             PyObject *pair = PyList_GET_ITEM(matched, noted_at[f]);
-            present[m].term = PyTuple_GET_ITEM(pair, 0);
+            present[m].word = PyTuple_GET_ITEM(pair, 0);
             present[m].value = PyTuple_GET_ITEM(pair, 1);
             present[m].weight = PyFloat_AS_DOUBLE(present[m].value);
             m++;
         }
         if (m == 0) continue;
-        sort_forms(present, m);
+        sort_entries(present, m);
         entry *e = &entries[count];
-        e->word = present[0].term;
+        e->word = present[0].word;
         e->terms = NULL;
         if (m == 1) {
             e->weight = present[0].weight;
@@ -147,8 +124,8 @@ static PyObject *collapse_one(PyObject *matched, Py_ssize_t n, PyObject *group_o
                 goto fail;
             }
             for (Py_ssize_t j = 0; j < m; j++) {
-                Py_INCREF(present[j].term);
-                PyTuple_SET_ITEM(e->terms, j, present[j].term);
+                Py_INCREF(present[j].word);
+                PyTuple_SET_ITEM(e->terms, j, present[j].word);
             }
         }
         count++;
@@ -243,7 +220,7 @@ static PyObject *collapse(PyObject *self, PyObject *args) {
     }
     Py_ssize_t *noted_at = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n_forms + 1));
     entry *entries = PyMem_Malloc(sizeof(entry) * (size_t)(n_groups + longest + 1));
-    form *present = PyMem_Malloc(sizeof(form) * (size_t)(n_forms + 1));
+    entry *present = PyMem_Malloc(sizeof(entry) * (size_t)(n_forms + 1));
     char *grouped = PyMem_Malloc((size_t)longest + 1); /* pass 1's finding, pair by pair */
     PyObject *out = PyList_New(count);
     if (noted_at == NULL || entries == NULL || present == NULL || grouped == NULL || out == NULL) {
