@@ -38,12 +38,9 @@ words the vocabulary has in one form only; the max keeps each entry on the scale
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import itertools
 import json
 import math
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -51,6 +48,7 @@ from functools import lru_cache, partial
 from pathlib import Path
 from typing import NamedTuple
 
+from .compiled import load_extension
 from .errors import D2SError
 
 TABLE = Path(__file__).resolve().parent / "data" / "inflections.json"
@@ -58,24 +56,7 @@ FORMAT = "d2s-inflections"
 _WORD = re.compile(r"^[a-z]{2,}$")
 
 
-def _load_words_module():
-    """The compiled collapse (``_words.c``), or None: not built (no C compiler at install time) or
-    turned off with ``D2S_C_KERNEL=0`` (as the local index's compiled parts)."""
-    if os.environ.get("D2S_C_KERNEL", "1") == "0":
-        return None
-    name = __name__.rpartition(".")[0] + "._words"
-    try:
-        spec = importlib.util.find_spec(name)
-        # Only the build beside this file: for a top-level package's own modules an editable
-        # install's finder also looks in its checkout, which may be another copy than this one.
-        if spec is None or spec.origin is None or Path(spec.origin).parent != Path(__file__).resolve().parent:
-            return None
-        return importlib.import_module(name)
-    except ImportError:
-        return None
-
-
-_c_words = _load_words_module()
+_c_words = load_extension(__name__.rpartition(".")[0] + "._words", __file__)  # the collapse in C (_words.c)
 
 
 class InflectionTableError(D2SError):
@@ -159,9 +140,9 @@ class MatchWords:
             if lemma is not None:
                 groups.setdefault(lemma, []).append(term)
         self.groups = [tuple(forms) for forms in groups.values() if len(forms) > 1]
-        self.grouped = frozenset(t for forms in self.groups for t in forms)
         # For _words.c: each grouped term's number, group by group, and where each group's numbers end.
         self._form_number = {t: i for i, t in enumerate(t for forms in self.groups for t in forms)}
+        self.grouped = frozenset(self._form_number)
         self._group_ends = tuple(itertools.accumulate(len(forms) for forms in self.groups))
 
     def many(self, raws: list[list[tuple[str, float]]], n: int) -> list[list[Word]]:

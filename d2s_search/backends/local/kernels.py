@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import compiled
+
 
 def _load_csc_matvec():
     """scipy's private C++ kernel (present in every scipy >= 1.8), loaded straight from its
@@ -97,9 +99,7 @@ def _load_c_kernel():
     """The compiled kernel through ctypes: scoring plus top-k of a shard in C, 0.80-0.89x the
     time of the numpy/scipy path (docs/design-decisions.md).
     ``D2S_C_KERNEL=0`` turns it off (tests run both paths and compare them)."""
-    import os
-
-    if os.environ.get("D2S_C_KERNEL", "1") == "0":
+    if compiled.turned_off():
         return None
     path = kernel_path()
     if path is None:
@@ -116,16 +116,8 @@ _c_kernel = _load_c_kernel()
 def _load_c_module(name: str):
     """A compiled CPython extension of this package (built by ``pip install`` beside the kernel;
     optional), or None; ``D2S_C_KERNEL=0`` turns it off with the kernel."""
-    import os
-
-    if os.environ.get("D2S_C_KERNEL", "1") == "0":
-        return None
-    import importlib
-
-    try:  # by name: "from . import _hits" would read as importing this package back
-        return importlib.import_module(__name__.rpartition(".")[0] + "." + name)
-    except ImportError:
-        return None
+    # by name: "from . import _hits" would read as importing this package back
+    return compiled.load_extension(__name__.rpartition(".")[0] + "." + name, __file__)
 
 
 _c_hits = _load_c_module("_hits")  # hits and their words (_hits.c)
@@ -142,11 +134,9 @@ def missing_compiled_parts() -> list[str]:
     """The compiled parts (``_score.c``, ``_query.c``, ``_graph.c``, ``_hits.c``, and the words' ``_words.c``)
     this install runs without (not built: no C compiler at install time), not counting those turned off
     with ``D2S_C_KERNEL=0``."""
-    import os
-
     from ... import inflections
 
-    if os.environ.get("D2S_C_KERNEL", "1") == "0":
+    if compiled.turned_off():
         return []
     loaded = {"_score.c": _c_kernel, "_query.c": _c_query, "_graph.c": _c_graph, "_hits.c": _c_hits,
               "_words.c": inflections._c_words}
