@@ -1,7 +1,9 @@
 """Search latency and memory of the local index at 123k and 1M documents, against brute force
-and the reference engines, on a paper-shaped synthetic collection.
+and the reference engines, on a paper-shaped synthetic collection or (``--collection
+real-shaped``) the offline bundle's own output tiled (``shaped_collection.py``).
 
     python benchmarks/bench_local_backend.py [--docs 123000] [--queries 300] [--json OUT]
+    python benchmarks/bench_local_backend.py --collection real-shaped --docs 1000000 --queries 100 --peers ''
     python benchmarks/bench_local_backend.py --docs 1000000 --queries 100 --k 10 --threads 2
     python benchmarks/bench_local_backend.py --docs 1000000 --rebuild-structures   # the build again
 
@@ -39,6 +41,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
+import shaped_collection  # noqa: E402
 from synthetic import dense_vectors, sample_vectors, zipf_probabilities  # noqa: E402
 
 from d2s_search.backends.base import Document, IndexIdentity  # noqa: E402
@@ -53,31 +56,24 @@ def identity(n_docs: int, seed: int) -> IndexIdentity:
     return IndexIdentity(fingerprint=f"synthetic-{n_docs}-{seed}", dense_dim=DIM, model="synthetic")
 
 
-def build_index(path: Path, n_docs: int, seed: int = 0, build_threads: int = 1) -> tuple[LocalBackend, dict]:
+def build_index(path: Path, n_docs: int, seed: int = 0, build_threads: int = 1,
+                collection: str = "synthetic") -> tuple[LocalBackend, dict]:
+    ident = identity(n_docs, seed) if collection == "synthetic" else shaped_collection.identity(n_docs, seed)
     backend = LocalBackend(path, threads=1)
     if backend.exists():
-        backend.open(identity(n_docs, seed), create=False)
+        backend.open(ident, create=False)
         if backend.count() == n_docs:
             return backend, {}
         backend.drop()
         backend = LocalBackend(path, threads=1)
-    backend.open(identity(n_docs, seed))
-    probs = zipf_probabilities(seed=seed)
+    backend.open(ident)
+    batches = synthetic_documents(n_docs, seed) if collection == "synthetic" else shaped_collection.documents(n_docs, seed)
     t0 = time.perf_counter()
-    batch = 5000
-    for start in range(0, n_docs, batch):
-        n = min(batch, n_docs - start)
-        vecs = sample_vectors(n, 20, 200, probs, seed=seed + 1 + start)
-        dense = dense_vectors(n, DIM, seed=seed + 2 + start)
-        docs = [
-            Document(
-                id=f"{start + i:064x}", path=f"/synthetic/{start + i}.jpg", size_bytes=0, width=0, height=0,
-                sparse={TERMS[t]: float(w) for t, w in zip(ids.tolist(), ws.tolist())}, dense=dense[i],
-            )
-            for i, (ids, ws) in enumerate(vecs)
-        ]
+    done = 0
+    for docs in batches:
         backend.upsert(docs)
-        print(f"\rbuilding: {start + n}/{n_docs} docs ({time.perf_counter() - t0:.0f}s)", end="", file=sys.stderr)
+        done += len(docs)
+        print(f"\rbuilding: {done}/{n_docs} docs ({time.perf_counter() - t0:.0f}s)", end="", file=sys.stderr)
     print(file=sys.stderr)
     ingest_s = time.perf_counter() - t0
     backend.close()
@@ -86,6 +82,22 @@ def build_index(path: Path, n_docs: int, seed: int = 0, build_threads: int = 1) 
     backend.open(None, create=False)
     return backend, {"ingest_seconds": round(ingest_s, 1), "cache_build_seconds": built["seconds"],
                      "build_peak_rss_mb": built["peak_rss_mb"], "build_threads": build_threads}
+
+
+def synthetic_documents(n_docs: int, seed: int, batch: int = 5000):
+    """The synthetic collection's documents, ``batch`` at a time."""
+    probs = zipf_probabilities(seed=seed)
+    for start in range(0, n_docs, batch):
+        n = min(batch, n_docs - start)
+        vecs = sample_vectors(n, 20, 200, probs, seed=seed + 1 + start)
+        dense = dense_vectors(n, DIM, seed=seed + 2 + start)
+        yield [
+            Document(
+                id=f"{start + i:064x}", path=f"/synthetic/{start + i}.jpg", size_bytes=0, width=0, height=0,
+                sparse={TERMS[t]: float(w) for t, w in zip(ids.tolist(), ws.tolist())}, dense=dense[i],
+            )
+            for i, (ids, ws) in enumerate(vecs)
+        ]
 
 
 def benchmark_queries(n: int) -> list[QueryVectors]:
@@ -241,6 +253,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=123_000)
     parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--collection", choices=("synthetic", "real-shaped"), default="synthetic",
+                        help="synthetic (paper-shaped, random dense vectors) or real-shaped (the offline bundle's "
+                             "output tiled: shaped_collection.py)")
     parser.add_argument("--cache", default=str(_common.CACHE))
     parser.add_argument("--rebuild", action="store_true")
     parser.add_argument("--rebuild-structures", action="store_true",
@@ -255,10 +270,10 @@ def main() -> None:
     ks = [int(k) for k in args.k.split(",")]
     summary = _common.provenance(threads=f"{args.threads} search thread(s)")
 
-    path = Path(args.cache) / f"local-{args.docs}"
+    path = Path(args.cache) / (f"local-{args.docs}" if args.collection == "synthetic" else f"real-shaped-{args.docs}")
     if args.rebuild and path.exists():
         shutil.rmtree(path)
-    backend, build = build_index(path, args.docs, build_threads=args.build_threads)
+    backend, build = build_index(path, args.docs, build_threads=args.build_threads, collection=args.collection)
     if args.rebuild_structures and not build:
         backend.close()
         shutil.rmtree(path / "cache", ignore_errors=True)
@@ -274,7 +289,7 @@ def main() -> None:
     state = backend._search_state()  # open the search structures (memory-mapped)
     load_s = time.perf_counter() - t0
 
-    queries = benchmark_queries(args.queries)
+    queries = benchmark_queries(args.queries) if args.collection == "synthetic" else shaped_collection.queries(args.queries)
     assert all(q.full for q in queries)
 
     brute_sparse, brute_dense = brute_force(backend, state)
@@ -338,6 +353,7 @@ def main() -> None:
             parts.get(DISK_PARTS.get(f.stem.split("-", 2)[2], "ids, paths, URLs"), 0) + f.stat().st_size)
     sqlite_bytes = sum(f.stat().st_size for f in path.glob("index.sqlite*"))
     summary.update({
+        "collection": args.collection,
         "docs": args.docs,
         "queries": len(queries),
         "shards": len(state.shards),
