@@ -196,6 +196,30 @@ def test_the_compiled_collapse_by_hand_and_at_its_edges():
     assert collapse.many([], 5) == [] and collapse.many([[]], 5) == [[]]
 
 
+class _TaggedWord(str):
+    """A word that can hold a reference back to what shows it: a cycle through a Word."""
+
+
+@needs_compiled_words
+def test_the_compiled_words_cost_the_garbage_collector_nothing_yet_a_cycle_through_one_is_collected():
+    import gc
+    import weakref
+
+    collapse = SMALL.matches(["dog", "dogs", "car", "red"])
+    raws = [[("car", 1.0), ("dogs", 0.75), ("dog", 0.5), ("red", 0.25)], [("red", 0.5)]]
+    words = [w for hit in collapse.many(raws, 3) for w in hit]
+    assert len(words) == 4 and not any(gc.is_tracked(w) or gc.is_tracked(w.terms) for w in words)
+    # a word that may hold containers keeps its Word tracked: a cycle through it is still found
+    tagged = _TaggedWord("car")
+    [[word]] = collapse.many([[(tagged, 1.0)]], 3)
+    assert word.word is tagged and gc.is_tracked(word)
+    tagged.shown = word  # tagged -> its Word -> its terms -> tagged
+    alive = weakref.ref(tagged)
+    del tagged, word
+    gc.collect()
+    assert alive() is None
+
+
 @needs_compiled_words
 def test_the_compiled_collapse_refuses_groups_that_do_not_fit_its_forms():
     from d2s_search import _words

@@ -272,6 +272,22 @@ def test_the_backend_answers_through_it_with_the_same_hits(tmp_path, monkeypatch
     backend.close()
 
 
+def test_a_hits_word_pairs_cost_the_garbage_collector_nothing():
+    """A k=1000 search's ~20,000 (word, value) pairs are made untracked: in no cycle, so the
+    collector's passes, which a search's allocations set off, need not walk them."""
+    import gc
+
+    rng = np.random.default_rng(3)
+    shards, starts = collection(rng, np.uint16, [300, 200])
+    table = table_of(shards, starts)
+    top = kernels.QueryTop(300, 2, 30, 1000, 30, table.n_cols)
+    query = {TERMS[i]: 1.0 for i in range(30)}
+    assert top.run(table, query, {t: i for i, t in enumerate(TERMS)}, 1000, 30, TERMS) > 100
+    pairs = [pair for hit in top.matched for pair in hit]
+    assert len(pairs) > 300 and not any(gc.is_tracked(pair) for pair in pairs)
+    assert all(gc.is_tracked(hit) for hit in top.matched)  # the lists themselves stay tracked
+
+
 def test_words_of_other_rows_equal_the_python_path():
     """Rows found otherwise (hybrid's fused hits): their words for the last search's query."""
     rng = np.random.default_rng(8)

@@ -403,11 +403,13 @@ D2S_EXPORT int64_t d2s_explain_rows16(const int64_t *indptr, int64_t n_rows, con
  * in slot order. member (optional): one bit per column, set for the query's, tested first: a
  * row's ~100 columns then touch a few of its lines, not ~100 of the table's, when both are cold.
  * Term ids: 32-bit when wide, else 16-bit. Returns 1, with zeros written, when the row or its
- * pointers are out of bounds. */
+ * pointers are out of bounds. zeros 0: after the positive values only one zero is written, to
+ * end them (a caller that reads the positive ones only: the zero-valued slots' placing costs as
+ * much as the row's reading when m is a whole long query's terms). */
 static inline int64_t explain_row_slots(const int64_t *indptr, int64_t n_rows, const void *indices, int wide,
                                         const uint16_t *data, int64_t nnz, int64_t row, const int16_t *slot_of,
                                         int64_t n_map, const float *qweights, int64_t n_q, int64_t m,
-                                        int64_t *slots, float *vals, const uint64_t *member) {
+                                        int64_t *slots, float *vals, const uint64_t *member, int zeros) {
     int64_t have = 0;
     if (row < 0 || row >= n_rows || indptr[row] < 0 || indptr[row] > indptr[row + 1] || indptr[row + 1] > nnz) {
         for (int64_t j = 0; j < m; j++) {
@@ -424,6 +426,13 @@ static inline int64_t explain_row_slots(const int64_t *indptr, int64_t n_rows, c
         int64_t t = slot_of[col];
         float value = qweights[t] * decode_weight(data[p]);
         if (value > 0.0f) keep_best(slots, vals, &have, m, t, value); /* zeros are placed below, in slot order */
+    }
+    if (!zeros) {
+        if (have < m) {
+            slots[have] = 0;
+            vals[have] = 0.0f;
+        }
+        return 0;
     }
     /* the rest: the smallest slots without a positive value, ascending (fewer than m positives
      * means every positive one is among the have placed) */
@@ -505,7 +514,7 @@ static inline int64_t explain_slots(const int64_t *indptr, int64_t n_rows, const
     for (int64_t i = 0; i < n_sel; i++) {
         prefetch_ahead(indptr, n_rows, indices, wide, data, nnz, rows, n_sel, i);
         bad += explain_row_slots(indptr, n_rows, indices, wide, data, nnz, rows[i], slot_of, n_map, qweights, n_q, m,
-                                 out_slots + i * m, out_vals + i * m, NULL);
+                                 out_slots + i * m, out_vals + i * m, NULL, 1);
     }
     free(slot_of);
     return bad;
