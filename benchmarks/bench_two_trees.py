@@ -56,8 +56,8 @@ print(json.dumps(out))
 
 def one_round(tree: Path, index: Path, args: argparse.Namespace) -> dict[str, float]:
     done = subprocess.run([sys.executable, "-c", ROUND, str(Path(__file__).parent), str(index), args.collection,
-                           str(args.queries), args.plans], env=dict(os.environ, PYTHONPATH=str(tree)), check=True,
-                          capture_output=True, text=True)
+                           str(args.queries), args.plans], env=dict(os.environ, PYTHONPATH=str(tree)), cwd=tree,
+                          check=True, capture_output=True, text=True)  # cwd: `python -c` looks there first
     out = json.loads(done.stdout)
     if not Path(out.pop("package")).is_relative_to(tree):
         sys.exit(f"the round meant for {tree} imported d2s_search from elsewhere")
