@@ -24,13 +24,10 @@ typedef struct {
     PyObject *terms; /* owned tuple, or NULL for (word,) */
 } entry;
 
-/* Python's tuple order on (-weight, word, terms): a larger weight first, then the smaller word.
- * Two entries with the same weight and word are equal here (their terms tuples can only differ
- * when a duplicated ungrouped term appears twice with one weight: the same Word either way). */
 /* Untracks a tuple none of whose items could lead the garbage collector into a cycle (strings,
  * floats, untracked tuples): CPython's own _PyTuple_MaybeUntrack, done when the tuple is made
- * rather than when a collection first meets it. The ~20,000 (word, value) pairs and the words
- * of a k=1000 search then cost the collector nothing (walking them was 25% of the search). */
+ * rather than when a collection first meets it: the ~20,000 (word, value) pairs and the Words
+ * of a k=1000 search are then no work for its passes (which took 25% of such a search). */
 static void untrack_if_atomic(PyObject *tuple) {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); i++) {
         PyObject *item = PyTuple_GET_ITEM(tuple, i);
@@ -39,6 +36,9 @@ static void untrack_if_atomic(PyObject *tuple) {
     PyObject_GC_UnTrack(tuple);
 }
 
+/* Python's tuple order on (-weight, word, terms): a larger weight first, then the smaller word.
+ * Two entries with the same weight and word are equal here (their terms tuples can only differ
+ * when a duplicated ungrouped term appears twice with one weight: the same Word either way). */
 static int entry_before(const entry *a, const entry *b) {
     if (a->weight != b->weight) return a->weight > b->weight;
     return PyUnicode_Compare(a->word, b->word) < 0;

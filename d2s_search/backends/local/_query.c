@@ -237,8 +237,8 @@ static int64_t explain_hits(const int64_t *table, Py_ssize_t n_shards, const int
 
 /* Untracks a tuple none of whose items could lead the garbage collector into a cycle (strings,
  * floats, untracked tuples): CPython's own _PyTuple_MaybeUntrack, done when the tuple is made
- * rather than when a collection first meets it. The ~20,000 (word, value) pairs and the words
- * of a k=1000 search then cost the collector nothing (walking them was 25% of the search). */
+ * rather than when a collection first meets it: the ~20,000 (word, value) pairs and the Words
+ * of a k=1000 search are then no work for its passes (which took 25% of such a search). */
 static void untrack_if_atomic(PyObject *tuple) {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); i++) {
         PyObject *item = PyTuple_GET_ITEM(tuple, i);

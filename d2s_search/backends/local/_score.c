@@ -404,8 +404,8 @@ D2S_EXPORT int64_t d2s_explain_rows16(const int64_t *indptr, int64_t n_rows, con
  * row's ~100 columns then touch a few of its lines, not ~100 of the table's, when both are cold.
  * Term ids: 32-bit when wide, else 16-bit. Returns 1, with zeros written, when the row or its
  * pointers are out of bounds. zeros 0: after the positive values only one zero is written, to
- * end them (a caller that reads the positive ones only: the zero-valued slots' placing costs as
- * much as the row's reading when m is a whole long query's terms). */
+ * end them, for a caller that reads the positive ones only (placing the zero-valued slots takes
+ * m x positives steps a row, with m every term of a long query when it asks for all). */
 static inline int64_t explain_row_slots(const int64_t *indptr, int64_t n_rows, const void *indices, int wide,
                                         const uint16_t *data, int64_t nnz, int64_t row, const int16_t *slot_of,
                                         int64_t n_map, const float *qweights, int64_t n_q, int64_t m,
