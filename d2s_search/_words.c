@@ -17,24 +17,14 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "_untrack.h"
+
 typedef struct {
     double weight;   /* the entry's contribution (a group's: the sum of its forms') */
     PyObject *value; /* the float shown: a pair's own or a group's sum (owned; borrowed while a form) */
     PyObject *word;  /* borrowed */
     PyObject *terms; /* owned tuple, or NULL for (word,) */
 } entry;
-
-/* Untracks a tuple none of whose items could lead the garbage collector into a cycle (strings,
- * floats, untracked tuples): CPython's own _PyTuple_MaybeUntrack, done when the tuple is made
- * rather than when a collection first meets it: the ~20,000 (word, value) pairs and the Words
- * of a k=1000 search are then no work for its passes (which took 25% of such a search). */
-static void untrack_if_atomic(PyObject *tuple) {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); i++) {
-        PyObject *item = PyTuple_GET_ITEM(tuple, i);
-        if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item)) return;
-    }
-    PyObject_GC_UnTrack(tuple);
-}
 
 /* Python's tuple order on (-weight, word, terms): a larger weight first, then the smaller word.
  * Two entries with the same weight and word are equal here (their terms tuples can only differ

@@ -29,6 +29,7 @@
 #define D2S_EXPORT static
 #endif
 #include "_score.c"
+#include "../../_untrack.h"
 
 #define HEAP_K 20       /* kernels.HEAP_K: above it, d2s_top_large */
 #define MAX_SHARDS 4096 /* more: the ctypes path */
@@ -233,18 +234,6 @@ static int64_t explain_hits(const int64_t *table, Py_ssize_t n_shards, const int
         }
     }
     return bad;
-}
-
-/* Untracks a tuple none of whose items could lead the garbage collector into a cycle (strings,
- * floats, untracked tuples): CPython's own _PyTuple_MaybeUntrack, done when the tuple is made
- * rather than when a collection first meets it: the ~20,000 (word, value) pairs and the Words
- * of a k=1000 search are then no work for its passes (which took 25% of such a search). */
-static void untrack_if_atomic(PyObject *tuple) {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); i++) {
-        PyObject *item = PyTuple_GET_ITEM(tuple, i);
-        if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item)) return;
-    }
-    PyObject_GC_UnTrack(tuple);
 }
 
 /* Each hit's words as _hits.explained makes them: [(terms[column], value)] for its leading
