@@ -31,7 +31,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import _common  # benchmarks/ is on sys.path when a script runs
 import numpy as np
@@ -58,7 +60,7 @@ def identity(n_docs: int, seed: int) -> IndexIdentity:
 
 def build_index(path: Path, n_docs: int, seed: int = 0, build_threads: int = 1,
                 collection: str = "synthetic") -> tuple[LocalBackend, dict]:
-    ident = identity(n_docs, seed) if collection == "synthetic" else shaped_collection.identity(n_docs, seed)
+    ident = COLLECTIONS[collection].identity(n_docs, seed)
     backend = LocalBackend(path, threads=1)
     if backend.exists():
         backend.open(ident, create=False)
@@ -67,7 +69,7 @@ def build_index(path: Path, n_docs: int, seed: int = 0, build_threads: int = 1,
         backend.drop()
         backend = LocalBackend(path, threads=1)
     backend.open(ident)
-    batches = synthetic_documents(n_docs, seed) if collection == "synthetic" else shaped_collection.documents(n_docs, seed)
+    batches = COLLECTIONS[collection].documents(n_docs, seed)
     t0 = time.perf_counter()
     done = 0
     for docs in batches:
@@ -84,7 +86,7 @@ def build_index(path: Path, n_docs: int, seed: int = 0, build_threads: int = 1,
                      "build_peak_rss_mb": built["peak_rss_mb"], "build_threads": build_threads}
 
 
-def synthetic_documents(n_docs: int, seed: int, batch: int = 5000):
+def synthetic_documents(n_docs: int, seed: int, batch: int = 5000) -> Iterator[list[Document]]:
     """The synthetic collection's documents, ``batch`` at a time."""
     probs = zipf_probabilities(seed=seed)
     for start in range(0, n_docs, batch):
@@ -112,6 +114,28 @@ def benchmark_queries(n: int) -> list[QueryVectors]:
         own = {TERMS[t]: full[TERMS[t]] for t in own_ids.tolist()}
         queries.append(QueryVectors(full=full, own=own, dense=dense_vectors(1, DIM, seed=int(rng.integers(1 << 30)))[0]))
     return queries
+
+
+class Collection(NamedTuple):
+    """What a benchmark needs of a collection: its index's identity, its documents in batches,
+    its queries, and the name its index is cached under (``<cache_name>-<documents>``)."""
+
+    identity: Callable[[int, int], IndexIdentity]
+    documents: Callable[[int, int], Iterator[list[Document]]]
+    queries: Callable[[int], list[QueryVectors]]
+    cache_name: str
+
+
+COLLECTIONS = {
+    "synthetic": Collection(identity, synthetic_documents, benchmark_queries, "local"),
+    "real-shaped": Collection(shaped_collection.identity, shaped_collection.documents, shaped_collection.queries,
+                              "real-shaped"),
+}
+
+
+def index_path(cache: str | Path, collection: str, n_docs: int) -> Path:
+    """Where the collection's index of ``n_docs`` documents is built and cached."""
+    return Path(cache) / f"{COLLECTIONS[collection].cache_name}-{n_docs}"
 
 
 def interleaved(plans: dict, references: dict, queries: list, warm: int = 10) -> dict:
@@ -253,7 +277,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=123_000)
     parser.add_argument("--queries", type=int, default=300)
-    parser.add_argument("--collection", choices=("synthetic", "real-shaped"), default="synthetic",
+    parser.add_argument("--collection", choices=tuple(COLLECTIONS), default="synthetic",
                         help="synthetic (paper-shaped, random dense vectors) or real-shaped (the offline bundle's "
                              "output tiled: shaped_collection.py)")
     parser.add_argument("--cache", default=str(_common.CACHE))
@@ -270,7 +294,7 @@ def main() -> None:
     ks = [int(k) for k in args.k.split(",")]
     summary = _common.provenance(threads=f"{args.threads} search thread(s)")
 
-    path = Path(args.cache) / (f"local-{args.docs}" if args.collection == "synthetic" else f"real-shaped-{args.docs}")
+    path = index_path(args.cache, args.collection, args.docs)
     if args.rebuild and path.exists():
         shutil.rmtree(path)
     backend, build = build_index(path, args.docs, build_threads=args.build_threads, collection=args.collection)
@@ -289,7 +313,7 @@ def main() -> None:
     state = backend._search_state()  # open the search structures (memory-mapped)
     load_s = time.perf_counter() - t0
 
-    queries = benchmark_queries(args.queries) if args.collection == "synthetic" else shaped_collection.queries(args.queries)
+    queries = COLLECTIONS[args.collection].queries(args.queries)
     assert all(q.full for q in queries)
 
     brute_sparse, brute_dense = brute_force(backend, state)

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import _common
+import bench_local_backend as blb
 
 _common.use_repository()
 
@@ -32,13 +33,13 @@ import json, sys, time
 import d2s_search  # first, from PYTHONPATH's tree (the benchmarks' modules put this checkout first on the path)
 sys.path.insert(0, sys.argv[1])  # this benchmarks folder: the collections' query makers
 import numpy as np
-import bench_local_backend as blb, shaped_collection
+import bench_local_backend as blb
 from d2s_search.backends.local import LocalBackend
 from d2s_search.search import SearchOptions, run_query
 path, collection, n, plans = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5].split(",")
 backend = LocalBackend(path, threads=1)
 backend.open(None, create=False)
-queries = blb.benchmark_queries(n) if collection == "synthetic" else shaped_collection.queries(n)
+queries = blb.COLLECTIONS[collection].queries(n)
 out = {"package": d2s_search.__file__}
 for plan in plans:
     mode, k = plan.split("@")
@@ -67,7 +68,7 @@ def one_round(tree: Path, index: Path, args: argparse.Namespace) -> dict[str, fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ref", required=True, help="the other code tree (its extensions built)")
-    parser.add_argument("--collection", choices=("synthetic", "real-shaped"), default="real-shaped")
+    parser.add_argument("--collection", choices=tuple(blb.COLLECTIONS), default="real-shaped")
     parser.add_argument("--docs", type=int, default=123_000)
     parser.add_argument("--plans", default="sparse@100,sparse@1000,hybrid@1000")
     parser.add_argument("--queries", type=int, default=100)
@@ -75,9 +76,8 @@ def main() -> None:
     parser.add_argument("--cache", default=str(_common.CACHE))
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
-    import bench_local_backend as blb
 
-    index = Path(args.cache) / (f"local-{args.docs}" if args.collection == "synthetic" else f"real-shaped-{args.docs}")
+    index = blb.index_path(args.cache, args.collection, args.docs)
     blb.build_index(index, args.docs, collection=args.collection)[0].close()
     trees = {"this": _common.ROOT, "ref": Path(args.ref).resolve()}
     summary = _common.provenance(threads="1 search thread")
