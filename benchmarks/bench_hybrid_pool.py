@@ -6,15 +6,17 @@ p50 latency, for pools of c*k candidates per side, on the synthetic 123k index (
 
 ``--photos``: the flickr8k-800 photos as the quick start's index stored them (real sparse and
 dense vectors of the offline model, benchmarks/.cache/photos-800, a copy searched), queried
-with held-out captions of the last 400 photos (every 10th) through the same bundle.
+with held-out captions of the last 400 photos (evenly spaced; every 10th for 200) through the
+same bundle. There each caption's own photo also gives relevance: MRR@10 of every pool and of
+the reference.
 
 The reference per query is the local index's own fusion with every document a candidate on
 both sides (a pool of the collection's size: each side's scores over all documents, min-max
 normalised over all of them); it also reports how much of that top-k a pool of half the
 collection keeps (RRF: all of it; min-max, whose normalisation moves with its pool: not all). Each pool (c*k, c in --factors) is timed query by query, pools taking turns
 (which goes first rotating), through ``run_query`` with 5 words explained, one search thread;
-the ratios are against the pool the hybrid plan used before (max(100, 10k), c = 10 at k=10
-and k=1000), measured in the same run.
+the ratios are against c = 10 (max(100, 10k), the hybrid's pool at k <= 100; at k=1000 it
+fuses 3,000 a side, c = 3), measured in the same run.
 The index is the one ``bench_local_backend.py`` builds and caches under benchmarks/.cache/.
 """
 
@@ -24,6 +26,7 @@ import argparse
 import csv
 import json
 import shutil
+import sqlite3
 import tempfile
 import time
 from pathlib import Path
@@ -38,7 +41,7 @@ from bench_local_backend import benchmark_queries, build_index  # noqa: E402
 from d2s_search.backends.local import LocalBackend  # noqa: E402
 from d2s_search.search import FUSIONS, SearchOptions, run_query  # noqa: E402
 
-OLD_FACTOR = 10  # the pool before: max(100, 10k), c = 10 at both k measured
+OLD_FACTOR = 10  # max(100, 10k): the hybrid's pool up to k=100, and at k=1000 before it fused 2k + 1000
 
 
 def top_ids(backend: LocalBackend, query, k: int, pool: int, fusion: str) -> list[str]:
@@ -46,7 +49,10 @@ def top_ids(backend: LocalBackend, query, k: int, pool: int, fusion: str) -> lis
     return [h.id for h in run_query(backend, query, options).hits]
 
 
-def measure(backend: LocalBackend, queries: list, n_docs: int, ks: list[int], factors: list[int]) -> dict:
+def measure(backend: LocalBackend, queries: list, n_docs: int, ks: list[int], factors: list[int],
+            relevant: list[str] | None = None) -> dict:
+    """``relevant``: each query's own document (the photo its caption describes), whose rank in
+    the fused list gives MRR@10 for every pool and for the reference."""
     rows = {}
     for k in ks:
         for fusion in FUSIONS:
@@ -54,6 +60,7 @@ def measure(backend: LocalBackend, queries: list, n_docs: int, ks: list[int], fa
             half = [top_ids(backend, q, k, n_docs // 2, fusion) for q in queries]
             recall = {c: [] for c in factors}
             seconds = {c: [] for c in factors}
+            found = {c: [] for c in factors}
             for i, (q, ref) in enumerate(zip(queries, reference)):
                 expected = set(ref)
                 for c in factors[i % len(factors):] + factors[:i % len(factors)]:  # pools take turns, first in rotation
@@ -62,6 +69,8 @@ def measure(backend: LocalBackend, queries: list, n_docs: int, ks: list[int], fa
                     hits = run_query(backend, q, options).hits
                     seconds[c].append(time.perf_counter() - t0)
                     recall[c].append(len({h.id for h in hits} & expected) / len(expected))
+                    if relevant is not None:
+                        found[c].append([h.id for h in hits])
             old_p50 = float(np.median(seconds[OLD_FACTOR]))
             rows[f"{fusion} @{k}"] = {
                 "half_collection_recall": round(float(np.mean([len(set(a) & set(b)) / len(b)
@@ -69,7 +78,10 @@ def measure(backend: LocalBackend, queries: list, n_docs: int, ks: list[int], fa
                 "pools": {c: {"pool": c * k, "recall_mean": round(float(np.mean(recall[c])), 4),
                               "recall_min": round(float(np.min(recall[c])), 4),
                               "p50_ms": round(float(np.median(seconds[c])) * 1000, 3),
-                              "p50_vs_old": round(float(np.median(seconds[c])) / old_p50, 3)} for c in factors},
+                              "p50_vs_old": round(float(np.median(seconds[c])) / old_p50, 3),
+                              **({"mrr_at_10": mrr_at_10(found[c], relevant)} if relevant is not None else {})}
+                          for c in factors},
+                **({"reference_mrr_at_10": mrr_at_10(reference, relevant)} if relevant is not None else {}),
             }
             print(f"{fusion} @{k}: " + ", ".join(f"c={c} {v['recall_mean']:.4f}/{v['recall_min']:.2f} "
                                                  f"{v['p50_ms']:.2f} ms" for c, v in rows[f'{fusion} @{k}']['pools'].items()),
@@ -77,24 +89,38 @@ def measure(backend: LocalBackend, queries: list, n_docs: int, ks: list[int], fa
     return rows
 
 
-def photo_queries(index, n: int) -> list:
-    """Held-out captions (the last 400 photos', every 10th), encoded once by the index's bundle."""
+def mrr_at_10(rankings: list[list[str]], relevant: list[str]) -> float:
+    """Mean over queries of 1 / the rank of the query's own document in its top 10 (0 if absent)."""
+    return round(float(np.mean([1.0 / (ids[:10].index(want) + 1) if want in ids[:10] else 0.0
+                                for ids, want in zip(rankings, relevant)])), 4)
+
+
+def photo_queries(index, folder: Path, n: int) -> tuple[list, list[str]]:
+    """Held-out captions (the last 400 photos', evenly spaced: every 10th for 200), encoded once
+    by the index's bundle, and the id of each caption's photo."""
     from d2s_search.search import encode_text_query
 
     with open(_common.DATA / "flickr8k-800" / "captions.txt", newline="") as f:
         rows = [(r["image"], r["caption"]) for r in csv.DictReader(f)]
     photos = sorted({image for image, _ in rows})
     held = set(photos[len(photos) // 2:])
-    texts = [c for image, c in rows if image in held][::10][:n]
+    pairs = [(image, c) for image, c in rows if image in held]
+    pairs = pairs[:: max(1, len(pairs) // n)][:n]
     encoder = index._encoder()
-    return [encode_text_query(encoder, text) for text in texts]
+    with sqlite3.connect(f"file:{folder / 'index.sqlite'}?mode=ro", uri=True) as db:
+        ids = {Path(path).name: doc_id for doc_id, path in db.execute("SELECT id, path FROM docs")}
+    return [encode_text_query(encoder, text) for _, text in pairs], [ids[image] for image, _ in pairs]
 
 
 def render(summary: dict) -> str:
     factors = list(next(iter(summary["rows"].values()))["pools"])
-    headers = ["fusion @k", "half-collection pool", *[f"c={c}: recall mean / min, p50 vs c={OLD_FACTOR}" for c in factors]]
+    relevance = "reference_mrr_at_10" in next(iter(summary["rows"].values()))
+    headers = ["fusion @k", "half-collection pool", *(["every document: MRR@10"] if relevance else []),
+               *[f"c={c}: recall mean / min, p50 vs c={OLD_FACTOR}{', MRR@10' if relevance else ''}" for c in factors]]
     rows = [[name, f"{row['half_collection_recall']:.4f}",
-             *[f"{p['recall_mean']:.4f} / {p['recall_min']:.2f}, {p['p50_vs_old']:.2f}x" for p in row["pools"].values()]]
+             *([f"{row['reference_mrr_at_10']:.3f}"] if relevance else []),
+             *[f"{p['recall_mean']:.4f} / {p['recall_min']:.2f}, {p['p50_vs_old']:.2f}x"
+               + (f", {p['mrr_at_10']:.3f}" if relevance else "") for p in row["pools"].values()]]
             for name, row in summary["rows"].items()]
     return _common.table(headers, rows)
 
@@ -121,8 +147,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             shutil.copytree(photos / "index", Path(tmp) / "index")
             with Index.open(Path(tmp) / "index", bundle=photos / "bundle", search_threads=1) as index:
-                backend, queries = index._open_backend(), photo_queries(index, args.queries)
-                summary["rows"] = measure(backend, queries, backend.count(), ks, factors)
+                backend, (queries, relevant) = index._open_backend(), photo_queries(index, Path(tmp) / "index", args.queries)
+                summary["rows"] = measure(backend, queries, backend.count(), ks, factors, relevant)
     else:
         path = Path(args.cache) / f"local-{args.docs}"
         backend, _ = build_index(path, args.docs)
