@@ -1,10 +1,13 @@
 """The first sparse and the first dense search after opening the 123k index, in a new process,
-with the index's pages dropped from the page cache, for two code trees alternated round by round.
+with the index's pages dropped from the page cache, for two code trees alternated round by round
+(or this tree alone, without ``--ref``).
 
-    python benchmarks/bench_first_query.py --ref /tmp/ref-main [--rounds 6] [--encoder BUNDLE] [--json OUT]
+    python benchmarks/bench_first_query.py [--ref /tmp/ref-main] [--rounds 6] [--docs N]
+        [--collection synthetic|real-shaped] [--encoder BUNDLE] [--json OUT]
 
-The index is a private copy of the one ``bench_local_backend.py`` caches (benchmarks/.cache/
-local-123000), opened once so its stamp is written. Before each cold process every file of the
+The index is a private copy of the one ``bench_local_backend.py`` caches for the collection
+(benchmarks/.cache/local-123000 by default), opened once so its stamp is written; the query is
+the collection's first. Before each cold process every file of the
 copy is dropped from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``, what can be done
 without root; the interpreter's and faiss's own files stay cached); a warm process follows
 without the drop. Each process imports the local backend, opens the index, then runs one search
@@ -29,14 +32,15 @@ from pathlib import Path
 
 import _common  # benchmarks/ is on sys.path when a script runs
 import numpy as np
+from bench_local_backend import COLLECTIONS, index_path
 
 CHILD = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[3])
 t0 = time.perf_counter()
 from d2s_search.backends.local import LocalBackend, cache, graph
-from bench_local_backend import benchmark_queries
-q = benchmark_queries(1)[0]
+from bench_local_backend import COLLECTIONS
+q = COLLECTIONS[sys.argv[5]].queries(1)[0]
 parts = {}
 
 def timed(owner, name, key):
@@ -98,18 +102,20 @@ def drop_pages(folder: Path) -> None:
                 os.close(fd)
 
 
-def child(tree: Path, index: Path, order: str, encoder: str = "") -> dict:
+def child(tree: Path, index: Path, order: str, encoder: str = "", collection: str = "synthetic") -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-c", CHILD, str(index), order, str(Path(__file__).parent), encoder],
+    done = subprocess.run([sys.executable, "-c", CHILD, str(index), order, str(Path(__file__).parent), encoder,
+                           collection],
                           env=env, check=True, capture_output=True, text=True, cwd=tree)
     return json.loads(done.stdout)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ref", required=True, help="the other code tree (its extensions built)")
+    parser.add_argument("--ref", help="the other code tree (its extensions built); without it this tree alone")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--docs", type=int, default=123_000)
+    parser.add_argument("--collection", choices=tuple(COLLECTIONS), default="synthetic")
     parser.add_argument("--cache", default=str(_common.CACHE))
     parser.add_argument("--encoder", default="", help="a bundle whose query encoder is loaded and run between "
                         "opening and searching, as `d2s-search query` does (its vectors are not searched)")
@@ -117,12 +123,13 @@ def main() -> None:
     args = parser.parse_args()
     summary = _common.provenance(threads="1 search thread")
     args.encoder = str(Path(args.encoder).resolve()) if args.encoder else ""  # the children run in their trees
-    trees = {"current": _common.ROOT, "ref": Path(args.ref).resolve()}
+    trees = {"current": _common.ROOT, **({"ref": Path(args.ref).resolve()} if args.ref else {})}
+    summary["collection"], summary["docs"] = args.collection, args.docs
     runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(dir=args.cache) as tmp:
         index = Path(tmp) / "index"
-        shutil.copytree(Path(args.cache) / f"local-{args.docs}", index)
-        child(trees["current"], index, "sparse,dense")  # a copy is read in full once; this writes its stamp
+        shutil.copytree(index_path(args.cache, args.collection, args.docs), index)
+        child(trees["current"], index, "sparse,dense", "", args.collection)  # read in full once; writes its stamp
         for round_ in range(args.rounds):
             names = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
             for order in ("sparse,dense", "dense,sparse"):
@@ -131,9 +138,9 @@ def main() -> None:
                         if state == "cold":
                             drop_pages(index)
                         else:
-                            child(trees[name], index, order, args.encoder)  # pages back in, then the timed one
+                            child(trees[name], index, order, args.encoder, args.collection)  # pages back in
                         runs.setdefault(f"{name}|{state}|{order}", []).append(
-                            child(trees[name], index, order, args.encoder))
+                            child(trees[name], index, order, args.encoder, args.collection))
     rows = {}
     for key, samples in runs.items():
         name, state, order = key.split("|")
@@ -150,10 +157,15 @@ def main() -> None:
 def render(summary: dict) -> str:
     out = []
     for case, trees in summary["rows"].items():
-        parts = sorted(trees["current"].keys() | trees["ref"].keys(),
+        ref = trees.get("ref")
+        parts = sorted(trees["current"].keys() | (ref or {}).keys(),
                        key=lambda p: (not p.startswith(("import", "open")), p))
-        rows = [[part, trees["ref"].get(part, 0.0), trees["current"].get(part, 0.0),
-                 f"{trees['current'].get(part, 0.0) / trees['ref'][part]:.2f}x" if trees["ref"].get(part) else "-"]
+        if ref is None:
+            rows = [[part, trees["current"][part]] for part in parts]
+            out.append(f"{case} (median ms)\n\n" + _common.table(["part", "current"], rows))
+            continue
+        rows = [[part, ref.get(part, 0.0), trees["current"].get(part, 0.0),
+                 f"{trees['current'].get(part, 0.0) / ref[part]:.2f}x" if ref.get(part) else "-"]
                 for part in parts]
         out.append(f"{case} (median ms)\n\n" + _common.table(["part", "ref", "current", "current / ref"], rows))
     return "\n\n".join(out)
