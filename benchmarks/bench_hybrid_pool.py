@@ -1,7 +1,9 @@
 """Hybrid candidates per side: the fused top-k's recall against fusion over every document, and
-p50 latency, for pools of c*k candidates per side, on the synthetic 123k index (or the photos).
+p50 latency, for pools of c*k candidates per side, on the synthetic 123k index (or another
+collection bench_local_backend.py builds: --collection, --docs; or the photos).
 
-    python benchmarks/bench_hybrid_pool.py [--docs 123000] [--queries 100] [--json OUT]
+    python benchmarks/bench_hybrid_pool.py [--collection synthetic|real-shaped] [--docs 123000]
+        [--k 10,1000] [--factors 1,2,3,5,10] [--queries 100] [--json OUT]
     python benchmarks/bench_hybrid_pool.py --photos --k 10,50 [--queries 200]
 
 ``--photos``: the flickr8k-800 photos as the quick start's index stored them (real sparse and
@@ -36,7 +38,7 @@ import numpy as np
 
 _common.use_repository()
 
-from bench_local_backend import benchmark_queries, build_index  # noqa: E402
+from bench_local_backend import COLLECTIONS, build_index, index_path  # noqa: E402
 
 from d2s_search.backends.local import LocalBackend  # noqa: E402
 from d2s_search.search import FUSIONS, SearchOptions, run_query  # noqa: E402
@@ -132,6 +134,8 @@ def main() -> None:
     parser.add_argument("--k", default="10,1000")
     parser.add_argument("--factors", default="1,2,3,5,10")
     parser.add_argument("--cache", default=str(_common.CACHE))
+    parser.add_argument("--collection", choices=tuple(COLLECTIONS), default="synthetic",
+                        help="the index bench_local_backend.py builds for it (--docs documents)")
     parser.add_argument("--photos", action="store_true", help="the 800 real photos and held-out captions instead")
     parser.add_argument("--json", dest="json_out", help="also write the results to this file")
     args = parser.parse_args()
@@ -150,12 +154,12 @@ def main() -> None:
                 backend, (queries, relevant) = index._open_backend(), photo_queries(index, Path(tmp) / "index", args.queries)
                 summary["rows"] = measure(backend, queries, backend.count(), ks, factors, relevant)
     else:
-        path = Path(args.cache) / f"local-{args.docs}"
-        backend, _ = build_index(path, args.docs)
+        path = index_path(args.cache, args.collection, args.docs)
+        backend, _ = build_index(path, args.docs, collection=args.collection)
         backend.close()
         backend = LocalBackend(path, threads=1)
         backend.open(None, create=False)
-        queries = benchmark_queries(args.queries)
+        queries = COLLECTIONS[args.collection].queries(args.queries)
         for q in queries[:10]:  # page the index in before timing
             run_query(backend, q, SearchOptions(mode="hybrid", k=10))
         summary["rows"] = measure(backend, queries, args.docs, ks, factors)

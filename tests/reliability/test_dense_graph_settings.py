@@ -364,3 +364,111 @@ def test_a_damaged_spanning_graph_is_built_anew_when_a_shard_fills(tmp_path, mon
         found += len(want & {h.id for h in again.dense_search(query, 10, explain=0)})
     assert found >= 0.9 * 10 * len(docs[::20])
     again.close()
+
+
+def test_a_graph_built_while_its_shards_are_made_is_the_one_built_after(tmp_path):
+    """graph.Builder adds each part on a thread of its own as it is handed over: trained on the
+    same rows and on one faiss thread its bytes equal graph.build's over the same parts, in
+    memory and written to a file; each part's done() runs there once its rows are in, in
+    order; a part faiss refuses is raised by finish on the caller's thread; abandon stops it."""
+    import threading
+
+    import faiss
+
+    rng = np.random.default_rng(8)
+    first, second = (rng.normal(size=(n, DIM)).astype(np.float32) for n in (300, 200))
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)  # one thread adds in a fixed order: the same graph twice
+    try:
+        done: list[tuple[int, str]] = []
+        builder = graph.Builder(np.vstack([first, second]))
+        for i, part in enumerate((first, second)):
+            builder.add(part, lambda i=i: done.append((i, threading.current_thread().name)))
+        ahead = builder.finish()
+        written = graph.Builder(np.vstack([first, second]))
+        written.add(first)
+        written.add(second)
+        on_disk = written.finish(out=tmp_path / "graph.npy")
+        after = graph.build([first, second])
+    finally:
+        faiss.omp_set_num_threads(threads)
+    assert done == [(0, "d2s-search-graph"), (1, "d2s-search-graph")]
+    assert ahead.tobytes() == after.tobytes() == np.asarray(on_disk).tobytes()
+    assert np.array_equal(np.load(tmp_path / "graph.npy"), after)
+
+    refused = graph.Builder(first)
+    refused.add(rng.normal(size=(5, DIM + 1)).astype(np.float32))  # not the graph's dimension
+    refused.add(second)
+    with pytest.raises((AssertionError, RuntimeError)):
+        refused.finish()
+    left = graph.Builder(first)
+    left.add(first)
+    left.abandon()
+    left.abandon()
+    assert not left._thread.is_alive()
+    with pytest.raises(RuntimeError, match="already finished"):
+        left.finish()
+
+
+def test_a_build_from_scratch_makes_the_spanning_graph_while_it_makes_the_shards(tmp_path, monkeypatch):
+    """Rebuilt from the database, the full shards go into the spanning graph as each is written
+    (its pages released once in) and the graph is the one the build began, not one built after;
+    with every row a candidate dense search is brute force, and at the default width it finds
+    most of the top 10. Rows that turn out damaged leave fewer full shards than counted: the
+    graph begun is dropped, and the shards get graphs of their own."""
+    import shutil
+    import sqlite3
+
+    from d2s_search.backends.local import backend as backend_mod
+
+    graphs_at_any_size(monkeypatch, 64)
+    monkeypatch.setattr(backend_mod, "GRAPH_K_SHARE", 10**6)  # the graph, even asked for every row
+    docs = documents(3 * 64 + 10)
+    backend = LocalBackend(tmp_path / "idx")
+    backend.open(IDENTITY)
+    backend.upsert(docs)
+    backend._search_state()
+    backend.close()
+    shutil.rmtree(tmp_path / "idx" / "cache")
+
+    began, after, released = [], [], []
+    real_finish, real_build, real_release = graph.Builder.finish, graph.build, cache.StateWriter.release
+    monkeypatch.setattr(graph.Builder, "finish", lambda self, out=None: began.append(self.parts) or real_finish(self, out))
+    monkeypatch.setattr(graph, "build", lambda parts, *a, **kw: after.append(len(parts)) or real_build(parts, *a, **kw))
+    monkeypatch.setattr(cache.StateWriter, "release",
+                        lambda self, j, name: released.append((j, name)) or real_release(self, j, name))
+    again = LocalBackend(tmp_path / "idx")
+    again.open(None, create=False)
+    state = again._search_state()
+    assert state.dense_units() == [(0, 3), (3, 1)]
+    assert began == [3] and after == [1]  # the spanning graph begun early; the last shard's own after
+    assert {(j, "dense") for j in range(3)} <= set(released)
+    found = 0
+    for doc in docs[::20]:
+        query = np.asarray(doc.dense) + 0.05
+        want = [d for d, _ in brute_force_dense(docs, query)[:10]]
+        again.dense_ef = 100_000  # every row a candidate of its graph
+        assert [h.id for h in again.dense_search(query, 10, explain=0)] == want
+        again.dense_ef = None
+        found += len(set(want) & {h.id for h in again.dense_search(query, 10, explain=0)})
+    assert found >= 0.9 * 10 * len(docs[::20])
+    again.close()
+
+    db = sqlite3.connect(tmp_path / "idx" / "index.sqlite")  # two shards' worth, one row not a vector
+    db.execute("DELETE FROM docs WHERE seq > ?", (2 * 64,))
+    db.execute("UPDATE docs SET dense = ? WHERE id = ?", (b"\x01\x02\x03", docs[5].id))
+    db.commit()
+    db.close()
+    shutil.rmtree(tmp_path / "idx" / "cache")
+    began.clear()
+    after.clear()
+    short = LocalBackend(tmp_path / "idx")
+    short.open(None, create=False)
+    state = short._search_state()
+    assert [s.rows for s in state.shards] == [64, 63] and state.dense_units() == [(0, 1), (1, 1)]
+    assert began == [] and after == [1, 1]
+    kept = [d for d in docs[: 2 * 64] if d.id != docs[5].id]
+    short.dense_ef = 100_000
+    query = np.asarray(kept[40].dense)
+    assert [h.id for h in short.dense_search(query, 10, explain=0)] == [d for d, _ in brute_force_dense(kept, query)[:10]]
+    short.close()

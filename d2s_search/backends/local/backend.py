@@ -846,6 +846,7 @@ class LocalBackend:
                 since = base.max_seq
         lost: list[int] = []
         writer, unwritten = self._state_writer(base) if index_id else (None, None)
+        ahead = self._graph_ahead(db, max_seq, dim) if base is None else None
         cursor = db.execute(
             "SELECT seq, id, path, url, term_ids, weights, dense FROM docs WHERE seq > ? ORDER BY seq", (since,)
         )
@@ -867,6 +868,9 @@ class LocalBackend:
                         except OSError as exc:
                             writer.close()
                             writer, unwritten = None, exc
+                    if ahead is not None and shards[-1].rows == shard_rows:  # into the graph beside the next shard
+                        ahead.add(shards[-1].arrays["dense"],
+                                  functools.partial(writer.release, len(shards) - 1, "dense") if writer else None)
                 if not batch:
                     break
             if lost:
@@ -875,7 +879,7 @@ class LocalBackend:
             built = Structures(index_id=index_id, generation=generation, mutations=mutations, max_seq=max_seq,
                                dim=dim, shards=shards, shard_rows=shard_rows)
             try:
-                self._dense_graphs(built, writer)
+                self._dense_graphs(built, writer, ahead)
             except OSError as exc:  # writing a graph's file
                 writer.close()
                 writer, unwritten = None, exc
@@ -890,9 +894,30 @@ class LocalBackend:
                 self._warn(self._cache_not_written(built, unwritten))
                 built.state_dir = None
         finally:
+            if ahead is not None:
+                ahead.abandon()
             if writer is not None:
                 writer.close()
         return built, lost
+
+    def _graph_ahead(self, db: sqlite3.Connection, max_seq: int, dim: int) -> graph.Builder | None:
+        """For a build from scratch that will make a spanning graph: that graph started now,
+        its 8-bit ranges from rows spread over the whole database (every ceil(max_seq /
+        RANGE_SAMPLE)-th seq; the last shard's rows among them widen the ranges a little), so
+        the full shards go into it as they are made. None where no spanning graph will be."""
+        if dim <= 0 or not graph.available():
+            return None
+        count = db.execute("SELECT COUNT(*) FROM docs").fetchone()[0]
+        if count < APPROXIMATE_DENSE_FROM or count // cache_mod.SHARD_ROWS < max(SPANNING_GRAPH_FROM_SHARDS, 2):
+            return None
+        step = max(1, -(-max_seq // graph.RANGE_SAMPLE))
+        rows = []
+        for chunk in _chunks(list(range(1, max_seq + 1, step)), 500):
+            for (blob,) in db.execute(f"SELECT dense FROM docs WHERE seq IN ({','.join('?' * len(chunk))})", chunk):
+                vector = row_blobs.decode_floats(blob)
+                if vector is not None and vector.size == dim and np.isfinite(vector).all():
+                    rows.append(vector)
+        return graph.Builder(np.vstack(rows)) if rows else None
 
     def _state_writer(self, base: Structures | None) -> tuple[cache_mod.StateWriter | None, Exception | None]:
         """The new cache state a build writes shard by shard, or (None, why it cannot be written)."""
@@ -913,20 +938,21 @@ class LocalBackend:
         return (f"disk full: the search cache could not be written to {self.cache_dir} ({room}); it is kept in "
                 "memory for this run: every document is stored, and the first search after space is freed writes it")
 
-    def _dense_graphs(self, built: Structures, writer: cache_mod.StateWriter | None = None) -> None:
+    def _dense_graphs(self, built: Structures, writer: cache_mod.StateWriter | None = None,
+                      ahead: graph.Builder | None = None) -> None:
         """From APPROXIMATE_DENSE_FROM documents on, the dense side is searched through HNSW
         graphs: one spanning the full shards once there are SPANNING_GRAPH_FROM_SHARDS of them
         (extended as shards fill), and one for every other shard of GRAPH_FROM_ROWS rows or
         more (full shards keep theirs across appends; a shard whose graph faiss cannot build
         stays exact); below it, graphs are dropped. A new graph goes straight into ``writer``'s
-        state when there is one."""
+        state when there is one; ``ahead``: the spanning graph begun while the shards were made."""
         approximate = built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and graph.available()
         if built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and not approximate:
             self._warn(graph.unavailable_note(APPROXIMATE_DENSE_FROM), kind="note")  # the `faiss` extra
         full = 0
         while full < len(built.shards) and built.shards[full].rows == built.shard_rows:
             full += 1
-        spanned = (self._spanning_graph(built, full, writer)
+        spanned = (self._spanning_graph(built, full, writer, ahead)
                    if approximate and full >= max(SPANNING_GRAPH_FROM_SHARDS, 2) else 0)
         for j, shard in enumerate(built.shards[spanned:], start=spanned):
             if "hnsw" in shard.arrays and (shard.graph_span != 1 or not (approximate and shard.rows >= GRAPH_FROM_ROWS)):
@@ -946,10 +972,12 @@ class LocalBackend:
         if writer is not None:  # graph.build wrote it there
             writer.graph_written(j)
 
-    def _spanning_graph(self, built: Structures, full: int, writer: cache_mod.StateWriter | None = None) -> int:
+    def _spanning_graph(self, built: Structures, full: int, writer: cache_mod.StateWriter | None = None,
+                        ahead: graph.Builder | None = None) -> int:
         """The first ``full`` shards under one graph (stored with the first): the one they have
-        when it spans them already, else it extended by the shards filled since (or built anew);
-        returns how many shards it spans (0: faiss could not build it)."""
+        when it spans them already, else it extended by the shards filled since, else ``ahead``
+        when it was handed exactly these shards (or built anew); returns how many shards it
+        spans (0: faiss could not build it)."""
         head, members = built.shards[0], built.shards[:full]
         span = head.graph_span if "hnsw" in head.arrays else 0
         if span == full:
@@ -963,6 +991,8 @@ class LocalBackend:
             except (kernels.DamagedArrays, RuntimeError):  # the layout walk, or faiss's reader, refused it
                 blob = None  # built anew below
         release = (lambda i: writer.release(i, "dense")) if writer is not None else None
+        if blob is None and span == 0 and ahead is not None and ahead.parts == full:
+            blob = ahead.finish(out=out)
         if blob is None:
             blob = graph.build([m.dense_rows() for m in members], out=out, release=release)
         if blob is None:

@@ -44,7 +44,9 @@ from __future__ import annotations
 import functools
 import mmap
 import os
+import queue
 import struct
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,20 +139,94 @@ def build(parts: Sequence[np.ndarray], out: Path | None = None,
     stay resident."""
     if not available():
         return None
-    import faiss
-
-    dim = parts[0].shape[1]
-    index = faiss.IndexHNSWSQ(dim, faiss.ScalarQuantizer.QT_8bit, M, faiss.METRIC_INNER_PRODUCT)
-    index.hnsw.efConstruction = EF_CONSTRUCTION
-    index.hnsw.efSearch = EF_SEARCH
-    index.train(_range_sample(parts, release))
+    index = _trained(_range_sample(parts, release))
     for i, part in enumerate(parts):  # one shard at a time: the vectors are never all copied at once
         index.add(np.ascontiguousarray(part, dtype=np.float32))
         if release is not None:
             release(i)
-    written = _write_framed(index, out) if out is not None else faiss.serialize_index(index)
+    written, dim = _serialised(index, out)
     del index  # before the file is read back or the framed copy made: two copies of the graph at most
+    return _as_kept(written, dim, out)
+
+
+def _trained(sample: np.ndarray):
+    """An empty graph (8-bit copies, inner product) whose per-dimension ranges are ``sample``'s."""
+    import faiss
+
+    index = faiss.IndexHNSWSQ(sample.shape[1], faiss.ScalarQuantizer.QT_8bit, M, faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efConstruction = EF_CONSTRUCTION
+    index.hnsw.efSearch = EF_SEARCH
+    index.train(np.ascontiguousarray(sample, dtype=np.float32))
+    return index
+
+
+def _serialised(index, out: Path | None) -> tuple:
+    """``index`` written into ``out`` (the rows it holds) or serialised in memory, and its
+    dimension: what :func:`_as_kept` reads once the caller has freed the index."""
+    import faiss
+
+    return (_write_framed(index, out) if out is not None else faiss.serialize_index(index)), int(index.d)
+
+
+def _as_kept(written, dim: int, out: Path | None) -> np.ndarray | None:
+    """The graph as the cache keeps it: ``out`` mapped back and checked, or framed in memory."""
     return _read_back(out, written, dim) if out is not None else _framed(written, dim)
+
+
+class Builder:
+    """A graph built while its rows are still being read: trained on ``sample`` (the 8-bit
+    ranges: rows spread over all it will hold), each part added on a thread of its own as it
+    is handed over, written by :meth:`finish`. faiss lets go of the GIL while it adds, so a
+    build turning SQLite rows into shards on one core has faiss add the full ones beside it
+    (docs/design-decisions.md, "A build writes the cache as it goes")."""
+
+    def __init__(self, sample: np.ndarray) -> None:
+        self._index = _trained(sample)
+        self.parts = 0  # handed over so far
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._add_parts, name="d2s-search-graph", daemon=True)
+        self._thread.start()
+
+    def add(self, part: np.ndarray, done: Callable[[], None] | None = None) -> None:
+        """Queue ``part``'s rows (numbered after those handed over before); ``done()`` is called
+        on the graph's thread once they are in (their pages may then leave the process)."""
+        self.parts += 1
+        self._queue.put((part, done))
+
+    def _add_parts(self) -> None:
+        while (item := self._queue.get()) is not None:
+            part, done = item
+            if self._error is not None or self._index is None:
+                continue  # failed or abandoned: the rest is drained, not added
+            try:
+                self._index.add(np.ascontiguousarray(part, dtype=np.float32))
+                if done is not None:
+                    done()
+            except BaseException as exc:  # raised again by finish, on the caller's thread
+                self._error = exc
+
+    def _stop(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def finish(self, out: Path | None = None) -> np.ndarray | None:
+        """The graph over every part handed over, serialised as :func:`build` returns it."""
+        self._stop()
+        index, self._index = self._index, None
+        if self._error is not None:
+            raise self._error
+        if index is None:
+            raise RuntimeError("graph builder already finished")
+        written, dim = _serialised(index, out)
+        del index  # before the file is read back or the framed copy made: two copies of the graph at most
+        return _as_kept(written, dim, out)
+
+    def abandon(self) -> None:
+        """Stop and drop what was built (the build goes another way); idempotent."""
+        self._index = None
+        self._stop()
 
 
 def extend(blob: np.ndarray, rows: int, dim: int, parts: Sequence[np.ndarray],
@@ -171,9 +247,9 @@ def extend(blob: np.ndarray, rows: int, dim: int, parts: Sequence[np.ndarray],
     index.hnsw.efConstruction = EF_CONSTRUCTION
     for part in parts:
         index.add(np.ascontiguousarray(part, dtype=np.float32))
-    written = _write_framed(index, out) if out is not None else faiss.serialize_index(index)
+    written, dim = _serialised(index, out)
     del index  # before the file is read back or the framed copy made: two copies of the graph at most
-    return _read_back(out, written, dim) if out is not None else _framed(written, dim)
+    return _as_kept(written, dim, out)
 
 
 RANGE_SAMPLE = 65536  # rows the 8-bit ranges are measured on (a shard's worth)
