@@ -846,13 +846,14 @@ class LocalBackend:
                 since = base.max_seq
         lost: list[int] = []
         writer, unwritten = self._state_writer(base) if index_id else (None, None)
-        ahead = self._graph_ahead(db, max_seq, dim) if base is None else None
+        ahead = None
         cursor = db.execute(
             "SELECT seq, id, path, url, term_ids, weights, dense FROM docs WHERE seq > ? ORDER BY seq", (since,)
         )
         pending: list[tuple] = []
         start = sum(s.rows for s in shards)
         try:
+            ahead = self._graph_ahead(db, max_seq, dim) if base is None else None
             while True:
                 batch = cursor.fetchmany(4096)
                 good, bad = cache_mod.parse_rows(batch, n_cols, dim)
