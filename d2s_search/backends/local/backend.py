@@ -906,10 +906,8 @@ class LocalBackend:
         its 8-bit ranges from rows spread over the whole database (every ceil(max_seq /
         RANGE_SAMPLE)-th seq; the last shard's rows among them widen the ranges a little), so
         the full shards go into it as they are made. None where no spanning graph will be."""
-        if dim <= 0 or not graph.available():
-            return None
         count = db.execute("SELECT COUNT(*) FROM docs").fetchone()[0]
-        if count < APPROXIMATE_DENSE_FROM or count // cache_mod.SHARD_ROWS < max(SPANNING_GRAPH_FROM_SHARDS, 2):
+        if not _graphs_searched(count, dim) or not _spanning(count // cache_mod.SHARD_ROWS):
             return None
         step = max(1, -(-max_seq // graph.RANGE_SAMPLE))
         rows = []
@@ -947,14 +945,14 @@ class LocalBackend:
         more (full shards keep theirs across appends; a shard whose graph faiss cannot build
         stays exact); below it, graphs are dropped. A new graph goes straight into ``writer``'s
         state when there is one; ``ahead``: the spanning graph begun while the shards were made."""
-        approximate = built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and graph.available()
+        approximate = _graphs_searched(built.size, built.dim)
         if built.size >= APPROXIMATE_DENSE_FROM and built.dim > 0 and not approximate:
             self._warn(graph.unavailable_note(APPROXIMATE_DENSE_FROM), kind="note")  # the `faiss` extra
         full = 0
         while full < len(built.shards) and built.shards[full].rows == built.shard_rows:
             full += 1
         spanned = (self._spanning_graph(built, full, writer, ahead)
-                   if approximate and full >= max(SPANNING_GRAPH_FROM_SHARDS, 2) else 0)
+                   if approximate and _spanning(full) else 0)
         for j, shard in enumerate(built.shards[spanned:], start=spanned):
             if "hnsw" in shard.arrays and (shard.graph_span != 1 or not (approximate and shard.rows >= GRAPH_FROM_ROWS)):
                 shard.detach_graph()
@@ -1779,6 +1777,16 @@ def _owned_bytes(folder: Path) -> int:
                 seen.add((st.st_dev, st.st_ino))
                 total += st.st_size
     return total
+
+
+def _graphs_searched(documents: int, dim: int) -> bool:
+    """Whether an index of this many documents searches its dense side through graphs."""
+    return documents >= APPROXIMATE_DENSE_FROM and dim > 0 and graph.available()
+
+
+def _spanning(full_shards: int) -> bool:
+    """Whether that many full shards share one graph."""
+    return full_shards >= max(SPANNING_GRAPH_FROM_SHARDS, 2)
 
 
 def _chunks(items: list, size: int):
