@@ -154,23 +154,44 @@ def open_photo_index(bundle: str | None = None, index: str | None = None):
 
 _BUILD = """
 import json, sys, time
+import d2s_search
 from d2s_search.backends.local import LocalBackend
+from d2s_search.backends.local import backend as backend_mod
+
+graphs = 0.0
+dense_graphs = backend_mod.LocalBackend._dense_graphs
+
+def timed(self, *args, **kwargs):
+    global graphs
+    start = time.perf_counter()
+    try:
+        return dense_graphs(self, *args, **kwargs)
+    finally:
+        graphs += time.perf_counter() - start
+
+backend_mod.LocalBackend._dense_graphs = timed
 backend = LocalBackend(sys.argv[1])
 backend.open(None, create=False)
 t0 = time.perf_counter()
 backend._search_state()
 seconds = time.perf_counter() - t0
 status = open("/proc/self/status").read()
-print(json.dumps({"seconds": round(seconds, 1), "peak_rss_mb": int(status.split("VmHWM:")[1].split()[0]) // 1024}))
+print(json.dumps({"seconds": round(seconds, 1), "graphs_after_shards": round(graphs, 1),
+                  "peak_rss_mb": int(status.split("VmHWM:")[1].split()[0]) // 1024, "package": d2s_search.__file__}))
 """
 
 
-def build_in_a_process(path: Path, threads: int) -> dict:
-    """A local index's search structures built from its SQLite by a fresh process, faiss (the
-    dense graphs) on ``threads`` threads: {"seconds", "peak_rss_mb"} of that process alone."""
+def build_in_a_process(path: Path, threads: int, tree: Path = ROOT) -> dict:
+    """A local index's search structures built from its SQLite by a fresh process of ``tree``'s
+    code, faiss (the dense graphs) on ``threads`` threads: {"seconds", "graphs_after_shards"
+    (the part spent on the graphs once the shards were made), "peak_rss_mb", "package"} of that
+    process alone. SystemExit when the process imported another tree's package."""
     import subprocess
 
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(tree)}
     done = subprocess.run([sys.executable, "-c", _BUILD, str(path)], capture_output=True, text=True, env=env,
-                          check=True, cwd=ROOT)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+                          check=True, cwd=tree)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    if not out["package"].startswith(str(tree)):  # a build of another tree would measure nothing asked
+        raise SystemExit(f"the build in {tree} imported {out['package']}")
+    return out

@@ -6,7 +6,7 @@ tree, faiss on ``--build-threads`` threads, the cache removed before it.
         [--rounds 1] [--build-threads 2] [--json OUT]
 
 Per build: the seconds to the searchable state, the part of them spent on the graphs once the
-shards were made (``LocalBackend._dense_graphs``, timed by wrapping it), and the process's peak
+shards were made (``_common.build_in_a_process``), and the process's peak
 resident memory. The index is the one ``bench_local_backend.py`` builds and caches for the
 collection (benchmarks/.cache/<collection>-<docs>); its cache is left as the last build made it.
 """
@@ -17,52 +17,16 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import _common  # benchmarks/ is on sys.path when a script runs
 import numpy as np
 from bench_local_backend import COLLECTIONS, build_index, index_path
 
-CHILD = r"""
-import json, sys, time
-from d2s_search.backends.local import LocalBackend
-from d2s_search.backends.local import backend as backend_mod
-import d2s_search
-
-graphs = 0.0
-dense_graphs = backend_mod.LocalBackend._dense_graphs
-
-def timed(self, *args, **kwargs):
-    global graphs
-    start = time.perf_counter()
-    try:
-        return dense_graphs(self, *args, **kwargs)
-    finally:
-        graphs += time.perf_counter() - start
-
-backend_mod.LocalBackend._dense_graphs = timed
-backend = LocalBackend(sys.argv[1])
-backend.open(None, create=False)
-start = time.perf_counter()
-backend._search_state()
-seconds = time.perf_counter() - start
-status = open("/proc/self/status").read()
-print(json.dumps({"package": d2s_search.__file__, "seconds": seconds, "graphs_after_shards": graphs,
-                  "peak_rss_mb": int(status.split("VmHWM:")[1].split()[0]) // 1024}))
-"""
-
 
 def build_once(tree: Path, index: Path, threads: int) -> dict:
     shutil.rmtree(index / "cache", ignore_errors=True)
-    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS=str(threads))
-    done = subprocess.run([sys.executable, "-c", CHILD, str(index)], env=env, cwd=tree, check=True,
-                          capture_output=True, text=True)
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    if not out["package"].startswith(str(tree)):  # a build of the other tree would compare nothing
-        raise SystemExit(f"the build in {tree} imported {out['package']}")
-    return out
+    return _common.build_in_a_process(index, threads, tree)
 
 
 def main() -> None:
