@@ -144,6 +144,34 @@ def test_ties_across_shards_go_to_the_earlier_row():
     assert top.results()[0].tolist() == list(range(10))
 
 
+
+@pytest.mark.parametrize("k", [3, 25])  # a heap per shard, and d2s_top_large's (above HEAP_K)
+def test_later_shards_keep_only_rows_above_the_earlier_kth_score(k):
+    """Later shards keep only rows above the k-th best of the shards before them: a row tying
+    that score loses the tie to the earlier row, a better one still comes in, in its place."""
+    rng = np.random.default_rng(7)
+    n = 40
+    first = rng.permutation(np.arange(1, n + 1, dtype=np.float32) / 8)  # shard 0: distinct scores
+    kth = np.sort(first)[::-1][k - 1]
+    second = np.full(n, kth, np.float32)  # shard 1: every row ties shard 0's k-th ...
+    second[[5, 17]] = [kth + 0.25, first.max() + 1]  # ... but two beat it
+    third = np.full(n, kth / 2, np.float32)  # shard 2: all below
+    third[33] = kth  # one more tie
+    shards = []
+    for scores in (first, second, third):
+        indptr = np.array([0, n], dtype=np.int32)
+        shards.append(((indptr, np.arange(n, dtype=np.uint16), kernels.encode_weights(scores), None, None), n))
+    starts = [0, n, 2 * n]
+    table = table_of(shards, starts)
+    top = kernels.QueryTop(n, 3, 4, k)
+    assert top.run(table, {"a": 1.0}, {"a": 0}, k) == k
+    rows, scores, _, _ = top.results()
+    everything = np.concatenate([kernels.decode_weights(a[2]) for a, _ in shards])
+    want = np.lexsort((np.arange(everything.size), -everything))[:k]  # brute force, ties by row
+    assert rows.tolist() == want.tolist() and np.array_equal(scores, everything[want])
+    assert {n + 5, n + 17} <= set(rows.tolist()) and 2 * n + 33 not in rows.tolist()
+
+
 def test_queries_it_does_not_take_are_handed_back():
     rng = np.random.default_rng(3)
     shards, starts = collection(rng, np.uint16, [50, 60])

@@ -102,13 +102,44 @@ done:
     return result;
 }
 
+/* The k-th best score of the first n_lists shards' lists (each best first, lengths[j] long), or 0
+ * when they hold fewer than k: the largest score s that at least k entries reach. A later shard's
+ * row scoring s or less is then not among the k best (a tie goes to the earlier row), so the
+ * later shards keep only rows above it. Bisects on the float bits, counting by binary search. */
+static float kth_of_lists(const float *tops_scores, const int32_t *lengths, Py_ssize_t n_lists, Py_ssize_t k) {
+    int64_t total = 0;
+    for (Py_ssize_t j = 0; j < n_lists; j++) total += lengths[j];
+    if (total < k) return 0.0f;
+    uint32_t lo = 0, hi = 0x7f800000u; /* count(>= bits lo) >= k holds; find the largest such bits */
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo + 1) / 2;
+        float x = bits_float(mid);
+        int64_t count = 0;
+        for (Py_ssize_t j = 0; j < n_lists && count < k; j++) {
+            const float *list = tops_scores + j * k;
+            int32_t a = 0, b = lengths[j]; /* entries [0, a) reach x */
+            while (a < b) {
+                int32_t m = a + (b - a) / 2;
+                if (list[m] >= x) a = m + 1; else b = m;
+            }
+            count += a;
+        }
+        if (count >= k) lo = mid; else hi = mid - 1;
+    }
+    return bits_float(lo);
+}
+
 /* Every shard's top k, merged: n (<= k) rows (global) and scores best first, ties by row, or -2
  * when a shard's postings point outside it. work: a small k's heap, or a large k's candidates
- * (with maxima; d2s_top_large). Runs without the GIL. */
+ * (with maxima; d2s_top_large). Each shard keeps only rows above the k-th best score of the
+ * shards before it (kth_of_lists): the same merged list, fewer rows gathered and sorted. Runs
+ * without the GIL. */
 static int64_t shards_top(const int64_t *table, Py_ssize_t n_shards, const int64_t *cols, const float *weights,
                           Py_ssize_t n_terms, Py_ssize_t k, int64_t *slots, float *scores, Py_ssize_t scores_len,
                           void *work, float *maxima, int32_t *tops_rows, float *tops_scores, int64_t *out_rows,
                           float *out_scores, double *out_scores64, const uint8_t *allow, int64_t allow_len) {
+    int32_t lengths[MAX_SHARDS];
+    float above = 0.0f;
     for (Py_ssize_t j = 0; j < n_shards; j++) {
         const int64_t *f = table + j * N_FIELDS;
         int64_t n_rows = f[F_N_ROWS], n_cols = f[F_N_COLS];
@@ -139,11 +170,13 @@ static int64_t shards_top(const int64_t *table, Py_ssize_t n_shards, const int64
         }
         int64_t kk = k < n_rows ? k : n_rows, got;
         if (kk > HEAP_K) {
-            got = d2s_top_large(scores, n_rows, kk, work, maxima, tops_rows + j * k, tops_scores + j * k);
+            got = d2s_top_large_above(scores, n_rows, kk, work, maxima, tops_rows + j * k, tops_scores + j * k, above);
         } else {
-            got = d2s_top_positive(scores, n_rows, kk, work, tops_rows + j * k, tops_scores + j * k);
+            got = d2s_top_positive_above(scores, n_rows, kk, work, tops_rows + j * k, tops_scores + j * k, above);
         }
         for (int64_t i = got; i < k; i++) tops_rows[j * k + i] = -1; /* the end of this shard's list */
+        lengths[j] = (int32_t)got;
+        if (j + 1 < n_shards && got > 0) above = kth_of_lists(tops_scores, lengths, j + 1, k);
     }
     /* k-way merge of the shards' lists (each best first, ties by row; shards in row order) */
     int32_t at[MAX_SHARDS];

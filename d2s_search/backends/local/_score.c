@@ -174,14 +174,15 @@ D2S_INLINE void add_dense_run(float *scores, int64_t n_rows, const uint16_t *con
 D2S_ACCUMULATE(d2s_accumulate, int32_t)
 D2S_ACCUMULATE(d2s_accumulate16, uint16_t)
 
-/* The k highest positive scores of scores[0:n_rows], best first, ties by row; returns how
- * many (<= k). heap must hold k entries. */
+/* The k highest scores of scores[0:n_rows] above `above` (0 or more), best first, ties by row;
+ * returns how many (<= k). heap must hold k entries. A caller passes the k-th best score found
+ * in earlier rows (another shard's) as `above`: a row that only ties it loses the tie. */
 #define TOP_BLOCK 32 /* rows compared at once: a fixed count the compiler turns into a few vector compares */
 
-D2S_EXPORT D2S_CLONES int64_t d2s_top_positive(const float *scores, int64_t n_rows, int64_t k, entry *heap,
-                                               int32_t *out_rows, float *out_scores) {
+D2S_EXPORT D2S_CLONES int64_t d2s_top_positive_above(const float *scores, int64_t n_rows, int64_t k, entry *heap,
+                                                     int32_t *out_rows, float *out_scores, float above) {
     int64_t n = 0;
-    float floor = 0.0f; /* a score must exceed this to enter: 0, then the heap's worst */
+    float floor = above > 0.0f ? above : 0.0f; /* a score must exceed this to enter: then the heap's worst */
     if (k <= 0) return 0;
     for (int64_t base = 0; base < n_rows; base += TOP_BLOCK) {
         int64_t end = base + TOP_BLOCK < n_rows ? base + TOP_BLOCK : n_rows;
@@ -216,6 +217,13 @@ D2S_EXPORT D2S_CLONES int64_t d2s_top_positive(const float *scores, int64_t n_ro
         sift_down(heap, i, 0);
     }
     return n;
+}
+
+/* The k highest positive scores of scores[0:n_rows], best first, ties by row; returns how
+ * many (<= k). heap must hold k entries. */
+D2S_EXPORT int64_t d2s_top_positive(const float *scores, int64_t n_rows, int64_t k, entry *heap, int32_t *out_rows,
+                                    float *out_scores) {
+    return d2s_top_positive_above(scores, n_rows, k, heap, out_rows, out_scores, 0.0f);
 }
 
 /* Positive floats order as their bit patterns: a score's bits over its row, as one 64-bit key. */
@@ -264,9 +272,10 @@ static uint64_t *sort_by_score(uint64_t *keys, uint64_t *tmp, int64_t n) {
  * histogram of their float bits (lower still, so as many rows reach it). Every row at or above
  * the bound (every positive row without one) is gathered in row order, sorted stably by score
  * and the first k kept. cand must hold 2 * n_rows keys (the second half for the sort) and
- * maxima n_rows / 4 + 1 floats. Returns how many (<= k). */
-D2S_EXPORT int64_t d2s_top_large(const float *scores, int64_t n_rows, int64_t k, uint64_t *cand, float *maxima,
-                                 int32_t *out_rows, float *out_scores) {
+ * maxima n_rows / 4 + 1 floats. Returns how many (<= k). `above` (0 or more) as for
+ * d2s_top_positive_above: the bound is then the higher of the two. */
+D2S_EXPORT int64_t d2s_top_large_above(const float *scores, int64_t n_rows, int64_t k, uint64_t *cand, float *maxima,
+                                       int32_t *out_rows, float *out_scores, float above) {
     if (k <= 0 || n_rows <= 0) return 0;
     float floor = 0.0f; /* a row is gathered when its score is above this */
     int64_t block = k < n_rows ? n_rows / (4 * k) : 0;
@@ -297,6 +306,7 @@ D2S_EXPORT int64_t d2s_top_large(const float *scores, int64_t n_rows, int64_t k,
             }
         }
     }
+    if (above > floor) floor = above;
     int64_t n = 0;
     for (int64_t base = 0; base < n_rows; base += 16) {
         int64_t end = base + 16 < n_rows ? base + 16 : n_rows;
@@ -315,6 +325,11 @@ D2S_EXPORT int64_t d2s_top_large(const float *scores, int64_t n_rows, int64_t k,
         out_scores[i] = bits_float((uint32_t)(sorted[i] >> 32));
     }
     return n;
+}
+
+D2S_EXPORT int64_t d2s_top_large(const float *scores, int64_t n_rows, int64_t k, uint64_t *cand, float *maxima,
+                                 int32_t *out_rows, float *out_scores) {
+    return d2s_top_large_above(scores, n_rows, k, cand, maxima, out_rows, out_scores, 0.0f);
 }
 
 /* Put (key, value) into a row's best n, kept ordered: larger value first, then smaller key;

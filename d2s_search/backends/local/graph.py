@@ -638,7 +638,9 @@ def search(opened: OpenedGraph, vectors: np.ndarray, query: np.ndarray, k: int, 
     vectors, as the exact plan scores them). With ``allowed`` (one bool per row) only those
     rows: the walk goes through every row as usual and keeps only allowed ones as candidates,
     so a filter that keeps most rows costs about what no filter does."""
-    rows = opened.candidates(query, max(ef, k), allowed)
+    # ascending: the vectors are read in one sweep, part after part, with no copy back into the
+    # walk's order (the ranking below does not depend on it)
+    rows = np.sort(opened.candidates(query, max(ef, k), allowed))
     if allowed is not None:
         rows = rows[allowed[rows]]  # what the walk kept is checked, not trusted
     scores = _rows_of(vectors, rows) @ query
