@@ -536,12 +536,14 @@ def test_graphs_are_searched_from_a_huge_page_copy_where_linux_offers_one(graph_
     from d2s_search.backends.local import graph
 
     def file_backed(backend) -> bool:
-        blob = backend._search_state().shards[0].arrays["hnsw"]
+        shard = backend._search_state().shards[0]
+        blob = shard.arrays["hnsw"]
         assert not blob.flags.writeable
         chain = [blob]
-        while isinstance(chain[-1], np.ndarray):
-            chain.append(chain[-1].base)
-        return any(isinstance(a, np.memmap) for a in chain)  # np.load(mmap_mode="r")
+        while isinstance(chain[-1], (np.ndarray, memoryview)):  # views, then the buffer's owner
+            chain.append(chain[-1].base if isinstance(chain[-1], np.ndarray) else chain[-1].obj)
+        file_mapping = shard.mapped.get("hnsw", (None,))[0]  # the file's own mapping, while walked
+        return file_mapping is not None and any(a is file_mapping for a in chain)
 
     path, docs = graph_index
     runs = {}
@@ -615,3 +617,47 @@ def test_many_hits_carry_their_own_ids_and_paths(tmp_path, names):
     by_id = {d.id: d for d in docs}
     assert [h.id for h in hits] == [d.id for d in docs[::-1][:250]]
     assert [(h.path, h.url) for h in hits] == [(by_id[h.id].path, by_id[h.id].url) for h in hits]
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(70_000, dtype=np.int64), np.zeros((3, 5), np.float32), np.array([True, False]),
+    np.zeros(0, np.uint16), np.array(7, np.int32), np.arange(6, dtype=">i4"),
+], ids=["int64", "2-d float32", "bool", "empty", "0-d", "big-endian"])
+@pytest.mark.parametrize("version", [(1, 0), (2, 0)])
+def test_an_array_header_is_read_as_numpy_reads_it(array, version):
+    """The cache's own reading of a .npy header gives numpy's shape, order, dtype and data
+    offset, for either header version np.save writes."""
+    import io
+
+    from d2s_search.backends.local import cache
+
+    f = io.BytesIO()
+    np.lib.format.write_array(f, array, version=version)
+    f.seek(0)
+    np.lib.format.read_magic(f)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    want = (*read(f), f.tell())
+    f.seek(0)
+    assert cache._array_header(f, "x.npy") == want
+
+
+def test_an_array_header_another_writer_spaced_is_left_to_numpy_and_damage_refused():
+    """A header in another spacing (or order) than np.save's is read by numpy's own parser;
+    a header that is no dict literal, or a file that is no .npy, is refused as damage."""
+    import io
+
+    from d2s_search.backends.local import cache
+    from d2s_search.backends.local.cache import CacheUnusable
+
+    def npy(header: bytes) -> io.BytesIO:
+        header = header + b" " * (-(len(header) + 11) % 64) + b"\n"  # the data then starts at a multiple of 64
+        return io.BytesIO(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + bytes(24))
+
+    spaced = npy(b"{'shape': (3, 2),  'fortran_order': False, 'descr': '<u4'}")
+    assert cache._array_header(spaced, "x.npy") == ((3, 2), False, np.dtype("<u4"), 128)
+    with pytest.raises(ValueError):  # numpy's parser refuses it; the cache's load reports ValueError as damage
+        cache._array_header(npy(b"{'descr': __import__('os'), 'fortran_order': False, 'shape': (1,), }"), "x.npy")
+    with pytest.raises(CacheUnusable, match="is not an array this package wrote"):
+        cache._array_header(io.BytesIO(b"\x93NUMPY\x03\x00" + bytes(60)), "x.npy")
+    with pytest.raises(CacheUnusable, match="is not an array this package wrote"):
+        cache._array_header(io.BytesIO(b"PK\x03\x04" + bytes(60)), "x.npy")

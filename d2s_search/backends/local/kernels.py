@@ -182,7 +182,7 @@ def check_postings(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_
         raise DamagedArrays("pointer array does not span the postings")
     if indices.size != data.size:
         raise DamagedArrays("ids and weights differ in length")
-    if indptr.size > 1 and np.any(np.diff(indptr) < 0):
+    if indptr.size > 1 and np.any(indptr[1:] < indptr[:-1]):
         raise DamagedArrays("pointer array goes backwards")
     if not ids:
         return
