@@ -657,6 +657,8 @@ def test_an_array_header_another_writer_spaced_is_left_to_numpy_and_damage_refus
     assert cache._array_header(spaced, "x.npy") == ((3, 2), False, np.dtype("<u4"), 128)
     with pytest.raises(ValueError):  # numpy's parser refuses it; the cache's load reports ValueError as damage
         cache._array_header(npy(b"{'descr': __import__('os'), 'fortran_order': False, 'shape': (1,), }"), "x.npy")
+    with pytest.raises(ValueError):  # "(3)" is no tuple: np.save never writes it, numpy's parser refuses it
+        cache._array_header(npy(b"{'descr': '<u4', 'fortran_order': False, 'shape': (3), }"), "x.npy")
     with pytest.raises(CacheUnusable, match="is not an array this package wrote"):
         cache._array_header(io.BytesIO(b"\x93NUMPY\x03\x00" + bytes(60)), "x.npy")
     with pytest.raises(CacheUnusable, match="is not an array this package wrote"):

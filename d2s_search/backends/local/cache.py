@@ -863,8 +863,9 @@ def _open_array(path: Path, size: int, dtype, crc: int, stamped: dict | None,
 
 # The header np.save writes, read without numpy's parser (ast.literal_eval: ~70 us a file);
 # anything else goes to numpy's parser, which checks it as strictly.
+# The shape is a tuple's repr: (), (n,) or (n, m, ...); "(n)" is an int to numpy's parser, refused.
 _NPY_HEADER = re.compile(rb"\{'descr': '([<>|=]?[a-z][0-9]{1,2})', 'fortran_order': (False|True), "
-                         rb"'shape': \(((?:[0-9]{1,19}, )*[0-9]{1,19},?)?\), \} *\n")
+                         rb"'shape': \(([0-9]{1,19},|[0-9]{1,19}(?:, [0-9]{1,19})+)?\), \} *\n")
 _NPY_MAGIC = b"\x93NUMPY"
 
 
