@@ -18,7 +18,7 @@ normalised over all of them); it also reports how much of that top-k a pool of h
 collection keeps (RRF: all of it; min-max, whose normalisation moves with its pool: not all). Each pool (c*k, c in --factors) is timed query by query, pools taking turns
 (which goes first rotating), through ``run_query`` with 5 words explained, one search thread;
 the ratios are against c = 10 (max(100, 10k), the hybrid's pool at k <= 100; at k=1000 it
-fuses 3,000 a side, c = 3), measured in the same run.
+fuses 2,000 a side, c = 2), measured in the same run.
 The index is the one ``bench_local_backend.py`` builds and caches under benchmarks/.cache/.
 """
 
@@ -43,7 +43,7 @@ from bench_local_backend import COLLECTIONS, build_index, index_path  # noqa: E4
 from d2s_search.backends.local import LocalBackend  # noqa: E402
 from d2s_search.search import FUSIONS, SearchOptions, run_query  # noqa: E402
 
-OLD_FACTOR = 10  # max(100, 10k): the hybrid's pool up to k=100, and at k=1000 before it fused 2k + 1000
+OLD_FACTOR = 10  # max(100, 10k): the hybrid's pool up to k=100, and at k=1000 before it fused k + max(k, 1000)
 
 
 def top_ids(backend: LocalBackend, query, k: int, pool: int, fusion: str) -> list[str]:

@@ -389,7 +389,7 @@ LOCAL_TWO_PHASE_NOTE = ("on the local index two-phase misses most of the exact t
               help="Query plan: sparse (exact, all terms), two-phase (own words, then rescored), dense (kNN), "
               "hybrid (sparse and dense fused).")
 @click.option("-k", "k", type=click.IntRange(1, 10000), default=10, show_default=True, help="Number of results.")
-@click.option("--window", type=click.IntRange(1), default=None, help="Candidates for two-phase/hybrid (default two-phase max(100, 10k); hybrid max(100, min(10k, 2k+1000))).")
+@click.option("--window", type=click.IntRange(1), default=None, help="Candidates for two-phase/hybrid (default two-phase max(100, 10k); hybrid max(100, min(10k, k + max(k, 1000)))).")
 @click.option("--fusion", type=click.Choice(["minmax", "rrf"]), default="minmax", show_default=True,
               help="How hybrid fuses the runs: weighted min-max scores or reciprocal rank fusion.")
 @click.option("--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="Dense weight in min-max fusion.")

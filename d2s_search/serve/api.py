@@ -52,7 +52,7 @@ def search_options(
     fusion: Annotated[schemas.Fusion, Query(description="Hybrid fusion: weighted min-max or RRF")] = "minmax",
     alpha: Annotated[float, Query(ge=0, le=1, description="Weight of the dense run in min-max fusion")] = 0.5,
     window: Annotated[int | None, Query(ge=1, le=10_000, description="Candidates rescored (two-phase) or "
-                                        "fused (hybrid); default two-phase max(100, 10k), hybrid max(100, min(10k, 2k + 1000))")] = None,
+                                        "fused (hybrid); default two-phase max(100, 10k), hybrid max(100, min(10k, k + max(k, 1000)))")] = None,
     explain: Annotated[int, Query(ge=0, le=50, description="Matched words shown per result")] = 8,
 ) -> SearchOptions:
     return SearchOptions(mode=mode, k=k, fusion=fusion, alpha=alpha, window=window, explain=explain)

@@ -98,10 +98,10 @@ def test_the_pool_rule_and_the_window_asks_for_more_candidates():
     assert SearchOptions(mode="hybrid", k=10).candidates == 100
     assert SearchOptions(mode="two-phase", k=1000, fusion="rrf").candidates == 10_000  # two-phase: max(100, 10k)
     assert SearchOptions(mode="two-phase", k=1000).candidates == 10_000
-    # hybrid, either fusion: max(100, min(10k, 2k + 1000))
+    # hybrid, either fusion: max(100, min(10k, k + max(k, 1000)))
     for fusion in ("rrf", "minmax"):
-        assert [SearchOptions(mode="hybrid", k=k, fusion=fusion).candidates for k in (1, 10, 50, 100, 200, 1000)] == \
-               [100, 100, 500, 1000, 1400, 3000]
+        assert [SearchOptions(mode="hybrid", k=k, fusion=fusion).candidates for k in (1, 10, 50, 100, 200, 500, 1000, 2000)] == \
+               [100, 100, 500, 1000, 1200, 1500, 2000, 4000]
     assert SearchOptions(mode="hybrid", k=1000, fusion="rrf", window=10_000).candidates == 10_000
     assert SearchOptions(mode="hybrid", k=10, window=3000).candidates == 3000
     assert SearchOptions(mode="hybrid", k=50, window=20).candidates == 50  # never fewer than k

@@ -52,7 +52,7 @@ __all__ = ["LocalBackend", "FORMAT", "APPROXIMATE_DENSE_FROM"]
 # Recall on real embeddings and speed: docs/benchmarks.md.
 APPROXIMATE_DENSE_FROM = 100_000
 # A graph answers while the candidates it rescores, max(ef, k), are under this share of its
-# rows; more (hybrid at k=1000 asks 3,000 a side) is a scan of its vectors: faster there, and
+# rows; more (hybrid at k=1000 asks 2,000 a side) is a scan of its vectors: faster there, and
 # exact (65,536 rows, one thread: graph 0.5 ms at k=100, 5 ms at 1,000, 16 ms at 2,000; scan 3-8 ms).
 GRAPH_K_SHARE = 1 / 48
 # A larger graph costs more a candidate (its nodes lie further apart in memory) while a scan costs
