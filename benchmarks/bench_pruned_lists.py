@@ -29,6 +29,7 @@ from bench_local_backend import COLLECTIONS, build_index, index_path  # noqa: E4
 
 from d2s_search.backends.local import LocalBackend, kernels  # noqa: E402
 from d2s_search.backends.local.backend import QueryColumns  # noqa: E402
+from d2s_search.search import minmax_normalised  # noqa: E402
 
 
 def pruned(arrays: dict, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -79,10 +80,7 @@ def approximate_top(backend: LocalBackend, state, bound: list, query: QueryColum
 def minmax_fused(runs: list[tuple[np.ndarray, np.ndarray]], k: int) -> set[int]:
     totals: dict[int, float] = {}
     for rows, scores in runs:
-        s = scores.astype(np.float64)
-        span = s.max() - s.min() if s.size else 0.0
-        normal = (s - s.min()) / span if span > 0 else np.ones_like(s)
-        for row, value in zip(rows.tolist(), (0.5 * normal).tolist()):
+        for row, value in zip(rows.tolist(), (0.5 * minmax_normalised(scores)).tolist()):
             totals[row] = totals.get(row, 0.0) + value
     return {row for row, _ in sorted(totals.items(), key=lambda item: (-item[1], item[0]))[:k]}
 

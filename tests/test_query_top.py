@@ -144,7 +144,6 @@ def test_ties_across_shards_go_to_the_earlier_row():
     assert top.results()[0].tolist() == list(range(10))
 
 
-
 @pytest.mark.parametrize("k", [3, 25])  # a heap per shard, and d2s_top_large's (above HEAP_K)
 def test_later_shards_keep_only_rows_above_the_earlier_kth_score(k):
     """Later shards keep only rows above the k-th best of the shards before them: a row tying
