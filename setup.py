@@ -61,7 +61,7 @@ setup(
         Extension(
             "d2s_search.backends.local._query",
             ["d2s_search/backends/local/_query.c"],
-            depends=["d2s_search/backends/local/_score.c", "d2s_search/_untrack.h"],
+            depends=["d2s_search/backends/local/_score.c", "d2s_search/_untrack.h", "d2s_search/_collapse.h"],
             extra_compile_args=FLAGS,
             optional=True,
         ),
@@ -83,7 +83,7 @@ setup(
         Extension(
             "d2s_search._words",
             ["d2s_search/_words.c"],
-            depends=["d2s_search/_untrack.h"],
+            depends=["d2s_search/_untrack.h", "d2s_search/_collapse.h"],
             extra_compile_args=FLAGS,
             optional=True,
         ),

@@ -1,15 +1,16 @@
-"""A search's words and a hybrid's fusion: the words collapsed in C (``_words.c``) and the fused
-runs' rows joined in one argsort (``kernels.union_positions``), against the Python collapse
-(``inflections.MatchWords.__call__``) and ``np.unique`` plus a ``np.searchsorted`` per run.
+"""A search's words collapsed in the pass that reads each hit's row (``_query.c``, the local
+index told how many words are shown) against the plans' collapse of every matched term
+(``search.collapse_matches``, ``_words.c``), and the same search without words (the reference).
 
-    python benchmarks/bench_fused_words.py [--queries 100] [--synthetic local-123000] [--json OUT]
+    python benchmarks/bench_fused_words.py [--queries 100] [--synthetic local-123000]
+                                           [--shaped real-shaped-1000000] [--json OUT]
 
 On the synthetic index bench_local_backend.py builds (its terms are in no group of forms:
-five words a hit) and on the quick start's 800 photos with caption queries (every one holds two
-forms of some word: each hit explained with all the query's terms, then collapsed). Blocks of 20
-queries back to back (the first 3 of each not timed), the two ways and the search without words
-(the reference) taking turns block by block; both ways must give the same hits, scores and
-words. One thread.
+five words a hit), on the real-shaped index it builds with ``--collection real-shaped`` when
+it is there, and on the quick start's 800 photos, both with caption queries (every one holds
+two forms of some word: each hit's words are read from all the query's terms, then collapsed).
+The three take turns query by query (the first 5 queries not timed); both ways must give the
+same hits, scores, raw terms and words. One thread.
 """
 
 from __future__ import annotations
@@ -19,50 +20,36 @@ import csv
 import time
 
 import _common  # noqa: E402
-import numpy as np
 
 _common.use_repository()
 import bench_local_backend as blb  # noqa: E402
+import shaped_collection  # noqa: E402
 
 from d2s_search import inflections  # noqa: E402
 from d2s_search.backends.local import LocalBackend, kernels  # noqa: E402
 from d2s_search.search import SearchOptions, encode_text_query, run_query  # noqa: E402
 
-C_WORDS, UNION = inflections._c_words, kernels.union_positions
+WAYS = ("in the row pass", "plans' collapse", "no words (reference)")
 
 
-def unique_and_searchsorted(parts: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-    rows = np.unique(np.concatenate(parts))
-    return rows, [np.searchsorted(rows, p) for p in parts]
-
-
-def before(on: bool) -> None:
-    """The Python collapse and np.unique's union (on), or this install's ways back (off)."""
-    inflections._c_words = None if on else C_WORDS
-    kernels.union_positions = unique_and_searchsorted if on else UNION
-
-
-def taking_turns(backend: LocalBackend, queries: list, options: SearchOptions, block: int = 20,
-                 settle: int = 3) -> dict:
+def taking_turns(backend: LocalBackend, queries: list, options: SearchOptions, settle: int = 5) -> dict:
+    """p50 and p99 of each way, the ways taking turns query by query (which goes first rotating):
+    on a host whose page cache and neighbours drift, blocks of queries measured the drift."""
     plain = SearchOptions(mode=options.mode, k=options.k, explain=0)
-    times: dict[str, list[float]] = {"now": [], "before": [], "no words (reference)": []}
-    for b, start in enumerate(range(0, len(queries), block)):
-        chunk = queries[start : start + block]
-        # compared block by block and dropped: a run's hits kept to the end would make the
-        # garbage collector's full passes, and so the times, grow as the run goes on
-        shown: dict[str, list] = {"now": [], "before": []}
-        for name in tuple(times)[:: 1 if b % 2 else -1]:
-            before(name == "before")
-            for i, q in enumerate(chunk):
-                t0 = time.perf_counter()
-                found = run_query(backend, q, plain if name not in shown else options).hits
-                if i >= settle:
-                    times[name].append(time.perf_counter() - t0)
-                if name in shown:
-                    shown[name].append([(h.id, h.score, h.matched, repr(h.words), h.parts) for h in found])
-                del found
-        assert shown["now"] == shown["before"], "both ways must give the same hits, scores and words"
-    before(False)
+    times: dict[str, list[float]] = {name: [] for name in WAYS}
+    for i, q in enumerate(queries):
+        shown = {}
+        for name in WAYS[i % 3:] + WAYS[:i % 3]:
+            LocalBackend.collapses_words = name == WAYS[0]
+            t0 = time.perf_counter()
+            found = run_query(backend, q, plain if name == WAYS[2] else options).hits
+            if i >= settle:
+                times[name].append(time.perf_counter() - t0)
+            if name != WAYS[2]:
+                shown[name] = [(h.id, h.score, h.matched, repr(h.words), h.parts) for h in found]
+            del found  # dropped at once: hits kept to the end would make the collector's passes grow
+        assert shown[WAYS[0]] == shown[WAYS[1]], "both ways must give the same hits, scores and words"
+    LocalBackend.collapses_words = True
     return {name: _common.percentiles(t) for name, t in times.items()}
 
 
@@ -70,10 +57,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--synthetic", default="local-123000")
+    parser.add_argument("--shaped", default="real-shaped-1000000")
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
-    if C_WORDS is None:
-        raise SystemExit("_words.c is not built here: nothing to compare")
+    if inflections._c_words is None or kernels._c_query is None:
+        raise SystemExit("_words.c or _query.c is not built here: nothing to compare")
     summary = _common.provenance(threads="1 search thread")
     results = {}
     path = _common.CACHE / args.synthetic
@@ -85,6 +73,14 @@ def main() -> None:
     for mode, k in (("sparse", 1000), ("hybrid", 10), ("hybrid", 1000)):
         results[f"{args.synthetic} {mode} @{k}"] = taking_turns(backend, queries, SearchOptions(mode=mode, k=k, explain=5))
     backend.close()
+    path = _common.CACHE / args.shaped
+    if (path / "index.sqlite").is_file():
+        backend = LocalBackend(path, threads=1)
+        backend.open(None, create=False)
+        queries = shaped_collection.queries(args.queries)
+        for mode, k in (("sparse", 1000), ("hybrid", 10), ("hybrid", 1000)):
+            results[f"{args.shaped} {mode} @{k}"] = taking_turns(backend, queries, SearchOptions(mode=mode, k=k, explain=5))
+        backend.close()
     encoder, backend = _common.open_photo_index()
     with open(_common.DATA / "flickr8k-800" / "captions.txt", newline="") as f:
         captions = [r["caption"] for r in csv.DictReader(f)][::5][: args.queries]

@@ -145,6 +145,12 @@ class MatchWords:
         self.grouped = frozenset(self._form_number)
         self._group_ends = tuple(itertools.accumulate(len(forms) for forms in self.groups))
 
+    def compiled(self, n: int) -> tuple:
+        """What a compiled search takes to collapse its hits' words as ``self(matched, n)`` does
+        (``_query.c``'s ``collapse``): n, each grouped term's form number, the groups' ends, Word
+        and math.fsum."""
+        return n, self._form_number, self._group_ends, Word, math.fsum
+
     def many(self, raws: list[list[tuple[str, float]]], n: int) -> list[list[Word]]:
         """``self(raw, n)`` for each of ``raws`` (one per hit), in one call to ``_words.c`` when it
         was built (a hit's pairs of another shape are left to the Python path)."""

@@ -293,11 +293,12 @@ def explain_depth(query: SparseVector, explain: int) -> int:
 
 def collapse_matches(hits: Sequence[Hit], explain: int, query: SparseVector) -> None:
     """Fill each hit's ``words`` (inflections collapsed, contributions summed) from its matched
-    terms, and keep ``explain`` of each, in place."""
+    terms, and keep ``explain`` of each, in place; a hit whose backend filled its words is left."""
     if explain <= 0:
         return
     # Hit's slots, not its properties (which make empty containers on first use): at k=1000 the
     # properties' calls cost as much as collapsing the words in C.
+    hits = [hit for hit in hits if getattr(hit, "_words", None) is None]
     raws = [hit._matched or [] for hit in hits]
     for hit, raw, words in zip(hits, raws, inflections().matches(query).many(raws, explain)):
         if raw:
@@ -310,9 +311,11 @@ def run_query(backend: Backend, query: QueryVectors, options: SearchOptions) -> 
     options.validate()
     restrict = restrictions(backend, query, options)
     depth = explain_depth(query.full, options.explain)
+    # a backend that collapses words as it reads them is told how many are shown
+    shown = {"shown": options.explain} if options.explain > 0 and getattr(backend, "collapses_words", False) else {}
     start = time.perf_counter()
     if options.mode == "sparse":
-        hits = backend.sparse_search(query.full, options.k, explain=depth, **restrict)
+        hits = backend.sparse_search(query.full, options.k, explain=depth, **restrict, **shown)
     elif options.mode == "two-phase":
         hits = backend.two_phase_search(query.own, query.full, options.k, options.candidates, explain=depth,
                                         **restrict)
@@ -320,7 +323,7 @@ def run_query(backend: Backend, query: QueryVectors, options: SearchOptions) -> 
         hits = backend.dense_search(query.dense, options.k, explain_with=query.full, explain=depth,
                                     **restrict)
     else:
-        hits = hybrid(backend, query, dataclasses.replace(options, explain=depth))
+        hits = hybrid(backend, query, dataclasses.replace(options, explain=depth), **shown)
     collapse_matches(hits, options.explain, query.full)
     took = (time.perf_counter() - start) * 1000
     fusion = None
@@ -332,11 +335,11 @@ def run_query(backend: Backend, query: QueryVectors, options: SearchOptions) -> 
                         edits=query.edits, filters=options.filters or None)
 
 
-def hybrid(backend: Backend, query: QueryVectors, options: SearchOptions) -> list[Hit]:
+def hybrid(backend: Backend, query: QueryVectors, options: SearchOptions, shown: int = 0) -> list[Hit]:
     restrict = restrictions(backend, query, options)
     native = getattr(backend, "hybrid_search", None)
     if native is not None:
-        return native(query.full, query.dense, options, **restrict)
+        return native(query.full, query.dense, options, **restrict, **({"shown": shown} if shown else {}))
     n = options.candidates
     # A backend that can explain given hits does it after fusion, for the k hits returned only.
     explain_hits = getattr(backend, "explain_hits", None)

@@ -251,6 +251,52 @@ def test_a_search_shows_the_same_words_with_and_without_the_compiled_collapse(sm
     assert any(h[1] != "[]" for h in shown[False, "sparse"])
 
 
+def test_the_local_index_collapses_words_as_it_reads_rows_as_the_plans_would(tmp_path, tiny_blip_bundle, monkeypatch):
+    """The local index fills a sparse or hybrid hit's words in the pass that reads its row
+    (told how many are shown); the plans then leave them. The same hits, raw terms and words
+    to the bit as the plans' collapse, on one thread and with shards searched in groups."""
+    from d2s_search.backends.local import cache as cache_mod
+    from d2s_search.backends.local import kernels
+
+    if kernels._c_query is None:
+        pytest.skip("_query.c not built (no C compiler here)")
+    monkeypatch.setattr(cache_mod, "SHARD_ROWS", 8)  # 64 pictures: 8 shards, 2 threads search them in groups
+    backend = LocalBackend(tmp_path / "idx")
+    backend.open(Bundle.load(tiny_blip_bundle).identity())
+    rng = np.random.default_rng(5)
+    vocabulary = ["dog", "dogs", "car", "cars", "man", "men", "sit", "sits", "sitting", "sat", "beach", "snow", "red"]
+    steps = np.array([0.125, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0])
+    docs = [Document(id=f"{i:064x}", path=f"/p/{i}.jpg", size_bytes=1, width=1, height=1,
+                     sparse={vocabulary[j]: float(rng.choice(steps))
+                             for j in rng.choice(len(vocabulary), size=int(rng.integers(2, 10)), replace=False)},
+                     dense=rng.normal(size=16).astype(np.float32)) for i in range(64)]
+    backend.upsert(docs)
+    queries = [QueryVectors(full={vocabulary[j]: float(rng.choice(steps))
+                                  for j in rng.choice(len(vocabulary), size=int(rng.integers(1, 12)), replace=False)},
+                            own={"dog": 1.0}, dense=rng.normal(size=16).astype(np.float32)) for _ in range(12)]
+    specs = []  # what the compiled search was handed to collapse with
+    run, words_of = kernels.QueryTop.run, kernels.QueryTop.words_of
+    monkeypatch.setattr(kernels.QueryTop, "run", lambda self, *a, **kw: specs.append(kw.get("collapse")) or run(self, *a, **kw))
+    monkeypatch.setattr(kernels.QueryTop, "words_of",
+                        lambda self, *a, **kw: specs.append(kw.get("collapse")) or words_of(self, *a, **kw))
+    for threads in (1, 2):
+        backend.threads = threads
+        for mode in ("sparse", "hybrid"):
+            for k, explain in ((3, 1), (20, 2), (64, 5)):
+                options = SearchOptions(mode=mode, k=k, explain=explain)
+                shown = {}
+                for collapses in (True, False):
+                    monkeypatch.setattr(LocalBackend, "collapses_words", collapses)
+                    specs.clear()
+                    shown[collapses] = [[(h.id, h.score, h.matched, repr(h.words), h.parts)
+                                         for h in run_query(backend, q, options).hits] for q in queries]
+                    assert any(spec is not None for spec in specs) == collapses
+                assert shown[True] == shown[False]
+                assert all(len(hit[2]) <= explain for hits in shown[True] for hit in hits)
+                assert any(hit[3] != "[]" for hits in shown[True] for hit in hits)
+    backend.close()
+
+
 def test_a_vectors_own_words_take_the_strongest_forms_weight():
     pairs = [("dogs", 0.75), ("car", 1.0), ("dog", 0.5), ("sits", 0.25), ("sitting", 0.875)]
     assert SMALL.strongest(pairs) == [Word("car", 1.0, ("car",)), Word("sitting", 0.875, ("sitting", "sits")),

@@ -16,6 +16,7 @@ from d2s_search.backends.base import Document, IndexIdentity
 from d2s_search.backends.local import LocalBackend, kernels
 from d2s_search.backends.local import cache as cache_mod
 from d2s_search.backends.local.cache import dense_columns
+from d2s_search.inflections import Inflections, Word
 
 pytestmark = pytest.mark.skipif(kernels._c_query is None or not kernels.c_kernel_loaded(),
                                 reason="the C parts were not built (no C compiler at install time)")
@@ -270,7 +271,7 @@ def test_the_backend_answers_through_it_with_the_same_hits(tmp_path, monkeypatch
     vector = rng.standard_normal(4).astype(np.float32)
     read = []  # the fused hits' words read in C too
     words_of = kernels.QueryTop.words_of
-    monkeypatch.setattr(kernels.QueryTop, "words_of", lambda self, *a: read.append(1) or words_of(self, *a))
+    monkeypatch.setattr(kernels.QueryTop, "words_of", lambda self, *a, **kw: read.append(1) or words_of(self, *a, **kw))
     fast = [backend.hybrid_search(q, vector, options) for q in queries]
     assert len(calls) == len(read) == len(queries)
     monkeypatch.setattr(kernels, "_c_query", None)
@@ -331,4 +332,98 @@ def test_words_of_other_rows_equal_the_python_path():
     assert top.words_of(table, rows, 0, TERMS) is None
     with pytest.raises(kernels.DamagedArrays):
         top.words_of(table, np.array([200]), 3, TERMS)  # past the last shard
+    assert np.all(top.slot_of == -1) and not np.any(top.member)
+
+
+# Forms of one word among the test's terms: two pairs and a group of three (summed by math.fsum).
+GROUPS = Inflections({"w0": "w0", "w1": "w0", "w2": "w2", "w3": "w2", "w4": "w2", "w5": "w5", "w7": "w5"})
+
+
+def collapsed_by_the_plans(raws: list, collapser, shown: int) -> tuple[list, list]:
+    """What search.collapse_matches makes of every matched term of each hit: the first ``shown``
+    raw terms and the words (inflections.MatchWords.__call__, the reference)."""
+    return [raw[:shown] for raw in raws], [collapser(raw, shown) for raw in raws]
+
+
+def shown_exactly(got: tuple[list, list]) -> tuple[list, list]:
+    """Words and matched terms to the bit: repr shows a float's every digit (and a zero's sign)."""
+    matched, words = got
+    assert all(type(word) is Word for hit in words for word in hit)
+    return [repr(hit) for hit in matched], [repr(hit) for hit in words]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_words_collapsed_as_the_rows_are_read_equal_the_plans_collapse_bit_for_bit(seed):
+    """With ``collapse`` the search (and words_of, for rows found otherwise) hands back each
+    hit's first ``shown`` terms and its words with inflections collapsed, made from every term
+    it matched: what the plans made of the full list, ties and three-form sums included."""
+    rng = np.random.default_rng(seed)
+    sizes = [int(x) for x in rng.integers(20, 300, size=int(rng.integers(1, 4)))]
+    shards, starts = collection(rng, np.uint16, sizes)
+    table = table_of(shards, starts, (np.uint16, np.int32))
+    term_ids = {t: i for i, t in enumerate(TERMS)}
+    top = kernels.QueryTop(max(sizes), len(sizes), 40, 1000, 40, table.n_cols)
+    for _ in range(12):
+        chosen = np.concatenate([rng.choice(8, size=int(rng.integers(1, 9)), replace=False),
+                                 rng.choice(np.arange(8, 70), size=int(rng.integers(0, 20)), replace=False)])
+        query = {TERMS[i]: float(rng.choice([0.5, 1.0, 2.0, 0.3])) for i in chosen}  # ties on purpose
+        collapser = GROUPS.matches(query)
+        depth = len(query)  # every term a hit matched, as explain_depth asks when forms share a word
+        for k in (1, 10, 21, 300):
+            for shown in (1, 2, 5):
+                assert top.run(table, query, term_ids, k, depth, TERMS) is not None
+                want = collapsed_by_the_plans(top.matched, collapser, shown)
+                found = top.found
+                assert top.run(table, query, term_ids, k, depth, TERMS, collapse=collapser.compiled(shown)) == found
+                assert shown_exactly((top.matched, top.words_shown)) == shown_exactly(want)
+        rows = rng.choice(sum(sizes), size=60, replace=False)  # any rows, any order, across the shards
+        raws = top.words_of(table, rows, depth, TERMS)
+        for shown in (1, 3):
+            got = top.words_of(table, rows, depth, TERMS, collapser.compiled(shown))
+            assert shown_exactly(got) == shown_exactly(collapsed_by_the_plans(raws, collapser, shown))
+        assert any(len(w.terms) == 3 for hit in top.words_of(table, rows, depth, TERMS, collapser.compiled(5))[1]
+                   for w in hit) or not {"w2", "w3", "w4"} <= set(query)
+    assert np.all(top.slot_of == -1) and not np.any(top.member)
+
+
+def test_collapsed_words_by_hand_and_their_edges():
+    import gc
+
+    indptr = np.array([0, 1, 2, 3, 4], dtype=np.int32)  # one row holding w0 w1 w2 w6, weights 1
+    shards = [((indptr, np.zeros(4, np.uint16), kernels.encode_weights(np.ones(4, np.float32)),
+                *dense_columns(indptr, np.zeros(4, np.uint16), kernels.encode_weights(np.ones(4, np.float32)), 1)), 1)]
+    table = table_of(shards, [0])
+    term_ids = {"w0": 0, "w1": 1, "w2": 2, "w6": 3}
+    query = {"w0": 0.75, "w1": 0.5, "w2": 1.0, "w6": 0.125}
+    top = kernels.QueryTop(1, 1, 8, 20, 8, 4)
+    terms = ["w0", "w1", "w2", "w6"]
+    spec = GROUPS.matches(query).compiled(2)
+    assert top.run(table, query, term_ids, 5, 4, terms, collapse=spec) == 1
+    # raw: w2 1.0 leads; collapsed: w0 0.75 + w1 0.5 = 1.25 first, named by its strongest form
+    raw, words = [("w2", 1.0), ("w0", 0.75)], [Word("w0", 1.25, ("w0", "w1")), Word("w2", 1.0, ("w2",))]
+    assert (top.matched, top.words_shown) == ([raw], [words])
+    assert not any(gc.is_tracked(w) or gc.is_tracked(w.terms) for w in top.words_shown[0])
+    rows = np.array([0, 0])  # the same row twice, words_of for the last query
+    assert top.words_of(table, rows, 4, terms, spec) == ([raw, raw], [words, words])
+    assert gc.isenabled()  # paused while the words were made, on again after
+    gc.disable()
+    try:
+        top.run(table, query, term_ids, 5, 4, terms, collapse=spec)
+        assert not gc.isenabled()  # a caller's pause is left as it was
+    finally:
+        gc.enable()
+    # a query with no known term: nothing matched, nothing collapsed
+    assert top.run(table, {"nothing": 1.0}, term_ids, 5, 4, terms, collapse=spec) == 0
+    assert (top.matched, top.words_shown) == ([], [])
+    assert top.words_of(table, rows, 4, terms, spec) == ([[], []], [[], []])
+    # a spec not of its shape is refused, and the buffers are left clean
+    top.run(table, query, term_ids, 5, 4, terms)
+    n, form_number, ends, word, fsum = spec
+    for bad, error in [((0, form_number, ends, word, fsum), ValueError),
+                       ((n, form_number, (2, 1), word, fsum), ValueError),
+                       ((n, {"w0": 7, "w1": 1}, (2,), word, fsum), ValueError),
+                       ((n, form_number, ends, dict, fsum), TypeError),
+                       ((n, form_number), TypeError)]:
+        with pytest.raises(error):
+            top.words_of(table, rows, 4, terms, bad)
     assert np.all(top.slot_of == -1) and not np.any(top.member)

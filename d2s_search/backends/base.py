@@ -91,8 +91,8 @@ class Hit:
     ``matched``: (term, query_weight * doc_weight), largest first: why this image matched.
     ``words``: the same with inflections collapsed (:mod:`d2s_search.inflections`): one
     ``Word(word, contribution, terms)`` per lemma group, largest first, filled by the query
-    plans (a backend's own searches leave it empty); not compared by ``==`` (it follows from
-    the match).
+    plans, or by a backend told ``shown`` (see :class:`Backend`; otherwise its own searches
+    leave it empty); not compared by ``==`` (it follows from the match).
     ``parts``: per-run scores of fused results, e.g. {"sparse": 3.1, "dense": 0.42}.
 
     Slotted, and the two containers are made on first use: a k=1000 search builds 1,000 hits,
@@ -177,7 +177,11 @@ class Backend(Protocol):
     """Storage and search of documents. Implementations: ``local``, ``opensearch``.
 
     The four searches (and ``hybrid_search``) also take ``words=WordFilter(...)``, a keyword
-    the plans pass only when the query has ``+word`` or ``-word`` (search.run_query)."""
+    the plans pass only when the query has ``+word`` or ``-word`` (search.run_query). A backend
+    whose ``collapses_words`` is true also takes ``shown=N`` in ``sparse_search`` and
+    ``hybrid_search`` (N the words shown a hit, ``explain`` then how many matched terms they
+    are read from): it may fill each hit's ``words`` as search.collapse_matches would, with
+    ``matched`` cut to N, and the plans leave the hits it filled."""
 
     name: str
 

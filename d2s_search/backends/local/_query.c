@@ -12,7 +12,9 @@
  * the rows and scores of kernels.merge_top over kernels.shard_top, bit for bit. With words,
  * each hit's strongest words are read from its own row-wise postings with _score.c's
  * explain_row_slots, as _explain gives them; words() does the same for rows found otherwise
- * (hybrid's fused hits).
+ * (hybrid's fused hits). Told how many words are shown, both collapse each hit's inflections
+ * there (_collapse.h) from every term it matched, making Python objects only for what is shown:
+ * a caption query's hit matched ~47 terms at 1M, and their pairs cost more than reading the rows.
  *
  * Buffers are passed as addresses with their sizes (as the ctypes calls do); the shards are
  * described by a table of int64 fields made by kernels.ShardTable from arrays the kernel
@@ -29,7 +31,7 @@
 #define D2S_EXPORT static
 #endif
 #include "_score.c"
-#include "../../_untrack.h"
+#include "../../_collapse.h"
 
 #define HEAP_K 20       /* kernels.HEAP_K: above it, d2s_top_large */
 #define MAX_SHARDS 4096 /* more: the ctypes path */
@@ -310,6 +312,112 @@ fail:
     return NULL;
 }
 
+/* The hits' words as _hits.explained makes them, the first ``shown`` of each, and the same
+ * hits' words with inflections collapsed as inflections.MatchWords(query)(matched, shown) gives
+ * them from all m: a (matched, words) tuple, made from the slots and values without a Python
+ * object for a term not shown. ``spec``: (shown, group_of, ends, word_type, fsum), group_of
+ * the query's grouped terms -> form number (group by group), ends where each group's forms end.
+ * NULL with an exception set. */
+static PyObject *collapsed_lists(PyObject *terms, const int64_t *cols, Py_ssize_t n_terms, const int64_t *slots,
+                                 const float *vals, int64_t n, int64_t m, PyObject *spec) {
+    Py_ssize_t shown;
+    PyObject *group_of, *ends_obj, *fsum;
+    PyTypeObject *word_type;
+    if (!PyArg_ParseTuple(spec, "nO!O!O!O", &shown, &PyDict_Type, &group_of, &PyTuple_Type, &ends_obj, &PyType_Type,
+                          &word_type, &fsum))
+        return NULL;
+    if (!PyType_IsSubtype(word_type, &PyTuple_Type) || word_type->tp_itemsize != PyTuple_Type.tp_itemsize) {
+        PyErr_SetString(PyExc_TypeError, "word_type must be a tuple subclass");
+        return NULL;
+    }
+    if (shown < 1) {
+        PyErr_SetString(PyExc_ValueError, "shown must be at least 1");
+        return NULL;
+    }
+    Py_ssize_t n_groups = 0;
+    Py_ssize_t *ends = group_ends(ends_obj, PyDict_GET_SIZE(group_of), &n_groups);
+    if (ends == NULL) return NULL;
+    Py_ssize_t n_forms = n_groups ? ends[n_groups - 1] : 0;
+    PyObject *empty = PyUnicode_FromString(""), *matched = PyList_New((Py_ssize_t)n), *words = PyList_New((Py_ssize_t)n);
+    PyObject **names = PyMem_Malloc(sizeof(PyObject *) * (size_t)(n_terms + 1)); /* borrowed, by query slot */
+    PyObject **alones = PyMem_Calloc((size_t)(n_terms + 1), sizeof(PyObject *)); /* (name,), one a slot */
+    Py_ssize_t *forms = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n_terms + 1));
+    Py_ssize_t *noted_at = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n_forms + 1));
+    word_entry *entries = PyMem_Malloc(sizeof(word_entry) * (size_t)(n_groups + m + 1));
+    word_entry *present = PyMem_Malloc(sizeof(word_entry) * (size_t)(n_forms + 1));
+    match_pair *pairs = PyMem_Malloc(sizeof(match_pair) * (size_t)(m + 1));
+    PyObject *out = NULL;
+    int gc_was_on = 0;
+    if (empty == NULL || matched == NULL || words == NULL || names == NULL || alones == NULL || forms == NULL ||
+        noted_at == NULL || entries == NULL || present == NULL || pairs == NULL) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    /* each query slot's word ("" for a column past the term list), its form and the (word,) every
+     * hit shows it with, once (a tuple is immutable: one serves every Word of that word) */
+    for (Py_ssize_t t = 0; t < n_terms; t++) {
+        names[t] = cols[t] >= 0 && cols[t] < PyList_GET_SIZE(terms) ? PyList_GET_ITEM(terms, cols[t]) : empty;
+        forms[t] = n_groups ? form_of(group_of, names[t], n_forms) : -1;
+        if (forms[t] == -2 || (alones[t] = PyTuple_Pack(1, names[t])) == NULL) goto done;
+        untrack_if_atomic(alones[t]);
+    }
+    /* Nothing made below can hold a cycle (strings, floats, tuples of them, lists of those): the
+     * collector is paused while ~17 objects a hit are made, then runs at most once, not every 700. */
+    gc_was_on = PyGC_Disable();
+    for (int64_t i = 0; i < n; i++) {
+        int64_t count = 0;
+        while (count < m && vals[i * m + count] > 0) count++;
+        for (int64_t j = 0; j < count; j++) {
+            int64_t slot = slots[i * m + j];
+            if (slot < 0 || slot >= n_terms) {
+                PyErr_SetString(PyExc_ValueError, "a word's query slot is out of range");
+                goto done;
+            }
+            pairs[j].word = names[slot];
+            pairs[j].alone = alones[slot];
+            pairs[j].value = NULL;
+            pairs[j].weight = (double)vals[i * m + j];
+            pairs[j].form = forms[slot];
+        }
+        int64_t raw = count < shown ? count : shown;
+        PyObject *list = PyList_New((Py_ssize_t)raw);
+        if (list == NULL) goto done;
+        PyList_SET_ITEM(matched, (Py_ssize_t)i, list);
+        for (int64_t j = 0; j < raw; j++) {
+            PyObject *value = PyFloat_FromDouble(pairs[j].weight), *pair = value ? PyTuple_New(2) : NULL;
+            if (pair == NULL) {
+                Py_XDECREF(value);
+                goto done;
+            }
+            PyTuple_SET_ITEM(pair, 0, Py_NewRef(pairs[j].word));
+            PyTuple_SET_ITEM(pair, 1, value);
+            untrack_if_atomic(pair);
+            PyList_SET_ITEM(list, (Py_ssize_t)j, pair);
+            pairs[j].value = value; /* borrowed from the pair: a shown word reuses it */
+        }
+        PyObject *hit_words = collapse_pairs(pairs, (Py_ssize_t)count, shown, ends, n_groups, word_type, fsum, noted_at,
+                                             entries, present);
+        if (hit_words == NULL) goto done;
+        PyList_SET_ITEM(words, (Py_ssize_t)i, hit_words);
+    }
+    out = PyTuple_Pack(2, matched, words);
+done:
+    if (gc_was_on) PyGC_Enable();
+    for (Py_ssize_t t = 0; alones != NULL && t < n_terms; t++) Py_XDECREF(alones[t]);
+    PyMem_Free(alones);
+    Py_XDECREF(empty);
+    Py_XDECREF(matched);
+    Py_XDECREF(words);
+    PyMem_Free(names);
+    PyMem_Free(forms);
+    PyMem_Free(noted_at);
+    PyMem_Free(entries);
+    PyMem_Free(present);
+    PyMem_Free(pairs);
+    PyMem_Free(ends);
+    return out;
+}
+
 /* n empty lists: the words of hits when the query has no known term. */
 static PyObject *empty_lists(int64_t n) {
     PyObject *out = PyList_New((Py_ssize_t)n);
@@ -320,18 +428,34 @@ static PyObject *empty_lists(int64_t n) {
     return out;
 }
 
+/* The words of n hits, m read a hit: their matched lists (collapse Py_None), or with collapse
+ * (collapsed_lists's spec) a (matched, words) tuple. m 0 (no query term): every list empty. */
+static PyObject *hits_words(PyObject *terms, const int64_t *cols, Py_ssize_t n_terms, const int64_t *slots,
+                            const float *vals, int64_t n, int64_t m, PyObject *collapse) {
+    if (collapse != Py_None && m > 0) return collapsed_lists(terms, cols, n_terms, slots, vals, n, m, collapse);
+    if (m > 0) return matched_lists(terms, cols, slots, vals, n, m);
+    PyObject *matched = empty_lists(n); /* no query term: nothing matched */
+    if (collapse == Py_None || matched == NULL) return matched;
+    PyObject *words = empty_lists(n);
+    PyObject *both = words ? PyTuple_Pack(2, matched, words) : NULL;
+    Py_DECREF(matched);
+    Py_XDECREF(words);
+    return both;
+}
+
 /* search(query, term_ids, table_addr, n_shards, k, capacity, k_capacity, cols_addr, weights_addr,
  *        slots_addr, scores_addr, scores_len, work_addr, maxima_addr, tops_rows_addr,
  *        tops_scores_addr, out_rows_addr, out_scores_addr, out_scores64_addr,
  *        m, m_capacity, terms, slot_of_addr, member_addr, n_map, words_slots_addr, words_values_addr,
- *        allow_addr, allow_len)
+ *        allow_addr, allow_len, collapse)
  * -> (n_terms, n, matched)
  * allow_addr (0: none): one byte per global row, allow_len of them; a 0 leaves the row out (a
  * search filter: its score is taken as 0, so the top k are the best k rows that pass).
  * The query's columns and weights (n_terms, capacity at most) and its top k: n rows (global,
  * int64) and scores (float32, and float64 for the hit builder), best first, ties by row; with
  * m > 0 each hit's m strongest words, matched = [[(word, value), ...] per hit] as
- * backend._explain gives them (terms: the index's words by column), else None.
+ * backend._explain gives them (terms: the index's words by column), else None; with collapse
+ * (not None: collapsed_lists's spec) matched is (the first ``shown`` of those, collapsed words).
  * n_terms -1: not for this call (the query is not a dict of str to float, too many terms,
  * k above k_capacity or m above m_capacity, too many shards): the Python path then. n -2: a
  * shard's postings or a hit's row point outside it (damage). Buffers: slots capacity int64;
@@ -341,8 +465,8 @@ static PyObject *empty_lists(int64_t n) {
  * slot_of n_map int16, all -1, and member n_map / 64 + 1 uint64, all 0 (both left so), n_map
  * above every shard's columns; words_* k_capacity * m_capacity. */
 static PyObject *search(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 29) {
-        PyErr_SetString(PyExc_TypeError, "search() takes 29 arguments");
+    if (nargs != 30) {
+        PyErr_SetString(PyExc_TypeError, "search() takes 30 arguments");
         return NULL;
     }
     PyObject *query = args[0], *term_ids = args[1], *terms = args[21];
@@ -360,6 +484,7 @@ static PyObject *search(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
     float *word_values = PyLong_AsVoidPtr(args[26]);
     const uint8_t *allow = PyLong_AsVoidPtr(args[27]);
     int64_t allow_len = PyLong_AsLongLong(args[28]);
+    PyObject *collapse = args[29];
     if (PyErr_Occurred()) return NULL;
     if (k > k_capacity || (k > HEAP_K && (k_capacity <= HEAP_K || p[6] == NULL)) || n_shards > MAX_SHARDS ||
         n_shards < 0 || capacity < 0 || m < 0 || m > m_capacity || capacity > INT16_MAX ||
@@ -383,22 +508,20 @@ static PyObject *search(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
     }
     if (n == -2 || bad) return Py_BuildValue("(niO)", n_terms, -2, Py_None);
     if (m == 0) return Py_BuildValue("(nLO)", n_terms, (long long)n, Py_None);
-    int64_t words = m < n_terms ? m : n_terms;
-    PyObject *matched = words > 0 ? matched_lists(terms, p[0], word_slots, word_values, n, words) : NULL;
-    if (words > 0 && matched == NULL) return NULL;
-    if (words == 0 && (matched = empty_lists(n)) == NULL) return NULL; /* no query term: nothing matched */
+    PyObject *matched = hits_words(terms, p[0], n_terms, word_slots, word_values, n, m < n_terms ? m : n_terms, collapse);
+    if (matched == NULL) return NULL;
     return Py_BuildValue("(nLN)", n_terms, (long long)n, matched);
 }
 
 /* words(table_addr, n_shards, rows_addr, n, cols_addr, weights_addr, n_terms, m, terms, slot_of_addr,
- *       member_addr, n_map, words_slots_addr, words_values_addr, words_capacity) -> matched
+ *       member_addr, n_map, words_slots_addr, words_values_addr, words_capacity, collapse) -> matched
  * The m strongest words of n given rows (global, int64), for a query's n_terms sorted columns
  * and weights (a search's, left in its buffers): as search() gives them for its hits, for rows
  * found otherwise (hybrid's fused hits). None when the buffers (words_capacity entries) are too
  * small or m <= 0; -2 when a row or its pointers are out of bounds. */
 static PyObject *words(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 15) {
-        PyErr_SetString(PyExc_TypeError, "words() takes 15 arguments");
+    if (nargs != 16) {
+        PyErr_SetString(PyExc_TypeError, "words() takes 16 arguments");
         return NULL;
     }
     const int64_t *table = PyLong_AsVoidPtr(args[0]);
@@ -415,6 +538,7 @@ static PyObject *words(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
     int64_t *word_slots = PyLong_AsVoidPtr(args[12]);
     float *word_values = PyLong_AsVoidPtr(args[13]);
     Py_ssize_t capacity = PyLong_AsSsize_t(args[14]);
+    PyObject *collapse = args[15];
     if (PyErr_Occurred()) return NULL;
     int64_t kept = m < n_terms ? m : n_terms;
     if (m <= 0 || n < 0 || n_terms < 0 || n_terms > INT16_MAX || n_shards <= 0 || n_shards > MAX_SHARDS ||
@@ -429,7 +553,7 @@ static PyObject *words(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
         Py_END_ALLOW_THREADS
     }
     if (bad) return PyLong_FromLong(-2);
-    return kept > 0 ? matched_lists(terms, cols, word_slots, word_values, n, kept) : empty_lists(n);
+    return hits_words(terms, cols, n_terms, word_slots, word_values, n, kept, collapse);
 }
 
 static PyMethodDef methods[] = {
@@ -437,13 +561,13 @@ static PyMethodDef methods[] = {
      "search(query, term_ids, table_addr, n_shards, k, capacity, k_capacity, cols_addr, weights_addr, slots_addr,\n"
      "       scores_addr, scores_len, work_addr, maxima_addr, tops_rows_addr, tops_scores_addr, out_rows_addr,\n"
      "       out_scores_addr, out_scores64_addr, m, m_capacity, terms, slot_of_addr, member_addr, n_map,\n"
-     "       words_slots_addr, words_values_addr, allow_addr, allow_len) -> (n_terms, n, matched)\n\n"
+     "       words_slots_addr, words_values_addr, allow_addr, allow_len, collapse) -> (n_terms, n, matched)\n\n"
      "A sparse query's columns, exact top k over every shard (allow_addr: one byte per global row, 0 leaves the row\n"
      "out; 0 for none) and (m > 0) each hit's words; n_terms -1: not for this call,\n"
      "n -2: postings out of bounds."},
     {"words", (PyCFunction)(void (*)(void))words, METH_FASTCALL,
      "words(table_addr, n_shards, rows_addr, n, cols_addr, weights_addr, n_terms, m, terms, slot_of_addr,\n"
-     "      member_addr, n_map, words_slots_addr, words_values_addr, words_capacity) -> matched\n\n"
+     "      member_addr, n_map, words_slots_addr, words_values_addr, words_capacity, collapse) -> matched\n\n"
      "The m strongest words of given rows, as search() gives them for its hits; None: buffers too small, -2: damage."},
     {NULL, NULL, 0, NULL},
 };

@@ -30,6 +30,7 @@ import numpy as np
 
 from ...errors import BundleMismatchError, DiskFullError, IndexStoreError, QueryError
 from ...filters import BUILT_IN_FIELDS, SearchFilter
+from ...inflections import inflections
 from ...metadata import NO_METADATA, Metadata
 from ...search import minmax_normalised
 from ..base import Document, Hit, IndexIdentity, SparseVector, WordFilter
@@ -115,6 +116,9 @@ def _db_errors(method):
 
 class LocalBackend:
     name = "local"
+    # sparse_search and hybrid_search take ``shown``: the words of a hit are collapsed in the
+    # pass that reads its row (search.run_query then leaves them), not from Python pairs
+    collapses_words = True
 
     def __init__(self, path: str | Path, threads: int | None = 1, dense_ef: int | None = None) -> None:
         """``threads``: how many shards are searched at once (1: one after another in the
@@ -1054,10 +1058,11 @@ class LocalBackend:
         return kernels.merge_top(self._by_shard_groups(tops, len(state.shards), SPARSE_PARALLEL_FROM), k)
 
     def _query_top(self, state: Structures, query: SparseVector, k: int, words: int = 0,
-                   allow: np.ndarray | None = None) -> kernels.QueryTop | None:
+                   allow: np.ndarray | None = None, collapse: tuple | None = None) -> kernels.QueryTop | None:
         """The exact sparse top k found by ``_query.c`` (kernels.QueryTop, this thread's, holding
         the result): what _query_columns and _sparse_top give, with each hit's ``words``
-        strongest words (``matched``) as _explain gives them. One call for all shards, or, when
+        strongest words (``matched``) as _explain gives them (with ``collapse``, :meth:`_collapse`'s,
+        the first ``shown`` of them and the collapsed words in ``words_shown``). One call for all shards, or, when
         shards are searched in groups at once, one call per group (each in its thread) with the
         groups' lists merged here and the words read for the merged hits. None when that path
         does not apply (not built, a shard the kernel does not take, a query not a dict of floats)."""
@@ -1072,7 +1077,7 @@ class LocalBackend:
         top = self._thread_top(state, table, len(query), k, words)
         try:
             if self._n_groups(n_shards, SPARSE_PARALLEL_FROM) <= 1:
-                found = top.run(table, query, self._term_ids, k, words, self._terms, allow)
+                found = top.run(table, query, self._term_ids, k, words, self._terms, allow, collapse=collapse)
                 return top if found is not None else None
 
             def group_top(numbers: range) -> list:
@@ -1089,10 +1094,25 @@ class LocalBackend:
             rows, scores = kernels.merge_top(lists, k)
             top.found = n = rows.size
             top.out_rows[:n], top.out_scores[:n], top.out_scores64[:n] = rows, scores, scores
-            top.matched = top.words_of(table, rows, words, self._terms) if words else None
+            top.matched, top.words_shown = self._words_of(top, table, rows, words, collapse)
             return top
         except kernels.DamagedArrays as exc:  # the kernel's own bounds checks
             self._damaged(exc)
+
+    def _words_of(self, top: kernels.QueryTop, table: kernels.ShardTable, rows: np.ndarray, words: int,
+                  collapse: tuple | None) -> tuple[list | None, list | None]:
+        """(matched, collapsed words or None) of given rows for ``top``'s last query (None, None
+        when the compiled path does not take them)."""
+        got = top.words_of(table, rows, words, self._terms, collapse=collapse) if words else None
+        return got if collapse is not None and got is not None else (got, None)
+
+    @staticmethod
+    def _collapse(query: SparseVector, shown: int) -> tuple | None:
+        """What ``_query.c`` takes to collapse a query's hits' ``shown`` words as
+        search.collapse_matches would (None: ``shown`` 0 or a query the compiled path does not take)."""
+        if shown <= 0 or type(query) is not dict:
+            return None
+        return inflections().matches(query).compiled(shown)
 
     def _shard_table(self, state: Structures) -> kernels.ShardTable | bool:
         """The state's shards as one kernels.ShardTable (made on first use, every shard
@@ -1314,7 +1334,12 @@ class LocalBackend:
 
     @_db_errors
     def sparse_search(self, query: SparseVector, k: int, explain: int = 5, *,
-                      words: WordFilter | None = None, filters: SearchFilter | None = None) -> list[Hit]:
+                      words: WordFilter | None = None, filters: SearchFilter | None = None,
+                      shown: int = 0) -> list[Hit]:
+        """``shown``: the words shown a hit (then ``explain`` is how many terms they are read
+        from): the compiled search fills each hit's ``words`` and keeps ``shown`` matched terms."""
+        collapse = self._collapse(query, shown) if explain > 0 else None
+
         def run(state: Structures) -> list[Hit]:
             allowed = self._allowed(state, words, filters)
             few = self._few_allowed(state, query, allowed) if allowed is not None else None
@@ -1323,7 +1348,8 @@ class LocalBackend:
                 return self._hits(state, *self._allowed_rows_top(state, columns, k, rows), columns, explain)
             # the words in the same call only when _hits.c builds the hits from it (the allowed
             # rows, if any, masked in that call); None for a query it does not take
-            top = self._query_top(state, query, k, explain if kernels._c_hits is not None else 0, allow=allowed)
+            top = self._query_top(state, query, k, explain if kernels._c_hits is not None else 0, allow=allowed,
+                                  collapse=collapse)
             if top is None and allowed is not None:
                 columns = self._query_columns(query)
                 return self._hits(state, *self._filtered_sparse_top(state, columns, k, allowed), columns, explain)
@@ -1331,7 +1357,8 @@ class LocalBackend:
                 columns = self._query_columns(query)
                 rows, scores = self._sparse_top(state, columns, k)
             elif kernels._c_hits is not None:  # straight from its buffers, with the words it read
-                return self._built_hits(state, top.out_rows, top.out_scores64, top.matched, top.found)
+                return self._built_hits(state, top.out_rows, top.out_scores64, top.matched, top.found,
+                                        top.words_shown)
             else:
                 rows, scores, cols, weights = top.results()
                 columns = QueryColumns(cols, weights)
@@ -1422,10 +1449,12 @@ class LocalBackend:
 
     @_db_errors
     def hybrid_search(self, sparse: SparseVector, vector: np.ndarray, options, *,
-                      words: WordFilter | None = None, filters: SearchFilter | None = None) -> list[Hit]:
+                      words: WordFilter | None = None, filters: SearchFilter | None = None,
+                      shown: int = 0) -> list[Hit]:
         """Sparse + dense fused here on arrays (the definitions of :func:`search.fuse_minmax` and
         :func:`search.fuse_rrf`, same float64 sums, ties by document id), hits and explanations
-        built for the k fused rows only. ``Hit.parts`` holds each run's score."""
+        built for the k fused rows only. ``Hit.parts`` holds each run's score. ``shown``: as
+        :meth:`sparse_search`'s."""
         query = np.asarray(vector, dtype=np.float32).reshape(-1)
         n, k = int(options.candidates), int(options.k)
 
@@ -1456,7 +1485,8 @@ class LocalBackend:
             for (name, _, scores), at in zip(runs, places):
                 totals[at] += weights[name]
                 parts.append((name, at, scores))
-            return self._fused_hits(state, rows, totals, parts, columns, k, int(options.explain), top)
+            return self._fused_hits(state, rows, totals, parts, columns, k, int(options.explain), top,
+                                    self._collapse(sparse, shown))
 
         hits = self._searching(run)
         self.last_fusion = f"client-{options.fusion}"
@@ -1464,9 +1494,10 @@ class LocalBackend:
 
     def _fused_hits(self, state: Structures, rows: np.ndarray, totals: np.ndarray, parts: list,
                     query: SparseVector | QueryColumns, k: int, explain: int,
-                    top: kernels.QueryTop | None = None) -> list[Hit]:
+                    top: kernels.QueryTop | None = None, collapse: tuple | None = None) -> list[Hit]:
         """The k best fused rows, ties by document id (as the client's fusion), as hits; their
-        words read by ``top`` (the sparse run's C search) when it found them."""
+        words read by ``top`` (the sparse run's C search) when it found them, and collapsed
+        there too with ``collapse``."""
         if rows.size == 0:
             return []
         if rows.size > k:
@@ -1486,14 +1517,16 @@ class LocalBackend:
             for i, score in zip(found.tolist(), scores[picked[found]].tolist()):  # float(scores[j]), in one call
                 hits[i].parts[name] = score
         if explain and query:
-            matched = None
+            matched = shown = None
             if top is not None:  # its search found the shard table
                 try:
-                    matched = top.words_of(state.shard_table, rows[keep], explain, self._terms)
+                    matched, shown = self._words_of(top, state.shard_table, rows[keep], explain, collapse)
                 except kernels.DamagedArrays as exc:
                     self._damaged(exc)
             for hit, terms in zip(hits, matched if matched is not None else self._explain(state, rows[keep], query, explain)):
                 hit.matched = terms
+            for hit, words in zip(hits, shown or ()):
+                hit.words = words
         return hits
 
     def _dense_top(self, state: Structures, query: np.ndarray, k: int,
@@ -1596,12 +1629,15 @@ class LocalBackend:
         return out
 
     def _built_hits(self, state: Structures, rows: np.ndarray, scores: np.ndarray, matched: list | None,
-                    count: int) -> list[Hit]:
-        """The first ``count`` hits built by ``_hits.c`` (rows int64, scores float64)."""
+                    count: int, words: list | None = None) -> list[Hit]:
+        """The first ``count`` hits built by ``_hits.c`` (rows int64, scores float64), with
+        their collapsed ``words`` when given."""
         try:
             hits = kernels._c_hits.build(Hit, rows, scores, state.shard_rows, state.hit_sources(), matched, count)
         except ValueError as exc:  # its bounds checks: the cache changed since validation
             self._damaged(exc)
+        for hit, shown in zip(hits, words or ()):
+            hit.words = shown
         return self._confirmed(state, rows, hits)
 
     def _confirmed(self, state: Structures, rows: np.ndarray, hits: list[Hit]) -> list[Hit]:

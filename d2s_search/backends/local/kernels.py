@@ -454,6 +454,7 @@ class QueryTop:
         self.n_shards = n_shards
         self.n_terms = self.found = 0
         self.matched: list | None = None
+        self.words_shown: list | None = None
         self._args = (self.capacity, self.k, *(a.ctypes.data for a in (self.cols, self.weights, self.slots, self.scores)),
                       self.scores.size, self.work.ctypes.data, self.maxima.ctypes.data if large else 0,
                       *(a.ctypes.data for a in (self.tops_rows, self.tops_scores, self.out_rows, self.out_scores,
@@ -476,9 +477,12 @@ class QueryTop:
                 and k <= self.k and words <= self.words and (not words or table.n_cols <= self.slot_of.size))
 
     def run(self, table: ShardTable, query: dict, term_ids: dict, k: int, words: int = 0,
-            terms: list[str] | None = None, allow: np.ndarray | None = None) -> int | None:
+            terms: list[str] | None = None, allow: np.ndarray | None = None,
+            collapse: tuple | None = None) -> int | None:
         """How many hits were found (``found``; with ``words``, each hit's words from ``terms``,
-        the index's words by column, in ``matched``), or None when the C path does not take this
+        the index's words by column, in ``matched``; with ``collapse`` as well, the
+        ``inflections.MatchWords.compiled`` of the query, only the first ``shown`` of them there
+        and each hit's words collapsed from all ``words`` in ``words_shown``), or None when the C path does not take this
         query (not a dict of str to float, a weight infinite in float32, or more than the buffers
         hold): the Python path then.
         DamagedArrays when a shard's postings or a hit's row point outside it. ``allow``: one
@@ -490,17 +494,20 @@ class QueryTop:
         n_terms, n, matched = _c_query.search(query, term_ids, table.address, table.n_shards, k, *self._args, words,
                                               self.words, terms, *self._word_args,
                                               allow.ctypes.data if allow is not None else 0,
-                                              allow.size if allow is not None else 0)
+                                              allow.size if allow is not None else 0, collapse if words else None)
         if n_terms < 0:
             return None
         if n == -2:
             raise DamagedArrays("postings point outside the shard")
-        self.n_terms, self.found, self.matched = n_terms, n, matched
+        self.n_terms, self.found = n_terms, n
+        self.matched, self.words_shown = matched if collapse is not None and words else (matched, None)
         return n
 
-    def words_of(self, table: ShardTable, rows: np.ndarray, words: int, terms: list[str]) -> list | None:
+    def words_of(self, table: ShardTable, rows: np.ndarray, words: int, terms: list[str],
+                 collapse: tuple | None = None) -> list | tuple | None:
         """The ``words`` strongest words of the given global rows for the last :meth:`run`'s query
-        (hybrid's fused hits), as :meth:`run` reads them for its own hits; None when this path
+        (hybrid's fused hits), as :meth:`run` reads them for its own hits (with ``collapse``:
+        the pair (the first ``shown`` of them, the collapsed words)); None when this path
         does not take them. DamagedArrays when a row or its pointers are out of bounds."""
         if words <= 0:
             return None
@@ -510,7 +517,7 @@ class QueryTop:
             self._word_buffers(max(table.n_cols, self.slot_of.size), max(rows.size * words, self.word_slots.size))
         matched = _c_query.words(table.address, table.n_shards, rows.ctypes.data, rows.size, self.cols.ctypes.data,
                                  self.weights.ctypes.data, self.n_terms, words, terms, *self._word_args,
-                                 self.word_slots.size)
+                                 self.word_slots.size, collapse)
         if isinstance(matched, int):
             raise DamagedArrays("a hit's row points outside its shard")
         return matched
