@@ -1061,11 +1061,12 @@ class LocalBackend:
                    allow: np.ndarray | None = None, collapse: tuple | None = None) -> kernels.QueryTop | None:
         """The exact sparse top k found by ``_query.c`` (kernels.QueryTop, this thread's, holding
         the result): what _query_columns and _sparse_top give, with each hit's ``words``
-        strongest words (``matched``) as _explain gives them (with ``collapse``, :meth:`_collapse`'s,
-        the first ``shown`` of them and the collapsed words in ``words_shown``). One call for all shards, or, when
-        shards are searched in groups at once, one call per group (each in its thread) with the
-        groups' lists merged here and the words read for the merged hits. None when that path
-        does not apply (not built, a shard the kernel does not take, a query not a dict of floats)."""
+        strongest words (``matched``) as _explain gives them (with ``collapse``, :meth:`_collapse`'s:
+        the first ``shown`` of them, and the collapsed words in ``words_shown``). One call for
+        all shards, or, when shards are searched in groups at once, one call per group (each in
+        its thread) with the groups' lists merged here and the words read for the merged hits.
+        None when that path does not apply (not built, a shard the kernel does not take, a query
+        not a dict of floats)."""
         if kernels._c_query is None or k <= 0 or type(query) is not dict:
             return None
         table = self._shard_table(state)

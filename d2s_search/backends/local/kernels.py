@@ -480,11 +480,11 @@ class QueryTop:
             terms: list[str] | None = None, allow: np.ndarray | None = None,
             collapse: tuple | None = None) -> int | None:
         """How many hits were found (``found``; with ``words``, each hit's words from ``terms``,
-        the index's words by column, in ``matched``; with ``collapse`` as well, the
-        ``inflections.MatchWords.compiled`` of the query, only the first ``shown`` of them there
-        and each hit's words collapsed from all ``words`` in ``words_shown``), or None when the C path does not take this
-        query (not a dict of str to float, a weight infinite in float32, or more than the buffers
-        hold): the Python path then.
+        the index's words by column, in ``matched``; with ``collapse`` as well, the query's
+        ``inflections.MatchWords.compiled``, only the first ``shown`` of them there and each
+        hit's words collapsed from all ``words`` in ``words_shown``), or None when the C path
+        does not take this query (not a dict of str to float, a weight infinite in float32, or
+        more than the buffers hold): the Python path then.
         DamagedArrays when a shard's postings or a hit's row point outside it. ``allow``: one
         bool per global row, False leaving the row out (a search filter)."""
         if not self.fits(table, len(query), k, words):
