@@ -316,8 +316,7 @@ class Encoder:
         if top_k is not None and idx.size > top_k:
             keep = np.argpartition(-weights, top_k - 1)[:top_k]
             idx, weights = idx[keep], weights[keep]
-        terms = self._terms
-        return {terms[i]: float(w) for i, w in zip(idx.tolist(), weights.tolist())}
+        return dict(zip(map(self._terms.__getitem__, idx.tolist()), weights.tolist()))
 
     def own_terms(self, token_ids: Sequence[int]) -> set[str]:
         terms = self._terms

@@ -452,9 +452,11 @@ class LocalBackend:
         """Terms an undone transaction added are gone again: read them afresh before the next write."""
         self._terms, self._term_ids = [""], {}
 
-    def _ensure_terms(self, db: sqlite3.Connection, terms: Iterable[str]) -> None:
+    def _ensure_terms(self, db: sqlite3.Connection, vectors: Iterable[Mapping[str, float]]) -> None:
+        """Every term of ``vectors`` given an id (new ones stored in ``terms``)."""
         self._load_terms()
-        new = sorted({t for t in terms if t not in self._term_ids})
+        # set operations in C: a batch of an untrained head's vectors holds millions of terms
+        new = sorted(set().union(*vectors).difference(self._term_ids))
         if not new:
             return
         db.executemany("INSERT OR IGNORE INTO terms(term) VALUES (?)", [(t,) for t in new])
@@ -472,7 +474,7 @@ class LocalBackend:
         db = self._connect(True)
         self._check_writable(db)
         with Transaction(db, undone=self._forget_terms):
-            self._ensure_terms(db, (t for d in docs for t in d.sparse))
+            self._ensure_terms(db, [d.sparse for d in docs])
             replaced = db.execute(
                 f"SELECT COUNT(*) FROM docs WHERE id IN ({','.join('?' * len(docs))})", [d.id for d in docs]
             ).fetchone()[0]
@@ -482,11 +484,15 @@ class LocalBackend:
             ids = [d.id for d in docs]
             _, taken = doc_paths.relink(db, {p: d.id for d in docs for p in d.paths}, keep=ids)
             rows = []
+            term_id = self._term_ids.__getitem__
             for d in docs:
-                items = [(self._term_ids[t], w) for t, w in d.sparse.items() if w > 0]
-                items.sort()
-                term_ids = np.fromiter((i for i, _ in items), dtype=np.int64, count=len(items))
-                weights = np.fromiter((w for _, w in items), dtype="<f4", count=len(items))
+                # the positive weights by term id, as float32 (ids are distinct: one per term)
+                ids = np.fromiter(map(term_id, d.sparse), dtype=np.int64, count=len(d.sparse))
+                values = np.fromiter(d.sparse.values(), dtype=np.float64, count=len(d.sparse))
+                positive = values > 0
+                order = np.argsort(ids[positive], kind="stable")
+                term_ids = ids[positive][order]
+                weights = values[positive][order].astype("<f4")
                 rows.append(
                     (
                         d.id, d.path, d.url, int(d.size_bytes), int(d.width), int(d.height),

@@ -13,7 +13,7 @@ numbers (a whole document fails to index), and Lucene keeps only 9 significant b
 
 from __future__ import annotations
 
-import math
+import itertools
 import re
 from collections.abc import Mapping
 
@@ -37,6 +37,8 @@ def escape_term(term: str) -> str:
 
 def unescape_term(key: str) -> str:
     """rank_features key -> vocabulary term (inverse of :func:`escape_term`)."""
+    if "%" not in key:  # nearly every key: no regex needed
+        return key
     return _UNESCAPE.sub(lambda m: "%" if m.group(1) == "25" else ".", key)
 
 
@@ -51,19 +53,15 @@ def sendable_weights(sparse: Mapping[str, float]) -> dict[str, float]:
     Zero, negative, NaN and sub-normal weights are dropped (they carry no score); weights
     above float32 range are clipped to the largest float32.
     """
-    out: dict[str, float] = {}
-    for term, weight in sparse.items():
-        w = float(weight)
-        if not math.isfinite(w):
-            if w == math.inf:
-                w = FLOAT32_MAX
-            else:
-                continue
-        w32 = as_float32(min(w, FLOAT32_MAX))
-        if w32 < FLOAT32_MIN_NORMAL:
-            continue
-        out[escape_term(term)] = w32
-    return out
+    if not sparse:
+        return {}
+    # the rules above on arrays: a picture's vector may hold thousands of terms
+    values = np.fromiter(sparse.values(), dtype=np.float64, count=len(sparse))
+    with np.errstate(invalid="ignore"):
+        clipped = np.minimum(values, FLOAT32_MAX)  # inf clipped too; NaN stays NaN and is dropped below
+    weights = clipped.astype(np.float32)
+    keep = weights >= FLOAT32_MIN_NORMAL  # False for zero, negatives, NaN, -inf and sub-normals
+    return dict(zip(map(escape_term, itertools.compress(sparse, keep.tolist())), weights[keep].tolist()))
 
 
 def decode_features(stored: Mapping[str, float] | None) -> dict[str, float]:
