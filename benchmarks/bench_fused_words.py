@@ -53,6 +53,17 @@ def taking_turns(backend: LocalBackend, queries: list, options: SearchOptions, s
     return {name: _common.percentiles(t) for name, t in times.items()}
 
 
+def on_index(path, queries: list) -> dict:
+    """The three ways on a built index: sparse k=1000, hybrid k=10 and k=1000."""
+    backend = LocalBackend(path, threads=1)
+    backend.open(None, create=False)
+    try:
+        return {f"{path.name} {mode} @{k}": taking_turns(backend, queries, SearchOptions(mode=mode, k=k, explain=5))
+                for mode, k in (("sparse", 1000), ("hybrid", 10), ("hybrid", 1000))}
+    finally:
+        backend.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=100)
@@ -67,20 +78,10 @@ def main() -> None:
     path = _common.CACHE / args.synthetic
     if not (path / "index.sqlite").is_file():
         raise SystemExit(f"no index at {path}: build it with bench_local_backend.py")
-    backend = LocalBackend(path, threads=1)
-    backend.open(None, create=False)
-    queries = blb.benchmark_queries(args.queries)
-    for mode, k in (("sparse", 1000), ("hybrid", 10), ("hybrid", 1000)):
-        results[f"{args.synthetic} {mode} @{k}"] = taking_turns(backend, queries, SearchOptions(mode=mode, k=k, explain=5))
-    backend.close()
+    results.update(on_index(path, blb.benchmark_queries(args.queries)))
     path = _common.CACHE / args.shaped
     if (path / "index.sqlite").is_file():
-        backend = LocalBackend(path, threads=1)
-        backend.open(None, create=False)
-        queries = shaped_collection.queries(args.queries)
-        for mode, k in (("sparse", 1000), ("hybrid", 10), ("hybrid", 1000)):
-            results[f"{args.shaped} {mode} @{k}"] = taking_turns(backend, queries, SearchOptions(mode=mode, k=k, explain=5))
-        backend.close()
+        results.update(on_index(path, shaped_collection.queries(args.queries)))
     encoder, backend = _common.open_photo_index()
     with open(_common.DATA / "flickr8k-800" / "captions.txt", newline="") as f:
         captions = [r["caption"] for r in csv.DictReader(f)][::5][: args.queries]

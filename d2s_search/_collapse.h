@@ -15,6 +15,7 @@
 
 #include <Python.h>
 #include <math.h>
+#include <string.h>
 
 #include "_untrack.h"
 
@@ -59,35 +60,66 @@ static PyObject *value_of(const word_entry *e) {
     return e->value ? Py_NewRef(e->value) : PyFloat_FromDouble(e->weight);
 }
 
-/* The groups' ends (a tuple of ascending ints, the last at most the number of grouped forms),
- * as a new array (PyMem_Free it; one element at least) with their count in *n_groups; NULL with
- * an exception set when they are not of that shape. */
-static Py_ssize_t *group_ends(PyObject *ends_obj, Py_ssize_t n_forms_at_most, Py_ssize_t *n_groups) {
-    if (!PyTuple_Check(ends_obj)) {
-        PyErr_SetString(PyExc_TypeError, "the groups' ends must be a tuple");
-        return NULL;
+/* What collapses one query's hits: its groups (``ends[g]``: where group g's forms end in the
+ * numbering of its grouped terms), the Word type, math.fsum, and the scratch of one hit. */
+typedef struct {
+    Py_ssize_t *ends, n_groups, n_forms;
+    PyTypeObject *word_type;
+    PyObject *fsum;
+    Py_ssize_t *noted_at;  /* n_forms + 1 */
+    word_entry *entries;   /* n_groups + the most pairs a hit has + 1 */
+    word_entry *present;   /* n_forms + 1 */
+    match_pair *pairs;     /* the most pairs a hit has + 1: filled by the caller */
+} collapser;
+
+static void collapser_free(collapser *c) {
+    PyMem_Free(c->ends);
+    PyMem_Free(c->noted_at);
+    PyMem_Free(c->entries);
+    PyMem_Free(c->present);
+    PyMem_Free(c->pairs);
+    memset(c, 0, sizeof(*c));
+}
+
+/* A collapser for n words a hit (at least 1) and up to ``longest`` pairs a hit; ends_obj a tuple
+ * of ascending ints, the last at most the number of grouped forms (group_of's size), word_type a
+ * tuple subclass. 0 with an exception set (and nothing to free) when they are not. */
+static int collapser_init(collapser *c, PyObject *ends_obj, PyObject *group_of, PyTypeObject *word_type,
+                          PyObject *fsum, Py_ssize_t n, Py_ssize_t longest) {
+    memset(c, 0, sizeof(*c));
+    if (!PyType_IsSubtype(word_type, &PyTuple_Type) || word_type->tp_itemsize != PyTuple_Type.tp_itemsize) {
+        PyErr_SetString(PyExc_TypeError, "word_type must be a tuple subclass");
+        return 0;
     }
-    Py_ssize_t count = PyTuple_GET_SIZE(ends_obj), last = 0;
-    Py_ssize_t *ends = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(count ? count : 1));
-    if (ends == NULL) {
-        PyErr_NoMemory();
-        return NULL;
+    if (n < 1) {
+        PyErr_SetString(PyExc_ValueError, "n must be at least 1");
+        return 0;
     }
-    for (Py_ssize_t g = 0; g < count; g++) {
-        ends[g] = PyLong_AsSsize_t(PyTuple_GET_ITEM(ends_obj, g));
-        if (ends[g] == -1 && PyErr_Occurred()) break;
-        if (ends[g] < last || ends[g] > n_forms_at_most) {
+    c->word_type = word_type;
+    c->fsum = fsum;
+    c->n_groups = PyTuple_GET_SIZE(ends_obj);
+    c->ends = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(c->n_groups ? c->n_groups : 1));
+    if (c->ends == NULL) goto no_memory;
+    for (Py_ssize_t g = 0; g < c->n_groups; g++) {
+        c->ends[g] = PyLong_AsSsize_t(PyTuple_GET_ITEM(ends_obj, g));
+        if (c->ends[g] == -1 && PyErr_Occurred()) goto fail;
+        if (c->ends[g] < c->n_forms || c->ends[g] > PyDict_GET_SIZE(group_of)) {
             PyErr_SetString(PyExc_ValueError, "the groups' ends must ascend within the forms");
-            break;
+            goto fail;
         }
-        last = ends[g];
+        c->n_forms = c->ends[g];
     }
-    if (PyErr_Occurred()) {
-        PyMem_Free(ends);
-        return NULL;
-    }
-    *n_groups = count;
-    return ends;
+    c->noted_at = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(c->n_forms + 1));
+    c->entries = PyMem_Malloc(sizeof(word_entry) * (size_t)(c->n_groups + longest + 1));
+    c->present = PyMem_Malloc(sizeof(word_entry) * (size_t)(c->n_forms + 1));
+    c->pairs = PyMem_Malloc(sizeof(match_pair) * (size_t)(longest + 1));
+    if (c->noted_at == NULL || c->entries == NULL || c->present == NULL || c->pairs == NULL) goto no_memory;
+    return 1;
+no_memory:
+    PyErr_NoMemory();
+fail:
+    collapser_free(c);
+    return 0;
 }
 
 /* The number of a grouped term's form (0 <= it < n_forms), -1 for a term of no group, -2 with an
@@ -103,13 +135,16 @@ static Py_ssize_t form_of(PyObject *group_of, PyObject *term, Py_ssize_t n_forms
     return f;
 }
 
-/* One hit's n words (a list of word_type tuples), NULL with an exception set. Scratch:
- * noted_at and present n_forms entries (one at least), entries n_groups + size. */
-static PyObject *collapse_pairs(const match_pair *pairs, Py_ssize_t size, Py_ssize_t n, const Py_ssize_t *ends,
-                                Py_ssize_t n_groups, PyTypeObject *word_type, PyObject *fsum, Py_ssize_t *noted_at,
-                                word_entry *entries, word_entry *present) {
-    Py_ssize_t n_forms = n_groups ? ends[n_groups - 1] : 0;
-    for (Py_ssize_t f = 0; f < n_forms; f++) noted_at[f] = -1;
+/* One hit's n words (a list of word_type tuples) from the ``size`` pairs the caller put in
+ * c->pairs, NULL with an exception set. */
+static PyObject *collapse_pairs(collapser *c, Py_ssize_t size, Py_ssize_t n) {
+    const match_pair *pairs = c->pairs;
+    const Py_ssize_t *ends = c->ends, n_groups = c->n_groups;
+    Py_ssize_t *noted_at = c->noted_at;
+    word_entry *entries = c->entries, *present = c->present;
+    PyTypeObject *word_type = c->word_type;
+    PyObject *fsum = c->fsum;
+    for (Py_ssize_t f = 0; f < c->n_forms; f++) noted_at[f] = -1;
     for (Py_ssize_t i = 0; i < size; i++) {
         if (pairs[i].form >= 0) noted_at[pairs[i].form] = i;
     }

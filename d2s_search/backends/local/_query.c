@@ -326,30 +326,15 @@ static PyObject *collapsed_lists(PyObject *terms, const int64_t *cols, Py_ssize_
     if (!PyArg_ParseTuple(spec, "nO!O!O!O", &shown, &PyDict_Type, &group_of, &PyTuple_Type, &ends_obj, &PyType_Type,
                           &word_type, &fsum))
         return NULL;
-    if (!PyType_IsSubtype(word_type, &PyTuple_Type) || word_type->tp_itemsize != PyTuple_Type.tp_itemsize) {
-        PyErr_SetString(PyExc_TypeError, "word_type must be a tuple subclass");
-        return NULL;
-    }
-    if (shown < 1) {
-        PyErr_SetString(PyExc_ValueError, "shown must be at least 1");
-        return NULL;
-    }
-    Py_ssize_t n_groups = 0;
-    Py_ssize_t *ends = group_ends(ends_obj, PyDict_GET_SIZE(group_of), &n_groups);
-    if (ends == NULL) return NULL;
-    Py_ssize_t n_forms = n_groups ? ends[n_groups - 1] : 0;
+    collapser c;
+    if (!collapser_init(&c, ends_obj, group_of, word_type, fsum, shown, (Py_ssize_t)m)) return NULL;
     PyObject *empty = PyUnicode_FromString(""), *matched = PyList_New((Py_ssize_t)n), *words = PyList_New((Py_ssize_t)n);
     PyObject **names = PyMem_Malloc(sizeof(PyObject *) * (size_t)(n_terms + 1)); /* borrowed, by query slot */
     PyObject **alones = PyMem_Calloc((size_t)(n_terms + 1), sizeof(PyObject *)); /* (name,), one a slot */
     Py_ssize_t *forms = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n_terms + 1));
-    Py_ssize_t *noted_at = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n_forms + 1));
-    word_entry *entries = PyMem_Malloc(sizeof(word_entry) * (size_t)(n_groups + m + 1));
-    word_entry *present = PyMem_Malloc(sizeof(word_entry) * (size_t)(n_forms + 1));
-    match_pair *pairs = PyMem_Malloc(sizeof(match_pair) * (size_t)(m + 1));
     PyObject *out = NULL;
     int gc_was_on = 0;
-    if (empty == NULL || matched == NULL || words == NULL || names == NULL || alones == NULL || forms == NULL ||
-        noted_at == NULL || entries == NULL || present == NULL || pairs == NULL) {
+    if (empty == NULL || matched == NULL || words == NULL || names == NULL || alones == NULL || forms == NULL) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         goto done;
     }
@@ -357,7 +342,7 @@ static PyObject *collapsed_lists(PyObject *terms, const int64_t *cols, Py_ssize_
      * hit shows it with, once (a tuple is immutable: one serves every Word of that word) */
     for (Py_ssize_t t = 0; t < n_terms; t++) {
         names[t] = cols[t] >= 0 && cols[t] < PyList_GET_SIZE(terms) ? PyList_GET_ITEM(terms, cols[t]) : empty;
-        forms[t] = n_groups ? form_of(group_of, names[t], n_forms) : -1;
+        forms[t] = c.n_groups ? form_of(group_of, names[t], c.n_forms) : -1;
         if (forms[t] == -2 || (alones[t] = PyTuple_Pack(1, names[t])) == NULL) goto done;
         untrack_if_atomic(alones[t]);
     }
@@ -367,6 +352,7 @@ static PyObject *collapsed_lists(PyObject *terms, const int64_t *cols, Py_ssize_
     for (int64_t i = 0; i < n; i++) {
         int64_t count = 0;
         while (count < m && vals[i * m + count] > 0) count++;
+        match_pair *pairs = c.pairs;
         for (int64_t j = 0; j < count; j++) {
             int64_t slot = slots[i * m + j];
             if (slot < 0 || slot >= n_terms) {
@@ -395,8 +381,7 @@ static PyObject *collapsed_lists(PyObject *terms, const int64_t *cols, Py_ssize_
             PyList_SET_ITEM(list, (Py_ssize_t)j, pair);
             pairs[j].value = value; /* borrowed from the pair: a shown word reuses it */
         }
-        PyObject *hit_words = collapse_pairs(pairs, (Py_ssize_t)count, shown, ends, n_groups, word_type, fsum, noted_at,
-                                             entries, present);
+        PyObject *hit_words = collapse_pairs(&c, (Py_ssize_t)count, shown);
         if (hit_words == NULL) goto done;
         PyList_SET_ITEM(words, (Py_ssize_t)i, hit_words);
     }
@@ -410,11 +395,7 @@ done:
     Py_XDECREF(words);
     PyMem_Free(names);
     PyMem_Free(forms);
-    PyMem_Free(noted_at);
-    PyMem_Free(entries);
-    PyMem_Free(present);
-    PyMem_Free(pairs);
-    PyMem_Free(ends);
+    collapser_free(&c);
     return out;
 }
 
