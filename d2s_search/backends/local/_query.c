@@ -271,6 +271,19 @@ static int64_t explain_hits(const int64_t *table, Py_ssize_t n_shards, const int
     return bad;
 }
 
+/* A (name, value) pair of a hit's words, untracked (a new reference; NULL with an exception set). */
+static PyObject *word_pair(PyObject *name, double value) {
+    PyObject *number = PyFloat_FromDouble(value), *pair = number ? PyTuple_New(2) : NULL;
+    if (pair == NULL) {
+        Py_XDECREF(number);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(pair, 0, Py_NewRef(name));
+    PyTuple_SET_ITEM(pair, 1, number);
+    untrack_if_atomic(pair);
+    return pair;
+}
+
 /* Each hit's words as _hits.explained makes them: [(terms[column], value)] for its leading
  * positive values ("" for a column past the term list). NULL with an exception set. */
 static PyObject *matched_lists(PyObject *terms, const int64_t *cols, const int64_t *slots, const float *vals,
@@ -287,20 +300,13 @@ static PyObject *matched_lists(PyObject *terms, const int64_t *cols, const int64
             int64_t col = cols[slots[i * m + j]];
             PyObject *name;
             if (col >= 0 && col < PyList_GET_SIZE(terms)) {
-                name = Py_NewRef(PyList_GET_ITEM(terms, col));
+                name = PyList_GET_ITEM(terms, col);
             } else {
                 if (empty == NULL && (empty = PyUnicode_FromString("")) == NULL) goto fail;
-                name = Py_NewRef(empty);
+                name = empty;
             }
-            PyObject *value = PyFloat_FromDouble((double)vals[i * m + j]), *pair = value ? PyTuple_New(2) : NULL;
-            if (pair == NULL) {
-                Py_DECREF(name);
-                Py_XDECREF(value);
-                goto fail;
-            }
-            PyTuple_SET_ITEM(pair, 0, name);
-            PyTuple_SET_ITEM(pair, 1, value);
-            untrack_if_atomic(pair);
+            PyObject *pair = word_pair(name, (double)vals[i * m + j]);
+            if (pair == NULL) goto fail;
             PyList_SET_ITEM(pairs, (Py_ssize_t)j, pair);
         }
     }
@@ -370,16 +376,10 @@ static PyObject *collapsed_lists(PyObject *terms, const int64_t *cols, Py_ssize_
         if (list == NULL) goto done;
         PyList_SET_ITEM(matched, (Py_ssize_t)i, list);
         for (int64_t j = 0; j < raw; j++) {
-            PyObject *value = PyFloat_FromDouble(pairs[j].weight), *pair = value ? PyTuple_New(2) : NULL;
-            if (pair == NULL) {
-                Py_XDECREF(value);
-                goto done;
-            }
-            PyTuple_SET_ITEM(pair, 0, Py_NewRef(pairs[j].word));
-            PyTuple_SET_ITEM(pair, 1, value);
-            untrack_if_atomic(pair);
+            PyObject *pair = word_pair(pairs[j].word, pairs[j].weight);
+            if (pair == NULL) goto done;
             PyList_SET_ITEM(list, (Py_ssize_t)j, pair);
-            pairs[j].value = value; /* borrowed from the pair: a shown word reuses it */
+            pairs[j].value = PyTuple_GET_ITEM(pair, 1); /* borrowed from the pair: a shown word reuses it */
         }
         PyObject *hit_words = collapse_pairs(&c, (Py_ssize_t)count, shown);
         if (hit_words == NULL) goto done;

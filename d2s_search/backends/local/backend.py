@@ -490,9 +490,10 @@ class LocalBackend:
                 ids = np.fromiter(map(term_id, d.sparse), dtype=np.int64, count=len(d.sparse))
                 values = np.fromiter(d.sparse.values(), dtype=np.float64, count=len(d.sparse))
                 positive = values > 0
-                order = np.argsort(ids[positive], kind="stable")
-                term_ids = ids[positive][order]
-                weights = values[positive][order].astype("<f4")
+                ids, values = ids[positive], values[positive]
+                order = np.argsort(ids)
+                term_ids = ids[order]
+                weights = values[order].astype("<f4")
                 rows.append(
                     (
                         d.id, d.path, d.url, int(d.size_bytes), int(d.width), int(d.height),
@@ -1464,6 +1465,7 @@ class LocalBackend:
         :meth:`sparse_search`'s."""
         query = np.asarray(vector, dtype=np.float32).reshape(-1)
         n, k = int(options.candidates), int(options.k)
+        collapse = self._collapse(sparse, shown)
 
         def run(state: Structures) -> list[Hit]:
             if state.size and query.shape[0] != state.dim:
@@ -1492,8 +1494,7 @@ class LocalBackend:
             for (name, _, scores), at in zip(runs, places):
                 totals[at] += weights[name]
                 parts.append((name, at, scores))
-            return self._fused_hits(state, rows, totals, parts, columns, k, int(options.explain), top,
-                                    self._collapse(sparse, shown))
+            return self._fused_hits(state, rows, totals, parts, columns, k, int(options.explain), top, collapse)
 
         hits = self._searching(run)
         self.last_fusion = f"client-{options.fusion}"
